@@ -1,0 +1,314 @@
+"""Typed run configuration: dataclasses with field docs, YAML/JSON presets, and `key=value` overrides.
+
+Precedence: dataclass defaults, then the preset or `--config` file, then command-line overrides. The
+DeepSpeed JSON (engine settings only) stays separate; both effective configs are written into every run
+directory. Unknown keys and wrong types fail here, before any process group or engine exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+STAGES = ("pretrain", "build_mini", "adapt", "finetune")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported with the offending key/file and how to fix it."""
+
+
+@dataclass
+class ModelConfig:
+    """RoBERTa encoder with one or two MLM heads (paper §2, §3)."""
+
+    vocab_size: int | None = None
+    """Rows of the token embedding. None: taken from the stage's SentencePiece model."""
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    ffn_size: int = 3072
+    max_positions: int = 512
+    """Longest sequence. The position table has 2 more rows: RoBERTa offsets positions past the pad id."""
+    dropout: float = 0.1
+    """Dropout on embeddings, attention probabilities and residual branches."""
+    layer_norm_eps: float = 1e-5
+    init_std: float = 0.02
+    aux_head_layer: int | None = None
+    """MINIJOINT: attach a second MLM head after this many layers (paper N=4). None: one head."""
+
+    def check(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(f"model.hidden_size={self.hidden_size} is not divisible by "
+                              f"model.num_heads={self.num_heads}; pick a head count that divides it")
+        if self.aux_head_layer is not None and not 1 <= self.aux_head_layer <= self.num_layers:
+            raise ConfigError(f"model.aux_head_layer={self.aux_head_layer} must be between 1 and "
+                              f"model.num_layers={self.num_layers} (or null for a single head)")
+        for name in ("hidden_size", "num_layers", "num_heads", "ffn_size", "max_positions"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.vocab_size is not None and self.vocab_size < 8:
+            raise ConfigError(f"model.vocab_size={self.vocab_size} is too small (need >= 8)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+@dataclass
+class DataConfig:
+    """Where a stage's training text comes from and how it is cut into MLM samples."""
+
+    corpus: str = ""
+    """Directory written by `mm-ds prepare` (SentencePiece model + token shards)."""
+    seq_len: int = 512
+    mask_prob: float = 0.15
+    """Share of tokens selected for prediction (80% <mask>, 10% random, 10% unchanged)."""
+    random_prob: float = 0.1
+    keep_prob: float = 0.1
+
+
+@dataclass
+class TrainConfig:
+    """The stage's schedule. Optimizer type and hyper-parameters (betas, eps, weight decay), ZeRO, precision
+    and clipping live in the DeepSpeed JSON; the schedule is written into it so there is one source of truth."""
+
+    steps: int = 125_000
+    """Optimizer updates (global steps)."""
+    lr: float = 7e-4
+    """Peak learning rate."""
+    warmup_steps: int = 10_000
+    """Linear warm-up to `lr`, then linear decay to 0 at `steps`."""
+    global_batch: int | None = None
+    """Sequences per update (micro_batch x gradient accumulation x world size). None: the DeepSpeed JSON's."""
+    micro_batch: int | None = None
+    """Sequences per rank per forward pass. None: the DeepSpeed JSON's."""
+    seed: int = 0
+    checkpoint_steps: list[int] = field(default_factory=lambda: [1000, 2000, 3000, 4000])
+    """Explicit checkpoint steps, in addition to every `checkpoint_every` steps and the last step."""
+    checkpoint_every: int = 5000
+    log_every: int = 10
+
+
+@dataclass
+class LaunchConfig:
+    """How `mm-ds <stage>` starts its ranks when it is not already running under a launcher."""
+
+    ranks: int = 1
+    """Local processes to start (CPU ranks or GPUs on this node)."""
+    launcher: str = "deepspeed"
+    """deepspeed | mpirun | none (run in this process; needs ranks=1)."""
+    master_port: int = 29500
+    master_addr: str = "127.0.0.1"
+
+
+@dataclass
+class RunConfig:
+    """One stage of one system: what trains, on which data, starting from which parent checkpoint."""
+
+    stage: str = "pretrain"
+    """pretrain | build_mini | adapt | finetune"""
+    system: str = "bl_base"
+    """bl_base | bl_small | minijoint | minipost"""
+    lang: str = "en"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    ds_config: str = "fp32_zero1.json"
+    """DeepSpeed engine JSON: a file path, or a name in the packaged ds_configs/."""
+    peak_tflops: float | None = None
+    """Peak for MFU in logs. None: the device's known bf16 peak on GPU, measured matmul peak on CPU."""
+
+    def check(self) -> None:
+        if self.stage not in STAGES:
+            raise ConfigError(f"stage={self.stage!r} is not one of {', '.join(STAGES)}")
+        self.model.check()
+        t = self.train
+        for name in ("steps", "global_batch", "micro_batch", "checkpoint_every", "log_every"):
+            v = getattr(t, name)
+            if v is not None and v < 1:
+                raise ConfigError(f"train.{name} must be positive, got {v}")
+        if not 0 <= t.warmup_steps <= t.steps:
+            raise ConfigError(f"train.warmup_steps={t.warmup_steps} must lie in [0, train.steps={t.steps}]")
+        if self.data.seq_len > self.model.max_positions:
+            raise ConfigError(f"data.seq_len={self.data.seq_len} exceeds model.max_positions="
+                              f"{self.model.max_positions}; lower data.seq_len or raise model.max_positions")
+        if not 0 < self.data.mask_prob < 1:
+            raise ConfigError(f"data.mask_prob={self.data.mask_prob} must be in (0, 1)")
+        if self.launch.launcher not in ("deepspeed", "mpirun", "none"):
+            raise ConfigError(f"launch.launcher={self.launch.launcher!r}: use deepspeed, mpirun or none")
+
+
+# ---------------------------------------------------------------- dict <-> dataclass, with checks
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value, tp, key: str):
+    """Convert a YAML/JSON/CLI value to the annotated type, or fail naming the key."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {_type_name(tp)} fields, got {value!r}")
+        return from_dict(tp, value, prefix=f"{key}.")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        item_t = args[0] if args else typing.Any
+        items = [_coerce(v, item_t, f"{key}[{i}]") for i, v in enumerate(value)]
+        if origin is tuple:
+            if len(args) == 2 and args[1] is not Ellipsis and len(items) != 2:
+                raise ConfigError(f"{key}: expected 2 values, got {len(items)}")
+            return tuple(items)
+        return items
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return int(value)
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def from_dict(cls, data: dict, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {', '.join(prefix + k for k in unknown)}; "
+                          f"valid keys under {prefix or 'the top level'}: {', '.join(sorted(names))}")
+    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def to_dict(cfg) -> dict:
+    def plain(v):
+        if isinstance(v, tuple):
+            return list(v)
+        return v
+    return {k: (to_dict(v) if dataclasses.is_dataclass(v) else plain(v))
+            for k, v in ((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg))}
+
+
+def _deep_merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+# ---------------------------------------------------------------- files, presets, overrides
+
+def read_file(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"config file {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, got {type(data).__name__}")
+    return _resolve_bases(data, path.parent)
+
+
+def _resolve_bases(data: dict, here: Path) -> dict:
+    """A preset may start from others: `base: [tiny/model]` merges those first, its own keys win."""
+    bases = data.pop("base", [])
+    bases = [bases] if isinstance(bases, str) else bases
+    merged: dict = {}
+    for b in bases:
+        merged = _deep_merge(merged, read_preset(b))
+    return _deep_merge(merged, data)
+
+
+def preset_names() -> list[str]:
+    root = resources.files("mm_ds") / "presets"
+    out = []
+    for d in root.iterdir():
+        if d.is_dir():
+            out += [f"{d.name}/{f.name[:-5]}" for f in d.iterdir() if f.name.endswith(".yaml")]
+    return sorted(out)
+
+
+def read_preset(name: str) -> dict:
+    path = resources.files("mm_ds") / "presets" / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(preset_names())}")
+    data = yaml.safe_load(path.read_text()) or {}
+    return _resolve_bases(data, Path(str(path)).parent)
+
+
+def parse_override(item: str) -> tuple[list[str], object]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key=value, e.g. train.lr=3e-4")
+    key, raw = item.split("=", 1)
+    value = yaml.safe_load(raw) if raw else ""
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    data = json.loads(json.dumps(data))
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for p in path[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {p} is not a section")
+        node[path[-1]] = value
+    return data
+
+
+def load(preset: str | None = None, file: str | None = None, overrides: list[str] = ()) -> RunConfig:
+    """Build the effective RunConfig: defaults < preset < file < overrides. Raises ConfigError."""
+    data: dict = {}
+    if preset:
+        data = _deep_merge(data, read_preset(preset))
+    if file:
+        data = _deep_merge(data, read_file(file))
+    data = apply_overrides(data, list(overrides))
+    cfg = from_dict(RunConfig, data)
+    cfg.check()
+    return cfg
+
+
+def model_config_from_dict(d: dict) -> ModelConfig:
+    cfg = from_dict(ModelConfig, d, prefix="model.")
+    cfg.check()
+    return cfg
+
+
+def dump_yaml(cfg) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

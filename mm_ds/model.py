@@ -1,0 +1,207 @@
+"""One readable RoBERTa MLM (paper §2, §3): post-LayerNorm encoder, tied embeddings, and an optional
+second MLM head after layer N (MINIJOINT).
+
+State-dict keys read like the architecture:
+    embed.tokens.weight            (V, h)   language-specific, tied to every head's output projection
+    embed.positions.weight         (P+2, h) RoBERTa offsets positions past the pad id
+    embed.norm.{weight,bias}
+    layers.{i}.attn.qkv.{weight,bias}   (3h, h) fused q/k/v projection
+    layers.{i}.attn.out.{weight,bias}
+    layers.{i}.attn_norm, layers.{i}.ffn.fc1, layers.{i}.ffn.fc2, layers.{i}.ffn_norm
+    head.dense, head.norm, head.bias       (bias: V, language-specific)
+    aux_head.dense, aux_head.norm, aux_head.bias   (MINIJOINT only)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .tokens import IGNORE_INDEX, PAD
+
+# The language-specific group (paper §2.1): swapped per language in Steps 2 and 4; everything else is body.
+LANGUAGE_PARAMS = ("embed.tokens.weight", "head.bias", "aux_head.bias")
+
+
+def language_param_names(state_keys) -> list[str]:
+    return [k for k in state_keys if k in LANGUAGE_PARAMS]
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=PAD)
+        self.positions = nn.Embedding(cfg.max_positions + PAD + 1, cfg.hidden_size, padding_idx=PAD)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # RoBERTa numbers real tokens PAD+1, PAD+2, ... and gives padding the pad position.
+        not_pad = input_ids.ne(PAD).int()
+        pos = torch.cumsum(not_pad, dim=1) * not_pad + PAD  # (B, T)
+        x = self.tokens(input_ids) + self.positions(pos)  # (B, T, h)
+        return self.drop(self.norm(x))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
+        self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, h = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, h // self.num_heads).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs) each
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, T, h))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.hidden_size, cfg.ffn_size)
+        self.fc2 = nn.Linear(cfg.ffn_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Layer(nn.Module):
+    """Post-LayerNorm transformer block, as in BERT/RoBERTa."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn = SelfAttention(cfg)
+        self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.ffn = FeedForward(cfg)
+        self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.attn_norm(x + self.drop(self.attn(x, key_mask)))
+        return self.ffn_norm(x + self.drop(self.ffn(x)))
+
+
+class MLMHead(nn.Module):
+    """dense + GELU + LayerNorm + output projection (the token embeddings, passed in) + output bias."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, x: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.norm(F.gelu(self.dense(x))), embedding, self.bias)  # (..., V)
+
+
+class Encoder(nn.Module):
+    """Embeddings and transformer layers: the body shared by the MLM and the downstream models."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.vocab_size is None:
+            raise ValueError("model.vocab_size is unset: resolve it from the tokenizer before building the model")
+        self.cfg = cfg
+        self.embed = Embeddings(cfg)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_layers))
+
+    def init_weights(self) -> None:
+        """N(0, 0.02) for weights (RoBERTa/BERT), zero biases, unit LayerNorms, zero padding rows."""
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=self.cfg.init_std)
+                if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+                    with torch.no_grad():
+                        m.weight[m.padding_idx].zero_()
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, MLMHead):
+                nn.init.zeros_(m.bias)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               tap: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Final hidden states (B, T, h), and the output of layer `tap` (1-based) if asked."""
+        # SDPA's boolean mask: True = attend. None keeps the fused no-mask kernels for packed batches.
+        key_mask = None if attention_mask is None else attention_mask[:, None, None, :].bool()
+        x = self.embed(input_ids)
+        tapped = None
+        for i, layer in enumerate(self.layers, start=1):
+            x = layer(x, key_mask)
+            if i == tap:
+                tapped = x
+        return x, tapped
+
+    def num_params(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+
+class RobertaMLM(Encoder):
+    """RoBERTa MLM with an optional second head after layer `aux_head_layer` (MINIJOINT)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.head = MLMHead(cfg)
+        self.aux_head = MLMHead(cfg) if cfg.aux_head_layer is not None else None
+        self.init_weights()
+
+    def heads(self) -> dict[str, MLMHead]:
+        return {"main": self.head} | ({"aux": self.aux_head} if self.aux_head is not None else {})
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """With labels: only masked positions go through the head(s) (the paper's FLOPs model; a 50k-row
+        projection over every position would cost more than several layers). MINIJOINT's loss is the mean
+        of both heads' losses. Without labels: full (B, T, V) logits per head, for evaluation and tests."""
+        final, tapped = self.encode(input_ids, attention_mask, tap=self.cfg.aux_head_layer)
+        hidden = {"main": final, "aux": tapped}
+        emb = self.embed.tokens.weight
+        if labels is None:
+            return {f"logits_{k}": head(hidden[k], emb) for k, head in self.heads().items()}
+        flat_labels = labels.reshape(-1)
+        idx = flat_labels.ne(IGNORE_INDEX).nonzero().squeeze(1)  # (M,) masked positions
+        targets = flat_labels.index_select(0, idx)
+        out: dict[str, torch.Tensor] = {"masked_tokens": idx.new_tensor(idx.numel())}
+        losses = []
+        for k, head in self.heads().items():
+            sel = hidden[k].reshape(-1, hidden[k].size(-1)).index_select(0, idx)  # (M, h)
+            logits = head(sel, emb)  # (M, V)
+            loss = F.cross_entropy(logits.float(), targets)
+            out[f"loss_{k}"] = loss
+            out[f"correct_{k}"] = (logits.argmax(-1) == targets).sum()
+            losses.append(loss)
+        out["loss"] = torch.stack(losses).mean()
+        return out
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices only; biases, LayerNorms and 1-D params are exempt. Frozen params are left out:
+    frozen before deepspeed.initialize, they get no optimizer state and no gradients."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or ".norm" in name or "_norm" in name else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def set_trainable(model: nn.Module, trainable) -> tuple[int, int]:
+    """Freeze every parameter whose name `trainable(name)` rejects. Returns (trainable, total) counts."""
+    n_train = n_total = 0
+    for name, p in model.named_parameters():
+        p.requires_grad_(bool(trainable(name)))
+        n_total += p.numel()
+        n_train += p.numel() if p.requires_grad else 0
+    if n_train == 0:
+        raise ValueError("no parameter is trainable in this stage; check the stage's trainable set")
+    return n_train, n_total
+

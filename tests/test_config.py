@@ -1,0 +1,83 @@
+"""Configs: presets load, overrides apply, bad keys/types/geometry fail naming what to fix."""
+
+import json
+
+import pytest
+
+from mm_ds import config, engine
+from mm_ds.config import ConfigError
+
+
+@pytest.mark.parametrize("name", config.preset_names())
+def test_every_preset_loads(name):
+    data = config.read_preset(name)
+    if "stage" in data:
+        cfg = config.load(name)
+        assert cfg.stage in config.STAGES
+
+
+def test_paper_minijoint_is_the_paper_recipe():
+    cfg = config.load("paper/minijoint")
+    m, t = cfg.model, cfg.train
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.ffn_size, m.vocab_size, m.aux_head_layer) == (12, 768, 12, 3072, 50000, 4)
+    assert (t.steps, t.lr, t.warmup_steps) == (125_000, 7e-4, 10_000)
+    ds, geo = engine.resolve_ds_config(cfg.__class__(**{**cfg.__dict__, "ds_config": "fp32_zero1.json"}), 8, None)
+    assert geo.global_batch == 2048 and geo.global_batch == geo.micro_batch * geo.grad_accum * 8
+    sp = ds["scheduler"]["params"]
+    assert sp["warmup_type"] == "linear" and sp["total_num_steps"] == 125_000 and sp["warmup_max_lr"] == 7e-4
+    assert ds["optimizer"]["params"]["betas"] == [0.9, 0.98] and ds["optimizer"]["params"]["eps"] == 1e-6
+
+
+def test_overrides_and_precedence(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("train:\n  lr: 0.001\n  steps: 50\n  warmup_steps: 5\n")
+    cfg = config.load("tiny/bl_base", str(f), ["train.lr=3e-4", "model.num_layers=3"])
+    assert cfg.train.lr == 3e-4 and cfg.train.steps == 50 and cfg.model.num_layers == 3
+
+
+@pytest.mark.parametrize("override,needle", [
+    (["train.lrr=1"], "train.lrr"),
+    (["model.hidden=4"], "model.hidden"),
+    (["train.steps=abc"], "train.steps"),
+    (["model.num_layers=2.5"], "model.num_layers"),
+    (["model.aux_head_layer=9"], "model.aux_head_layer"),
+    (["model.num_heads=5"], "model.num_heads"),
+    (["stage=pretrian"], "pretrian"),
+    (["data.seq_len=4096"], "data.seq_len"),
+    (["lr"], "key=value"),
+])
+def test_bad_config_values_name_the_key(override, needle):
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.").replace("[", r"\[")):
+        config.load("tiny/minijoint", overrides=override)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        config.load(file=str(tmp_path / "nope.yaml"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="bad.json"):
+        config.load(file=str(bad))
+    with pytest.raises(ConfigError, match="unknown preset"):
+        config.load("tiny/nonesuch")
+
+
+def test_batch_geometry_that_deepspeed_cannot_satisfy():
+    cfg = config.load("tiny/minijoint", overrides=["train.global_batch=30", "train.micro_batch=4"])
+    with pytest.raises(ConfigError, match="not divisible"):
+        engine.resolve_ds_config(cfg, 2, None)
+
+
+def test_ds_config_guards(tmp_path):
+    log_warmup = json.loads((engine.find_ds_config("fp32_zero1.json")).read_text())
+    log_warmup["scheduler"]["params"]["warmup_type"] = "log"
+    p = tmp_path / "ds.json"
+    p.write_text(json.dumps(log_warmup))
+    with pytest.raises(ConfigError, match="linear"):
+        engine.resolve_ds_config(config.load("tiny/minijoint", overrides=[f"ds_config={p}"]), 1, None)
+    import torch
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="fp32"):
+            engine.resolve_ds_config(config.load("tiny/minijoint", overrides=["ds_config=bf16_zero1.json"]), 1, None)
+    with pytest.raises(ConfigError, match="not found"):
+        engine.find_ds_config("nope.json")
