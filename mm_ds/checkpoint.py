@@ -1,0 +1,273 @@
+"""The one module that knows DeepSpeed's checkpoint layout, and the self-describing run directory.
+
+    RUN/
+      run_config.yaml  ds_config.json      effective configs of the stage
+      logs/                                DeepSpeed monitor output (CSV; TensorBoard/W&B when enabled)
+      checkpoints/
+        latest                             tag of the newest *complete* checkpoint (written last)
+        step_00001000/                     engine.save_checkpoint() files (model, ZeRO optimizer shards)
+          mm_ds.json                       meta: stage, system, lang, step, tokens, FLOPs, parent, model config
+          manifest.json                    size and sha256 of every file: written last, checked on load
+      final/
+        model.safetensors  mm_ds.json      consolidated fp32 weights: what the next stage starts from
+
+A checkpoint is written under `<tag>.tmp`, verified, then renamed; `latest` is replaced atomically after.
+A crash mid-save leaves a `.tmp` directory that is never picked up and is removed by the next save.
+The filesystem under RUN must be shared by all ranks (as DeepSpeed itself assumes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+META = "mm_ds.json"
+MANIFEST = "manifest.json"
+LATEST = "latest"
+FINAL = "final"
+WEIGHTS = "model.safetensors"
+FORMAT = "mm-ds-checkpoint/1"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, incomplete, corrupt, or not what the caller expects."""
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+# ---------------------------------------------------------------- small atomic-file helpers
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- manifest: sizes and checksums
+
+def write_manifest(ckpt: Path) -> None:
+    files = {}
+    for p in sorted(ckpt.rglob("*")):
+        if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp"):
+            files[str(p.relative_to(ckpt))] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+    write_json_atomic(ckpt / MANIFEST, {"format": FORMAT, "files": files})
+
+
+def verify(ckpt: str | Path, checksums: bool = True) -> dict:
+    """Check a checkpoint against its manifest. Raises CheckpointError naming the first bad file."""
+    ckpt = Path(ckpt)
+    man_path = ckpt / MANIFEST
+    if not man_path.is_file():
+        raise CheckpointError(f"{ckpt}: no {MANIFEST}; it is incomplete (interrupted save) or not written by mm-ds")
+    try:
+        manifest = json.loads(man_path.read_text())
+        files = manifest["files"]
+    except (json.JSONDecodeError, KeyError) as e:
+        raise CheckpointError(f"{man_path} is unreadable ({e}); the checkpoint cannot be trusted") from e
+    for rel, want in files.items():
+        p = ckpt / rel
+        if not p.is_file():
+            raise CheckpointError(f"{p}: listed in the manifest but missing")
+        if p.stat().st_size != want["bytes"]:
+            raise CheckpointError(f"{p}: {p.stat().st_size} bytes, manifest says {want['bytes']} (truncated?)")
+        if checksums and _sha256(p) != want["sha256"]:
+            raise CheckpointError(f"{p}: sha256 differs from the manifest (corrupted)")
+    return manifest
+
+
+def read_meta(ckpt: str | Path) -> dict:
+    path = Path(ckpt) / META
+    if not path.is_file():
+        raise CheckpointError(f"{ckpt} has no {META}: not an mm-ds checkpoint or final directory")
+    meta = json.loads(path.read_text())
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    return meta
+
+
+# ---------------------------------------------------------------- saving and finding engine checkpoints
+
+def _barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict) -> Path:
+    """Collective: every rank calls it. Writes, verifies, then publishes the checkpoint for `step`."""
+    root = checkpoints_dir(run_dir)
+    tag = tag_for(step)
+    tmp_tag = tag + ".tmp"
+    rank = _rank()
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob("*.tmp"):  # an earlier crash mid-save
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
+    _barrier()
+    error = None
+    try:
+        ok = engine.save_checkpoint(str(root), tag=tmp_tag, client_state=client_state, save_latest=False)
+        if ok is False:
+            error = "engine.save_checkpoint reported failure"
+    except OSError as e:  # disk full, permissions: say so, keep the previous checkpoint
+        error = f"{type(e).__name__}: {e}"
+    failed = _any_rank(error is not None)
+    if failed:
+        if rank == 0:
+            shutil.rmtree(root / tmp_tag, ignore_errors=True)
+        _barrier()
+        raise CheckpointError(f"saving checkpoint {root / tag} failed on at least one rank"
+                              f"{': ' + error if error else ''}. The previous checkpoint "
+                              f"({latest_tag(run_dir) or 'none'}) is intact; free disk space or fix "
+                              f"permissions on {root}, then resume with --resume.")
+    if rank == 0:
+        try:
+            write_json_atomic(root / tmp_tag / META, meta | {"format": FORMAT, "tag": tag})
+            write_manifest(root / tmp_tag)
+            verify(root / tmp_tag)
+            if (root / tag).exists():  # re-saving a step (e.g. resumed after a crash post-rename)
+                shutil.rmtree(root / tag)
+            os.replace(root / tmp_tag, root / tag)
+            write_text_atomic(root / LATEST, tag)
+        except OSError as e:
+            shutil.rmtree(root / tmp_tag, ignore_errors=True)
+            error = f"{type(e).__name__}: {e}"
+    if _any_rank(error is not None):
+        raise CheckpointError(f"publishing checkpoint {root / tag} failed: {error}. The previous checkpoint "
+                              f"is intact; free disk space or fix permissions, then resume with --resume.")
+    return root / tag
+
+
+def _any_rank(flag: bool) -> bool:
+    if not torch.distributed.is_initialized():
+        return flag
+    t = torch.tensor([1 if flag else 0])
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def latest_tag(run_dir: str | Path) -> str | None:
+    path = checkpoints_dir(run_dir) / LATEST
+    if not path.is_file():
+        return None
+    tag = path.read_text().strip()
+    return tag if (checkpoints_dir(run_dir) / tag / MANIFEST).is_file() else None
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints (published and with a manifest), oldest first."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
+                  and (p / MANIFEST).is_file())
+
+
+def find_resume_point(run_dir: str | Path) -> Path | None:
+    """Newest checkpoint that verifies; a corrupt newest one is reported and the one before is used."""
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        try:
+            verify(ckpt)
+            return ckpt
+        except CheckpointError as e:
+            print(f"[mm-ds] skipping checkpoint that fails verification: {e}", flush=True)
+    return None
+
+
+def load_into_engine(engine, ckpt: Path) -> dict:
+    """Collective. Loads model, optimizer and scheduler state; returns the client state."""
+    path, client_state = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True,
+                                                load_lr_scheduler_states=True)
+    if path is None:
+        raise CheckpointError(f"DeepSpeed could not load {ckpt}")
+    return client_state
+
+
+# ---------------------------------------------------------------- consolidated weights (stage hand-off)
+
+def consolidate(ckpt: str | Path) -> dict[str, torch.Tensor]:
+    """fp32 state dict of an engine checkpoint of any ZeRO stage and world size (rank-0 work, no engine).
+
+    DeepSpeed unpickles these files, so only checkpoints this system wrote (manifest verified) are read."""
+    ckpt = Path(ckpt)
+    verify(ckpt)
+    meta = read_meta(ckpt)
+    zero = meta.get("zero_stage", 0)
+    if zero > 0:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        sd = get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
+    else:
+        states = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        sd = states["module"]
+    return {k: v.detach().float().clone().contiguous() for k, v in sd.items()}
+
+
+def write_final(out_dir: str | Path, state_dict: dict[str, torch.Tensor], meta: dict) -> Path:
+    """A self-describing weights directory: safetensors + meta. Written to a temp name, then renamed."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in state_dict.items()}, str(tmp / WEIGHTS))
+    write_json_atomic(tmp / META, meta | {"format": FORMAT})
+    write_manifest(tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def load_final(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(meta, fp32 state dict) of a final/ directory, or of an engine checkpoint (consolidated)."""
+    path = Path(path)
+    if (path / FINAL / WEIGHTS).is_file():
+        path = path / FINAL
+    if (path / WEIGHTS).is_file():
+        from safetensors.torch import load_file
+        verify(path)
+        return read_meta(path), load_file(str(path / WEIGHTS))
+    if (path / MANIFEST).is_file():
+        return read_meta(path), consolidate(path)
+    raise CheckpointError(f"{path} holds neither {FINAL}/{WEIGHTS} nor an engine checkpoint; pass a run "
+                          f"directory that finished, its {FINAL}/ directory, or a checkpoints/step_* directory")
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -1,0 +1,145 @@
+"""`mm-ds <command>`: dispatch from one table. Training stages share one argument set and one runner.
+
+    mm-ds prepare  --lang en --input 'corpus/en/*.txt.xz' --out data/en
+    mm-ds pretrain --preset tiny/minijoint --out runs/tiny-mj [key=value ...] [--resume] [--dry-run]
+    deepspeed --num_gpus 8 -m mm_ds.cli pretrain --preset paper/minijoint --ds-config bf16_zero1.json --out runs/mj
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from .config import ConfigError
+
+# command -> (module with build()/preflight(), or module:function taking argv), help
+STAGE_COMMANDS = {
+    "pretrain": ("mm_ds.stages.pretrain", "Step 1: pretrain an MLM (BL_BASE, BL_SMALL, MINIJOINT)"),
+}
+TOOL_COMMANDS = {
+    "prepare": ("mm_ds.cli:prepare_main", "train SentencePiece and encode a corpus into token shards"),
+    "world": ("mm_ds.data.world:main", "generate the synthetic multilingual world (the embedded default data)"),
+    "score": ("mm_ds.score:main", "score a predictions file as the official evaluation scripts would"),
+    "flops": ("mm_ds.flops:main", "analytic training FLOPs and V100-days of a recipe's stages"),
+    "report": ("mm_ds.report:main", "tables, curves and speedups from evaluated checkpoints"),
+    "presets": ("mm_ds.cli:presets_main", "list the packaged presets"),
+}
+
+
+def stage_parser(name: str, help_text: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"mm-ds {name}", description=help_text)
+    p.add_argument("--preset", help="packaged preset, e.g. tiny/minijoint (see `mm-ds presets`)")
+    p.add_argument("--config", help="your own YAML/JSON config file (applied after the preset)")
+    p.add_argument("--ds-config", help="DeepSpeed engine JSON: a path or a name in ds_configs/")
+    p.add_argument("--out", required=True, help="run directory (checkpoints, logs, final weights)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
+    p.add_argument("--ranks", type=int, help="local ranks to start when not under a launcher (launch.ranks)")
+    p.add_argument("--launcher", choices=["deepspeed", "mpirun", "none"], help="launch.launcher")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the effective configs; train nothing")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=3e-4")
+    return p
+
+
+def run_stage(name: str, argv: list[str]) -> int:
+    from . import config, engine, launch
+
+    module_name, help_text = STAGE_COMMANDS[name]
+    args = stage_parser(name, help_text).parse_args(argv)
+    overrides = list(args.overrides)
+    if args.ds_config:
+        overrides.append(f"ds_config={args.ds_config}")
+    if args.ranks:
+        overrides.append(f"launch.ranks={args.ranks}")
+    if args.launcher:
+        overrides.append(f"launch.launcher={args.launcher}")
+    cfg = config.load(args.preset, args.config, overrides)
+    if cfg.stage != name.replace("-", "_"):
+        raise ConfigError(f"the config is for stage {cfg.stage!r}, not {name!r}; use `mm-ds {cfg.stage}` "
+                          f"or a {name} preset")
+    stage_mod = importlib.import_module(module_name)
+    out = Path(args.out)
+
+    if not launch.under_launcher():
+        # Everything that can fail on bad input fails here, before any rank starts.
+        stage_mod.preflight(cfg)
+        world = cfg.launch.ranks if cfg.launch.launcher != "none" else 1
+        ds_cfg, geo = engine.resolve_ds_config(cfg, world, None)
+        if not args.resume:
+            engine._check_run_dir(out, resume=False)
+        if args.dry_run:
+            print(config.dump_yaml(cfg))
+            print(json.dumps(ds_cfg, indent=2))
+            print(f"# geometry: {geo}")
+            return 0
+        if cfg.launch.launcher != "none":
+            return launch.relaunch(cfg.launch, [name, *argv])
+        if cfg.launch.ranks != 1:
+            raise ConfigError("launch.launcher=none runs a single process; set launch.ranks=1")
+    stage = stage_mod.build(cfg)
+    engine.train(stage, out, resume=args.resume, progress=not args.no_progress)
+    return 0
+
+
+def prepare_main(argv: list[str]) -> int:
+    from .data.corpus import prepare
+
+    p = argparse.ArgumentParser(prog="mm-ds prepare", description=TOOL_COMMANDS["prepare"][1])
+    p.add_argument("--lang", required=True)
+    p.add_argument("--input", required=True, action="append",
+                   help="text files/globs (.txt, .gz, .xz; CC-100 layout) or hf:NAME[:CONFIG][:SPLIT][:COLUMN]; repeatable")
+    p.add_argument("--out", required=True)
+    p.add_argument("--vocab-size", type=int, default=50000)
+    p.add_argument("--character-coverage", type=float, default=0.9998)
+    p.add_argument("--sample-sentences", type=int, default=2_000_000,
+                   help="sentences sampled for SentencePiece training (bounded, so CC-100-sized inputs work)")
+    p.add_argument("--workers", type=int, default=None, help="encoding processes (default: all cores)")
+    p.add_argument("--spm-model", help="reuse this SentencePiece model instead of training one")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    meta = prepare(a.lang, a.input, a.out, vocab_size=a.vocab_size, character_coverage=a.character_coverage,
+                   sample_sentences=a.sample_sentences, workers=a.workers, seed=a.seed, spm_model=a.spm_model)
+    print(json.dumps(meta, indent=2, default=str))
+    return 0
+
+
+def presets_main(argv: list[str]) -> int:
+    from .config import preset_names
+
+    print("\n".join(preset_names()))
+    return 0
+
+
+def _usage() -> str:
+    lines = ["usage: mm-ds <command> [options]", "", "commands:"]
+    for name, (_, h) in {**STAGE_COMMANDS, **TOOL_COMMANDS}.items():
+        lines.append(f"  {name:<12}{h}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The deepspeed launcher appends --local_rank=N; the rank is also in the environment.
+    argv = [a for a in argv if not a.startswith("--local_rank")]
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    try:
+        if name in STAGE_COMMANDS:
+            return run_stage(name, rest)
+        if name in TOOL_COMMANDS:
+            module_name, func = TOOL_COMMANDS[name][0].split(":")
+            return int(getattr(importlib.import_module(module_name), func)(rest) or 0)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"mm-ds {name}: error: {e}", file=sys.stderr)
+        return 2
+    print(f"mm-ds: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
