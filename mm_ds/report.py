@@ -1,0 +1,600 @@
+"""Evaluated Step-2 checkpoints -> the paper's tables, speedups and curves (§4.1, §4.2, §5.1, A.4).
+
+Input: one record per evaluated checkpoint, {system, task, lang, step, flops, v100_days, score}, the score
+already averaged over finetuning seeds, from CSV, JSON (a list, or {"results": [...]}) or JSONL.
+
+- Near-maximal performance (§4.2, fn. 5): 95% of the reference system's (BL_BASE) score at its LAST checkpoint
+  for that task and language; the same target for every system.
+- Time to target (§3): the first checkpoint scoring >= target, linearly interpolated (step, FLOPs, days) from the
+  checkpoint before it; bounds are those two checkpoints (Table A4). A curve that dips below the target again
+  keeps its first crossing.
+- Speedup (fn. 6): reference days / system days, per language; the headline is the MEAN OF THESE RATIOS over
+  languages (not the ratio of mean days), then the mean over tasks (Figure 1). Languages where either side
+  never reaches the target are left out and listed.
+
+Bad input never stops the report: what is wrong is collected in `Report.warnings` and the rest is produced.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import mean
+from typing import Iterable, Sequence
+
+from mm_ds.flops import EXA, V100_DAY_FLOPS
+
+FIELDS = ("system", "task", "lang", "step", "flops", "v100_days", "score")
+PAPER_SYSTEM_ORDER = ("BL_BASE", "BL_SMALL", "MINIPOST", "MINIJOINT")
+
+
+@dataclass(frozen=True)
+class Result:
+    system: str
+    task: str
+    lang: str
+    step: int
+    flops: float
+    v100_days: float
+    score: float
+
+
+@dataclass(frozen=True)
+class Point:
+    step: float
+    flops: float
+    v100_days: float
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """When a curve first reaches `target`; estimate None means never."""
+    target: float
+    estimate: Point | None
+    lower: Point | None = None  # last checkpoint below the target (step 0 if the first checkpoint already hits)
+    upper: Point | None = None  # first checkpoint at or above it
+
+    @property
+    def reached(self) -> bool:
+        return self.estimate is not None
+
+
+# --- Reading and checking records ------------------------------------------------------------------------------
+
+class _Problems:
+    """Groups per-record problems by message, so 1,000 bad rows make one warning, not 1,000."""
+
+    def __init__(self):
+        self.where: dict[str, list[str]] = defaultdict(list)
+
+    def add(self, msg: str, loc: str):
+        self.where[msg].append(loc)
+
+    def warnings(self) -> list[str]:
+        out = []
+        for msg, locs in self.where.items():
+            more = f" and {len(locs) - 3} more" if len(locs) > 3 else ""
+            out.append(f"{msg}: {len(locs)} record(s) skipped ({', '.join(locs[:3])}{more})")
+        return out
+
+
+def _number(v, cast):
+    if v is None or (isinstance(v, str) and not v.strip()):
+        return None
+    try:
+        x = cast(float(v))
+    except (TypeError, ValueError):
+        raise ValueError(f"not a number: {v!r}") from None
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def clean_records(raw: Iterable[dict], source: str = "records") -> tuple[list[Result], list[str]]:
+    """Dicts -> Results. Skips (and reports) records missing a name field, the step, the score, or both costs;
+    fills flops from v100_days or the reverse when only one is given."""
+    problems, results = _Problems(), []
+    for i, rec in enumerate(raw):
+        loc = f"{source}#{i + 1}"
+        if not isinstance(rec, dict):
+            problems.add("record is not an object/row", loc)
+            continue
+        missing = [k for k in ("system", "task", "lang") if not str(rec.get(k) or "").strip()]
+        if missing:
+            problems.add(f"missing {'/'.join(missing)}", loc)
+            continue
+        try:
+            step = _number(rec.get("step"), int)
+            score = _number(rec.get("score"), float)
+            flops = _number(rec.get("flops"), float)
+            days = _number(rec.get("v100_days"), float)
+        except ValueError as e:
+            problems.add(f"bad value ({e})", loc)
+            continue
+        if step is None:
+            problems.add("missing step", loc)
+            continue
+        if score is None:
+            problems.add("missing score", loc)
+            continue
+        if flops is None and days is None:
+            problems.add("missing both flops and v100_days", loc)
+            continue
+        flops = days * V100_DAY_FLOPS if flops is None else flops
+        days = flops / V100_DAY_FLOPS if days is None else days
+        results.append(Result(str(rec["system"]).strip(), str(rec["task"]).strip(), str(rec["lang"]).strip(),
+                              step, flops, days, score))
+    return results, problems.warnings()
+
+
+def read_records(path: str | Path) -> tuple[list[dict], list[str]]:
+    """Raw dicts from a .csv, .json or .jsonl file, plus warnings (a file that cannot be read is one)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        return [], [f"cannot read results file {path}: {e}"]
+    try:
+        if path.suffix == ".csv":
+            reader = csv.DictReader(text.splitlines())
+            rows = list(reader)
+            absent = [f for f in FIELDS if f not in (reader.fieldnames or [])]
+            absent = [f for f in absent if f not in ("flops", "v100_days")] + (
+                ["flops and v100_days"] if {"flops", "v100_days"} <= set(absent) else [])
+            return rows, [f"{path}: no column {', '.join(absent)} (expected {', '.join(FIELDS)})"] if absent else []
+        if path.suffix == ".jsonl":
+            return [json.loads(line) for line in text.splitlines() if line.strip()], []
+        if path.suffix == ".json":
+            data = json.loads(text)
+            data = data.get("results", data) if isinstance(data, dict) else data
+            if not isinstance(data, list):
+                return [], [f"{path}: expected a list of records or {{\"results\": [...]}}"]
+            return data, []
+    except json.JSONDecodeError as e:
+        return [], [f"{path}: invalid JSON ({e})"]
+    return [], [f"{path}: unsupported file type {path.suffix!r}; use .csv, .json or .jsonl"]
+
+
+def load_results(paths: Sequence[str | Path]) -> tuple[list[Result], list[str]]:
+    results, warnings = [], []
+    for p in paths:
+        rows, w = read_records(p)
+        warnings += w
+        r, w = clean_records(rows, source=str(p))
+        results += r
+        warnings += w
+    return results, warnings
+
+
+# --- Curves, targets, time to target ---------------------------------------------------------------------------
+
+Key = tuple[str, str, str]  # (task, lang, system)
+
+
+def group_curves(results: Iterable[Result], warnings: list[str]) -> dict[Key, list[Result]]:
+    """Step-sorted curve per (task, lang, system); repeated steps are averaged, with a warning."""
+    by_step: dict[Key, dict[int, list[Result]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        by_step[(r.task, r.lang, r.system)][r.step].append(r)
+    curves = {}
+    for key, steps in by_step.items():
+        curve = []
+        for step in sorted(steps):
+            rs = steps[step]
+            if len(rs) > 1:
+                warnings.append(f"{'/'.join(key)} step {step}: {len(rs)} records for one checkpoint; "
+                                "averaged them (expected one per checkpoint, already averaged over seeds)")
+            curve.append(Result(rs[0].system, rs[0].task, rs[0].lang, step, mean(r.flops for r in rs),
+                                mean(r.v100_days for r in rs), mean(r.score for r in rs)))
+        curves[key] = curve
+    return curves
+
+
+def _point(r: Result) -> Point:
+    return Point(r.step, r.flops, r.v100_days)
+
+
+def time_to_target(curve: Sequence[Result], target: float) -> Crossing:
+    pts = sorted(curve, key=lambda r: r.step)
+    for i, r in enumerate(pts):
+        if r.score >= target or math.isclose(r.score, target, rel_tol=1e-9, abs_tol=1e-12):
+            hit = _point(r)
+            if i == 0:
+                # Nothing was measured before the first checkpoint, so there is nothing to interpolate from:
+                # report the first checkpoint itself, bracketed by (step 0, first) as in Table A4's "0.2 (0.0-0.2)".
+                return Crossing(target, hit, hit if r.step == 0 else Point(0, 0.0, 0.0), hit)
+            prev = pts[i - 1]
+            frac = min(max((target - prev.score) / (r.score - prev.score), 0.0), 1.0)
+            est = Point(*(a + frac * (b - a) for a, b in zip(
+                (prev.step, prev.flops, prev.v100_days), (r.step, r.flops, r.v100_days))))
+            return Crossing(target, est, _point(prev), hit)
+    return Crossing(target, None)
+
+
+# --- The report ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Report:
+    reference: str
+    fraction: float
+    tasks: list[str]
+    langs: dict[str, list[str]]  # task -> languages
+    systems: list[str]
+    curves: dict[Key, list[Result]]
+    targets: dict[tuple[str, str], float]  # (task, lang) -> target score
+    crossings: dict[Key, Crossing]
+    speedup_rows: list[dict]  # per task, system, language
+    speedup_summary: list[dict]  # per task (and task "avg"), system
+    warnings: list[str] = field(default_factory=list)
+
+    def final(self, key: Key) -> Result | None:
+        c = self.curves.get(key)
+        return c[-1] if c else None
+
+
+def _system_order(systems: Iterable[str], reference: str) -> list[str]:
+    rank = {s: i for i, s in enumerate((reference,) + tuple(s for s in PAPER_SYSTEM_ORDER if s != reference))}
+    return sorted(set(systems), key=lambda s: (rank.get(s, len(rank)), s))
+
+
+def build_report(results: Iterable[Result], reference: str = "BL_BASE", fraction: float = 0.95,
+                 warnings: Sequence[str] = ()) -> Report:
+    warnings = list(warnings)
+    curves = group_curves(results, warnings)
+    tasks = sorted({t for t, _, _ in curves})
+    langs = {t: sorted({l for tt, l, _ in curves if tt == t}) for t in tasks}
+    systems = _system_order((s for _, _, s in curves), reference)
+    if curves and reference not in systems:
+        warnings.append(f"no results for the reference system {reference!r} (systems found: {', '.join(systems)}); "
+                        "no targets, times to target or speedups")
+
+    targets, crossings = {}, {}
+    for t in tasks:
+        for l in langs[t]:
+            ref = curves.get((t, l, reference))
+            if not ref:
+                if reference in systems:
+                    warnings.append(f"{t}/{l}: no {reference} results, so no target; its times to target and "
+                                    "speedups are left out")
+                continue
+            targets[(t, l)] = fraction * ref[-1].score
+            for s in systems:
+                if (t, l, s) in curves:
+                    crossings[(t, l, s)] = time_to_target(curves[(t, l, s)], targets[(t, l)])
+
+    warnings += _coverage_warnings(tasks, langs, systems, curves)
+    rows, summary = _speedups(tasks, langs, systems, reference, targets, crossings, curves, warnings)
+    return Report(reference, fraction, tasks, langs, systems, curves, targets, crossings, rows, summary, warnings)
+
+
+def _coverage_warnings(tasks, langs, systems, curves) -> list[str]:
+    out = []
+    for t in tasks:
+        for s in systems:
+            finals = [curves[(t, l, s)][-1] for l in langs[t] if (t, l, s) in curves]
+            if not finals:
+                continue
+            missing = [l for l in langs[t] if (t, l, s) not in curves]
+            if missing:
+                out.append(f"{t}/{s}: no results for {', '.join(missing)}; its averages cover "
+                           f"{len(finals)} of {len(langs[t])} languages (marked *)")
+            steps = {f.step for f in finals}
+            if len(steps) > 1:
+                out.append(f"{t}/{s}: last checkpoints differ across languages (steps {min(steps)}..{max(steps)}); "
+                           "Table 2's cost columns show the largest")
+    return out
+
+
+def _speedups(tasks, langs, systems, reference, targets, crossings, curves, warnings):
+    rows, summary = [], []
+    if reference not in systems:  # already warned once; per-language "no reference" lines would only repeat it
+        return rows, summary
+    per_system_task_means: dict[str, list[float]] = defaultdict(list)
+    for t in tasks:
+        for s in systems:
+            if s == reference:
+                continue
+            used, excluded = [], {}
+            for l in langs[t]:
+                if (t, l, s) not in curves:
+                    continue
+                if (t, l) not in targets:
+                    excluded[l] = f"no {reference} results"
+                    continue
+                ref, sys_ = crossings[(t, l, reference)], crossings[(t, l, s)]
+                if not sys_.reached:
+                    excluded[l] = f"{s} never reaches the target"
+                elif not ref.reached:
+                    excluded[l] = f"{reference} never reaches the target"
+                elif sys_.estimate.v100_days <= 0:
+                    excluded[l] = f"{s} reaches the target at 0 days (speedup undefined)"
+                else:
+                    ratio = ref.estimate.v100_days / sys_.estimate.v100_days
+                    used.append((l, ref.estimate.v100_days, sys_.estimate.v100_days))
+                    rows.append(dict(task=t, system=s, lang=l, reference_days=ref.estimate.v100_days,
+                                     system_days=sys_.estimate.v100_days, speedup=ratio))
+            if not used and not excluded:
+                continue
+            mean_ratio = mean(r / d for _, r, d in used) if used else None
+            if mean_ratio is not None:
+                per_system_task_means[s].append(mean_ratio)
+            if excluded:
+                warnings.append(f"{t}/{s}: speedup leaves out {len(excluded)} language(s): "
+                                + "; ".join(f"{l} ({why})" for l, why in excluded.items()))
+            summary.append(dict(
+                task=t, system=s, mean_speedup=mean_ratio, n_langs=len(used), n_tasks=None, excluded=excluded,
+                # Footnote 6's contrast, kept for the reader: NOT the headline.
+                ratio_of_mean_days=(mean(r for _, r, _ in used) / mean(d for _, _, d in used)) if used else None))
+    for s, means in per_system_task_means.items():
+        summary.append(dict(task="avg", system=s, mean_speedup=mean(means), n_langs=None, n_tasks=len(means),
+                            excluded={}, ratio_of_mean_days=None))
+    return rows, summary
+
+
+# --- Tables ----------------------------------------------------------------------------------------------------
+
+def _fmt(x, nd=1) -> str:
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def _md(head: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
+
+
+def table2(report: Report) -> dict[str, list[dict]]:
+    """Per task: one row per system, final scores per language, their average, and the final Step-2 cost."""
+    out = {}
+    for t in report.tasks:
+        rows = []
+        for s in report.systems:
+            finals = {l: report.final((t, l, s)) for l in report.langs[t]}
+            got = {l: f for l, f in finals.items() if f is not None}
+            if not got:
+                continue
+            missing = [l for l in report.langs[t] if l not in got]
+            rows.append(dict(system=s, eflops=max(f.flops for f in got.values()) / EXA,
+                             v100_days=max(f.v100_days for f in got.values()),
+                             scores={l: (f.score if f else None) for l, f in finals.items()},
+                             avg=mean(f.score for f in got.values()), avg_partial=bool(missing)))
+        out[t] = rows
+    return out
+
+
+def table3(report: Report) -> dict[str, list[dict]]:
+    """Per task: V100-days to near-maximal performance per system and language (None: never; absent: n/a)."""
+    out = {}
+    for t in report.tasks:
+        rows = []
+        for s in report.systems:
+            cells, bounds, reached = {}, {}, []
+            for l in report.langs[t]:
+                c = report.crossings.get((t, l, s))
+                if c is None:
+                    cells[l] = "n/a"
+                elif c.reached:
+                    cells[l] = c.estimate.v100_days
+                    bounds[l] = (c.lower.v100_days, c.upper.v100_days)
+                    reached.append(c.estimate.v100_days)
+                else:
+                    cells[l] = None
+            if all(v == "n/a" for v in cells.values()):
+                continue
+            rows.append(dict(system=s, days=cells, bounds=bounds, avg=mean(reached) if reached else None,
+                             avg_partial=len(reached) < len(cells)))
+        out[t] = rows
+    return out
+
+
+def _days_cell(days, bounds=None) -> str:
+    if days is None:
+        return "∞"
+    if isinstance(days, str):
+        return days
+    return _fmt(days) + (f" ({bounds[0]:.1f}-{bounds[1]:.1f})" if bounds else "")
+
+
+def format_tables(report: Report, bounds: bool = False) -> str:
+    """Markdown tables; with bounds, Table 3 cells carry Table A4's (lower-upper) checkpoint bracket."""
+    parts = []
+    t2, t3 = table2(report), table3(report)
+    for t in report.tasks:
+        L = report.langs[t]
+        parts.append(f"## {t}: performance at training completion (Table 2)")
+        parts.append(_md(["system", "EFLOPs", "days"] + L + ["avg"], [
+            [r["system"], _fmt(r["eflops"]), _fmt(r["v100_days"])] + [_fmt(r["scores"][l]) for l in L]
+            + [_fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in t2[t]]))
+        if t3[t]:
+            parts.append(f"## {t}: V100-days to {report.fraction:.0%} of {report.reference}'s final score (Table 3)")
+            parts.append(_md(["system"] + L + ["avg"], [
+                [r["system"]] + [_days_cell(r["days"][l], bounds and r["bounds"].get(l)) for l in L]
+                + ["∞" if r["avg"] is None else _fmt(r["avg"]) + ("*" if r["avg_partial"] else "")]
+                for r in t3[t]]))
+    if report.speedup_summary:
+        parts.append(f"## Speedup over {report.reference} (Figure 1: mean of per-language ratios of V100-days)")
+        body = []
+        for r in report.speedup_summary:
+            n = f"{r['n_langs']} langs" if r["n_tasks"] is None else f"{r['n_tasks']} tasks"
+            sp = "—" if r["mean_speedup"] is None else f"{r['mean_speedup']:.2f}x"
+            body.append([r["task"], r["system"], sp, n, ", ".join(r.get("excluded", {})),
+                         _fmt(r.get("ratio_of_mean_days"), 2)])
+        parts.append(_md(["task", "system", "speedup", "used", "left out", "ratio of mean days"], body))
+    parts.append("* = averaged over fewer languages than the task has (missing results, or never reached); "
+                 "∞ = never reached; n/a = no results, or no target (no reference results).")
+    return "\n\n".join(parts)
+
+
+# --- Files -----------------------------------------------------------------------------------------------------
+
+def _write_csv(path: Path, rows: list[dict]):
+    with open(path, "w", newline="") as f:
+        if not rows:
+            return
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _crossing_rows(report: Report) -> list[dict]:
+    rows = []
+    for (t, l, s), c in sorted(report.crossings.items()):
+        e, lo, up = c.estimate, c.lower, c.upper
+        rows.append(dict(task=t, lang=l, system=s, target=c.target, reached=c.reached,
+                         step=e and e.step, eflops=e and e.flops / EXA, v100_days=e and e.v100_days,
+                         lower_step=lo and lo.step, lower_v100_days=lo and lo.v100_days,
+                         upper_step=up and up.step, upper_v100_days=up and up.v100_days))
+    return rows
+
+
+def _mean_curve(report: Report, task: str, system: str) -> list[tuple[float, float]]:
+    """(days, score) averaged over the system's languages, at the steps every one of them was evaluated."""
+    cs = [report.curves[(task, l, system)] for l in report.langs[task] if (task, l, system) in report.curves]
+    if not cs:
+        return []
+    common = set.intersection(*({r.step for r in c} for c in cs))
+    return [(mean(r.v100_days for c in cs for r in c if r.step == st), mean(r.score for c in cs for r in c
+                                                                            if r.step == st)) for st in sorted(common)]
+
+
+def write_plots(report: Report, out: Path, xmax_days: float | None = None) -> list[Path]:
+    """Figure 3 (score vs V100-days, averaged over languages and per language) and Figure 1 (speedups)."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display backend needed
+
+    color = {s: f"C{i}" for i, s in enumerate(report.systems)}  # one colour per system in every figure
+    written = []
+    n = len(report.tasks)
+    fig = Figure(figsize=(5 * max(n, 1), 4))
+    for ax, t in zip(fig.subplots(1, n, squeeze=False)[0], report.tasks):
+        for s in report.systems:
+            pts = _mean_curve(report, t, s)
+            if pts:
+                ax.plot(*zip(*pts), marker=".", label=s, c=color[s])
+        tg = [v for (tt, _), v in report.targets.items() if tt == t]
+        if tg:
+            ax.axhline(mean(tg), ls="--", c="grey", lw=1, label="target (mean over langs)")
+        ax.set(title=f"{t} (mean over languages)", xlabel="V100-days (Step 2)", ylabel="score")
+        if xmax_days:
+            ax.set_xlim(0, xmax_days)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "curves_avg.png", dpi=120)
+    written.append(out / "curves_avg.png")
+
+    for t in report.tasks:
+        L = report.langs[t]
+        cols = min(4, len(L))
+        rows = math.ceil(len(L) / cols)
+        fig = Figure(figsize=(4 * cols, 3 * rows))
+        axes = fig.subplots(rows, cols, squeeze=False).ravel()
+        for ax, l in zip(axes, L):
+            for s in report.systems:
+                c = report.curves.get((t, l, s))
+                if c:
+                    ax.plot([r.v100_days for r in c], [r.score for r in c], marker=".", label=s, c=color[s])
+            if (t, l) in report.targets:
+                ax.axhline(report.targets[(t, l)], ls="--", c="grey", lw=1)
+            ax.set(title=f"{t} {l}", xlabel="V100-days", ylabel="score")
+            if xmax_days:
+                ax.set_xlim(0, xmax_days)
+        for ax in axes[len(L):]:
+            ax.set_visible(False)
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"curves_{t}.png"
+        fig.savefig(path, dpi=120)
+        written.append(path)
+
+    summ = [r for r in report.speedup_summary if r["mean_speedup"] is not None]
+    if summ:
+        groups = list(dict.fromkeys(r["task"] for r in summ))
+        systems = list(dict.fromkeys(r["system"] for r in summ))
+        fig = Figure(figsize=(1.5 + 1.2 * len(groups) * max(len(systems), 1) / 2, 4))
+        ax = fig.subplots()
+        width = 0.8 / len(systems)
+        for j, s in enumerate(systems):
+            xs, ys = [], []
+            for i, g in enumerate(groups):
+                v = next((r["mean_speedup"] for r in summ if r["task"] == g and r["system"] == s), None)
+                if v is not None:
+                    xs.append(i + j * width)
+                    ys.append(v)
+            bars = ax.bar(xs, ys, width, label=s, color=color[s])
+            ax.bar_label(bars, fmt="%.1fx", fontsize=7)
+        ax.axhline(1, c="grey", lw=1)
+        ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(groups))], groups)
+        ax.set(ylabel=f"speedup over {report.reference}", title="Speedup to near-maximal performance")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "speedup.png", dpi=120)
+        written.append(out / "speedup.png")
+    return written
+
+
+def write_report(report: Report, out_dir: str | Path, plots: bool = True, xmax_days: float | None = None
+                 ) -> list[Path]:
+    """Writes tables.md, *.csv, report.json and (with matplotlib) PNGs; returns the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t2, t3 = table2(report), table3(report)
+
+    curve_rows = [dict(task=r.task, lang=r.lang, system=r.system, step=r.step, eflops=r.flops / EXA,
+                       v100_days=r.v100_days, score=r.score) for k in sorted(report.curves) for r in report.curves[k]]
+    final_rows = [dict(task=t, system=r["system"], lang=l, score=v, eflops=r["eflops"], v100_days=r["v100_days"])
+                  for t, rows in t2.items() for r in rows for l, v in r["scores"].items()]
+    summary_rows = [dict(r, excluded="; ".join(f"{k}: {v}" for k, v in r.get("excluded", {}).items()))
+                    for r in report.speedup_summary]
+    files = {"curves.csv": curve_rows, "final_scores.csv": final_rows, "time_to_target.csv": _crossing_rows(report),
+             "speedups.csv": report.speedup_rows, "speedup_summary.csv": summary_rows}
+    written = []
+    for name, rows in files.items():
+        _write_csv(out / name, rows)
+        written.append(out / name)
+
+    (out / "tables.md").write_text(format_tables(report, bounds=True) + "\n")
+    doc = dict(reference=report.reference, fraction=report.fraction,
+               targets=[dict(task=t, lang=l, target=v) for (t, l), v in sorted(report.targets.items())],
+               table2=t2, table3=t3, time_to_target=_crossing_rows(report), speedups=report.speedup_rows,
+               speedup_summary=report.speedup_summary, curves=curve_rows)
+    if plots:
+        try:
+            written += write_plots(report, out, xmax_days)
+        except Exception as e:  # a plot failure must not cost the numbers
+            report.warnings.append(f"plots not written: {type(e).__name__}: {e}")
+    doc["warnings"] = report.warnings
+    (out / "report.json").write_text(json.dumps(doc, indent=2, default=asdict) + "\n")
+    (out / "warnings.txt").write_text("".join(w + "\n" for w in report.warnings))
+    return written + [out / "tables.md", out / "report.json", out / "warnings.txt"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mm-ds report", description="Tables 2/3, speedups (Figure 1) and training "
+                                 "curves (Figure 3) from evaluated Step-2 checkpoints.")
+    ap.add_argument("results", nargs="+", help="CSV/JSON/JSONL with system,task,lang,step,flops,v100_days,score")
+    ap.add_argument("--out", required=True, help="directory for tables.md, *.csv, report.json, *.png")
+    ap.add_argument("--reference", default="BL_BASE", help="system whose final score sets the target")
+    ap.add_argument("--fraction", type=float, default=0.95, help="target = fraction × reference final score")
+    ap.add_argument("--xmax-days", type=float, help="clip curve plots at this many V100-days (paper: 7)")
+    ap.add_argument("--bounds", action="store_true", help="print Table A4's (lower-upper) days in Table 3")
+    ap.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    args = ap.parse_args(argv)
+
+    results, warnings = load_results(args.results)
+    if not results:
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        print(f"mm-ds report: no usable records in {', '.join(args.results)}", file=sys.stderr)
+        return 2
+    report = build_report(results, args.reference, args.fraction, warnings)
+    written = write_report(report, args.out, plots=not args.no_plots, xmax_days=args.xmax_days)
+    print(format_tables(report, bounds=args.bounds))
+    for w in report.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"wrote {len(written)} files to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+import csv
+import json
+
+import pytest
+
+from mm_ds import report as R
+from mm_ds.flops import EXA, V100_DAY_FLOPS, stage_flops_per_step
+
+
+def curve(scores, steps=None, system="S", task="xnli", lang="ar", days_per_step=1e-4):
+    """A curve with days proportional to steps (as for a fixed-cost Step 2)."""
+    steps = steps or [5000 * (i + 1) for i in range(len(scores))]
+    return [R.Result(system, task, lang, st, st * days_per_step * V100_DAY_FLOPS, st * days_per_step, sc)
+            for st, sc in zip(steps, scores)]
+
+
+# --- time to target -------------------------------------------------------------------------------------------
+
+def test_interpolates_between_bracketing_checkpoints():
+    # §3's example: 48 at 5,000 and 52 at 10,000 -> 50 at 7,500.
+    c = R.time_to_target(curve([40, 48, 52, 60], steps=[1000, 5000, 10000, 20000]), 50)
+    assert c.reached and c.estimate.step == pytest.approx(7500)
+    assert c.estimate.v100_days == pytest.approx(0.75) and c.estimate.flops == pytest.approx(0.75 * V100_DAY_FLOPS)
+    assert (c.lower.step, c.upper.step) == (5000, 10000)
+
+
+def test_paper_section3_example_with_the_paper_costs():
+    # MINIPOST (A3, 6 layers): 48 at 5,000 (~1.17 EFLOPs) and 52 at 10,000 (~2.34) -> 50 at 7,500 (~1.76).
+    per_step = stage_flops_per_step("adapt", hidden=768, vocab=50_000, layers=6, seq_len=512, mask_prob=0.15,
+                                    global_batch=2048)
+    pts = [R.Result("MINIPOST", "xnli", "ar", st, st * per_step, st * per_step / V100_DAY_FLOPS, sc)
+           for st, sc in [(5000, 48), (10000, 52)]]
+    c = R.time_to_target(pts, 50)
+    assert c.estimate.step == pytest.approx(7500)
+    assert c.estimate.flops / EXA == pytest.approx(1.76, abs=0.005)
+
+
+def test_exact_hit_is_that_checkpoint():
+    c = R.time_to_target(curve([40, 50, 60]), 50)
+    assert c.estimate.step == 10000 and (c.lower.step, c.upper.step) == (5000, 10000)
+    # 0.95·80 is not exactly 76 in floating point; the checkpoint at 76 still counts as a hit.
+    assert R.time_to_target(curve([70, 76]), 0.95 * 80).estimate.step == 10000
+
+
+def test_never_reached():
+    c = R.time_to_target(curve([40, 45, 49.9]), 50)
+    assert not c.reached and c.estimate is None and c.lower is None and c.upper is None
+
+
+def test_non_monotone_curve_uses_first_crossing():
+    c = R.time_to_target(curve([40, 60, 45, 70]), 50)  # crosses at 5k..10k, dips, crosses again
+    assert c.estimate.step == pytest.approx(7500)
+    assert (c.lower.step, c.upper.step) == (5000, 10000)
+
+
+def test_target_at_first_checkpoint_is_bracketed_from_zero():
+    c = R.time_to_target(curve([55, 60]), 50)
+    assert c.estimate.step == 5000 and c.estimate.v100_days == pytest.approx(0.5)
+    assert (c.lower.step, c.lower.v100_days, c.upper.step) == (0, 0, 5000)
+
+
+def test_unsorted_input_is_sorted_by_step():
+    c = R.time_to_target(list(reversed(curve([48, 52]))), 50)
+    assert c.estimate.step == pytest.approx(7500)
+
+
+# --- targets and speedups -------------------------------------------------------------------------------------
+
+def test_target_is_fraction_of_reference_final_not_its_best():
+    res = curve([50, 80, 70], system="BL_BASE") + curve([70], system="MINIJOINT")
+    rep = R.build_report(res)
+    assert rep.targets[("xnli", "ar")] == pytest.approx(0.95 * 70)  # last checkpoint, not the 80 peak
+    assert rep.crossings[("xnli", "ar", "MINIJOINT")].estimate.step == 5000
+
+
+def two_lang_results():
+    # Targets 95% of BL_BASE's final 100 = 95, which BL_BASE hits exactly at 10k (1.0 day) in ar and de.
+    # MINIJOINT: ar at its first checkpoint, 1k (0.1 days) -> ratio 10; de at 10k (1.0 day) -> ratio 1.
+    # Mean of ratios = 5.5, ratio of means = 1.0 / 0.55 ≈ 1.82: footnote 6's distinction.
+    base = curve([0, 95, 100], system="BL_BASE", lang="ar") + curve([0, 95, 100], system="BL_BASE", lang="de")
+    mj = curve([95, 100], steps=[1000, 10000], system="MINIJOINT", lang="ar") + \
+        curve([0, 95], steps=[5000, 10000], system="MINIJOINT", lang="de")
+    return base + mj
+
+
+def test_speedup_is_mean_of_ratios_not_ratio_of_means():
+    rep = R.build_report(two_lang_results())
+    s = next(r for r in rep.speedup_summary if r["task"] == "xnli" and r["system"] == "MINIJOINT")
+    assert s["mean_speedup"] == pytest.approx(5.5)
+    assert s["ratio_of_mean_days"] == pytest.approx(1.0 / 0.55)
+    avg = next(r for r in rep.speedup_summary if r["task"] == "avg" and r["system"] == "MINIJOINT")
+    assert avg["mean_speedup"] == pytest.approx(5.5)
+
+
+def test_headline_averages_task_means():
+    res = two_lang_results()
+    res += curve([0, 95, 100], system="BL_BASE", task="pawsx", lang="de")
+    res += curve([95], steps=[5000], system="MINIJOINT", task="pawsx", lang="de")  # 1.0 / 0.5 = 2
+    rep = R.build_report(res)
+    by = {(r["task"], r["system"]): r for r in rep.speedup_summary}
+    assert by[("pawsx", "MINIJOINT")]["mean_speedup"] == pytest.approx(2.0)
+    assert by[("avg", "MINIJOINT")]["mean_speedup"] == pytest.approx((5.5 + 2.0) / 2)
+
+
+def test_never_reaching_language_is_excluded_and_reported():
+    res = two_lang_results() + curve([0, 95, 100], system="BL_BASE", lang="tr") + \
+        curve([10, 20], steps=[5000, 10000], system="MINIJOINT", lang="tr")
+    rep = R.build_report(res)
+    s = next(r for r in rep.speedup_summary if r["task"] == "xnli" and r["system"] == "MINIJOINT")
+    assert s["mean_speedup"] == pytest.approx(5.5) and s["n_langs"] == 2
+    assert s["excluded"] == {"tr": "MINIJOINT never reaches the target"}
+    assert any("leaves out 1 language(s): tr" in w for w in rep.warnings)
+    row = next(r for r in R.table3(rep)["xnli"] if r["system"] == "MINIJOINT")
+    assert row["days"]["tr"] is None and row["avg_partial"]
+    assert "| MINIJOINT | 0.1 | 1.0 | ∞ | 0.6* |" in R.format_tables(rep)
+    # Table A4's brackets: ar hit at the first checkpoint (0-0.1), de exactly at 10k (0.5-1.0)
+    assert "| MINIJOINT | 0.1 (0.0-0.1) | 1.0 (0.5-1.0) | ∞ | 0.6* |" in R.format_tables(rep, bounds=True)
+
+
+# --- bad input ------------------------------------------------------------------------------------------------
+
+def test_bad_records_are_skipped_with_named_reasons():
+    good = dict(system="BL_BASE", task="xnli", lang="ar", step=5000, flops=1e18, v100_days="", score=70)
+    raw = [good,
+           {**good, "step": 10000, "score": ""},
+           {**good, "step": 10000, "score": None},
+           {**good, "lang": ""},
+           {**good, "step": "ten"},
+           {**good, "flops": None, "v100_days": None},
+           {**good, "step": 10000, "flops": None, "v100_days": 2.0, "score": 71}]
+    res, warns = R.clean_records(raw, source="r.json")
+    assert len(res) == 2
+    assert res[0].v100_days == pytest.approx(1e18 / V100_DAY_FLOPS)  # filled from flops
+    assert res[1].flops == pytest.approx(2.0 * V100_DAY_FLOPS)  # filled from days
+    text = "\n".join(warns)
+    assert "missing score: 2 record(s) skipped (r.json#2, r.json#3)" in text
+    assert "missing lang" in text and "not a number: 'ten'" in text and "missing both flops and v100_days" in text
+
+
+def test_missing_reference_for_a_language_keeps_the_rest():
+    res = two_lang_results() + curve([50, 60], system="MINIJOINT", lang="hi")  # no BL_BASE for hi
+    rep = R.build_report(res)
+    assert ("xnli", "hi") not in rep.targets
+    assert any("xnli/hi: no BL_BASE results" in w for w in rep.warnings)
+    s = next(r for r in rep.speedup_summary if r["task"] == "xnli" and r["system"] == "MINIJOINT")
+    assert s["mean_speedup"] == pytest.approx(5.5) and s["excluded"] == {"hi": "no BL_BASE results"}
+    t2 = next(r for r in R.table2(rep)["xnli"] if r["system"] == "MINIJOINT")
+    assert t2["scores"]["hi"] == 60  # Table 2 still shows it
+    assert next(r for r in R.table3(rep)["xnli"] if r["system"] == "MINIJOINT")["days"]["hi"] == "n/a"
+
+
+def test_missing_reference_system_entirely():
+    rep = R.build_report(curve([50, 60], system="MINIJOINT"))
+    assert not rep.targets and not rep.speedup_summary
+    assert any("no results for the reference system 'BL_BASE'" in w for w in rep.warnings)
+    assert "MINIJOINT" in R.format_tables(rep)
+
+
+def test_duplicate_checkpoints_are_averaged_with_warning():
+    res = curve([50], system="BL_BASE") + curve([60], system="BL_BASE")
+    rep = R.build_report(res)
+    assert rep.curves[("xnli", "ar", "BL_BASE")][0].score == 55
+    assert any("2 records for one checkpoint" in w for w in rep.warnings)
+
+
+def test_unreadable_and_malformed_files(tmp_path):
+    (tmp_path / "a.csv").write_text("system,task,lang,step,score\nBL_BASE,xnli,ar,5000,70\n")
+    (tmp_path / "b.json").write_text("{not json")
+    (tmp_path / "c.txt").write_text("")
+    res, warns = R.load_results([tmp_path / n for n in ("a.csv", "b.json", "c.txt", "missing.csv")])
+    text = "\n".join(warns)
+    assert "a.csv: no column flops and v100_days" in text
+    assert "b.json: invalid JSON" in text and "unsupported file type '.txt'" in text
+    assert "cannot read results file" in text
+    assert res == []  # the row had no cost; skipped, named
+    assert "missing both flops and v100_days" in text
+
+
+# --- files ----------------------------------------------------------------------------------------------------
+
+def write_results(path, results):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=R.FIELDS)
+        w.writeheader()
+        for r in results:
+            w.writerow(r.__dict__)
+
+
+def test_main_writes_tables_csv_json_and_pngs(tmp_path, capsys):
+    res = two_lang_results() + curve([60, 70], system="MINIPOST", lang="ar")
+    write_results(tmp_path / "results.csv", res)
+    (tmp_path / "more.jsonl").write_text(json.dumps(dict(system="BL_BASE", task="xnli", lang="de", step=20000,
+                                                         flops=None, v100_days=2.0, score=None)) + "\n")
+    out = tmp_path / "out"
+    assert R.main([str(tmp_path / "results.csv"), str(tmp_path / "more.jsonl"), "--out", str(out)]) == 0
+    for name in ("tables.md", "report.json", "warnings.txt", "curves.csv", "final_scores.csv",
+                 "time_to_target.csv", "speedups.csv", "speedup_summary.csv",
+                 "curves_avg.png", "curves_xnli.png", "speedup.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "curves_avg.png").read_bytes()[:4] == b"\x89PNG"
+    doc = json.loads((out / "report.json").read_text())
+    mj = next(r for r in doc["speedup_summary"] if r["task"] == "xnli" and r["system"] == "MINIJOINT")
+    assert mj["mean_speedup"] == pytest.approx(5.5)
+    assert any("missing score" in w for w in doc["warnings"])
+    rows = list(csv.DictReader(open(out / "time_to_target.csv")))
+    mp = next(r for r in rows if r["system"] == "MINIPOST")
+    assert mp["reached"] == "False" and mp["v100_days"] == ""
+    captured = capsys.readouterr()
+    assert "| MINIJOINT |" in captured.out and "missing score" in captured.err
+
+
+def test_main_without_usable_records(tmp_path, capsys):
+    (tmp_path / "r.json").write_text("[]")
+    assert R.main([str(tmp_path / "r.json"), "--out", str(tmp_path / "o")]) == 2
+    assert "no usable records" in capsys.readouterr().err
