@@ -1,0 +1,286 @@
+"""The generated world: determinism, exact translations, word order, overlap, labels that need syntax."""
+
+import json
+import lzma
+import math
+import random
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from mm_ds.data.world import LEXICON, NP, Event, Renderer, Sampler, build_wordmap, generate_world, get_language, main
+from mm_ds.data.world.grammar import pronoun
+from mm_ds.data.world.tasks import nli_items, nli_label, paws_items, paws_label
+
+LANGS = ("t1", "t2", "t3", "t4")
+ALL = ("en",) + LANGS
+SIZES = {"nli_train": 1800, "paws_train": 1200, "qa_train": 200, "dev": 60, "test": 150}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    out = tmp_path_factory.mktemp("world")
+    manifest = generate_world(out, seed=3, languages=LANGS, sentences=3000, target_sentences=1500,
+                              task_sizes=SIZES)
+    return out, manifest
+
+
+def _tsv(path: Path) -> list[dict]:
+    header, *rows = path.read_text(encoding="utf-8").rstrip("\n").split("\n")
+    cols = header.split("\t")
+    assert all(len(r.split("\t")) == len(cols) for r in rows), path
+    return [dict(zip(cols, r.split("\t"))) for r in rows]
+
+
+def _squad(path: Path) -> list[tuple[str, str, str, int]]:
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    assert doc["version"] == "1.1"
+    out = []
+    for art in doc["data"]:
+        assert set(art) == {"title", "paragraphs"}
+        for para in art["paragraphs"]:
+            for qa in para["qas"]:
+                (ans,) = qa["answers"]
+                assert para["context"][ans["answer_start"]:ans["answer_start"] + len(ans["text"])] == ans["text"]
+                out.append((qa["id"], qa["question"], ans["text"], ans["answer_start"]))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the files
+
+
+def test_layout_and_formats(world):
+    out, m = world
+    for rel in m["files"]:
+        assert (out / rel).is_file(), rel
+    for code in ALL:
+        for split in ("dev", "test"):
+            rows = _tsv(out / f"xnli/xnli.{split}.{code}.tsv")
+            assert list(rows[0]) == ["language", "gold_label", "sentence1", "sentence2", "genre", "pairID"]
+            assert {r["language"] for r in rows} == {code}
+            assert {r["gold_label"] for r in rows} == {"entailment", "neutral", "contradiction"}
+            assert list(_tsv(out / f"paws-x/{split}.{code}.tsv")[0]) == ["id", "sentence1", "sentence2", "label"]
+        mlqa = out / f"mlqa/test-context-{code}-question-{code}.json"
+        assert _squad(out / f"xquad/xquad.{code}.json") == _squad(mlqa)
+    train = [json.loads(l) for l in (out / "mnli/multinli_1.0_train.jsonl").read_text().splitlines()]
+    assert len(train) == SIZES["nli_train"] and {"gold_label", "sentence1", "sentence2"} <= set(train[0])
+    assert len(_squad(out / "squad/train-v1.1.json")) == SIZES["qa_train"]
+
+
+def test_project_loaders_read_the_world(world):
+    tasks = pytest.importorskip("mm_ds.data.tasks")
+    out, _ = world
+    spec = tasks.TASKS
+    ex, rep = tasks.read_mnli_jsonl(out / "mnli/multinli_1.0_train.jsonl", spec["xnli"], "en")
+    assert len(ex) == SIZES["nli_train"] and not rep.skipped
+    ex, rep = tasks.read_xnli_tsv(out / "xnli/xnli.test.t2.tsv", spec["xnli"], "t2")
+    assert len(ex) == SIZES["test"] and not rep.skipped
+    ex, rep = tasks.read_pawsx_tsv(out / "paws-x/train.en.tsv", spec["pawsx"], "en")
+    assert len(ex) == SIZES["paws_train"] and not rep.skipped
+    ex, rep = tasks.read_squad_json(out / "xquad/xquad.t3.json", spec["xquad"], "t3")
+    assert len(ex) == SIZES["test"] and not rep.skipped
+
+
+def test_text_layout(world):
+    out, m = world
+    for code in ALL:
+        text = (out / f"text/{code}.txt").read_text(encoding="utf-8")
+        assert text.endswith(".\n\n") and "\n\n\n" not in text and "\t" not in text
+        lines = [l for l in text.split("\n") if l]
+        assert len(lines) == m["languages"][code]["sentences"]
+
+
+def test_deterministic_by_seed(tmp_path):
+    def make(name, seed, compress=False):
+        generate_world(tmp_path / name, seed=seed, languages=("t1", "t3"), sentences=300, target_sentences=200,
+                       task_sizes={"nli_train": 30, "paws_train": 30, "qa_train": 20, "dev": 10, "test": 10},
+                       compress=compress)
+        return {p.relative_to(tmp_path / name): p.read_bytes() for p in sorted((tmp_path / name).rglob("*"))
+                if p.is_file()}
+
+    a, b, c = make("a", 1), make("b", 1), make("c", 2)
+    assert a == b
+    assert a.keys() == c.keys() and all(a[k] != c[k] for k in a if k.parts[0] in ("text", "xnli", "squad"))
+    assert main(["--out", str(tmp_path / "cli"), "--langs", "t1,t3", "--seed", "1", "--sentences", "300",
+                 "--target-sentences", "200", "--nli-train", "30", "--paws-train", "30", "--qa-train", "20",
+                 "--dev", "10", "--test", "10"]) == 0
+    assert (tmp_path / "cli/text/t3.txt").read_bytes() == a[Path("text/t3.txt")]
+    xz = make("xz", 1, compress=True)
+    assert lzma.decompress(xz[Path("text/t3.txt.xz")]) == a[Path("text/t3.txt")]
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="unknown world language 'xx'"):
+        generate_world("/nonexistent", languages=("xx",))
+    with pytest.raises(ValueError, match="unknown task size"):
+        generate_world("/nonexistent", task_sizes={"nli": 3})
+
+
+# ------------------------------------------------------------------------------------- translations
+
+
+def test_test_sets_are_exact_translations(world):
+    out, _ = world
+    for split in ("dev", "test"):
+        en_nli = _tsv(out / f"xnli/xnli.{split}.en.tsv")
+        en_paws = _tsv(out / f"paws-x/{split}.en.tsv")
+        en_qa = _squad(out / f"mlqa/{split}-context-en-question-en.json")
+        for code in LANGS:
+            nli = _tsv(out / f"xnli/xnli.{split}.{code}.tsv")
+            assert [(r["pairID"], r["gold_label"]) for r in nli] == [(r["pairID"], r["gold_label"]) for r in en_nli]
+            assert all(r["sentence1"] != e["sentence1"] for r, e in zip(nli, en_nli))
+            paws = _tsv(out / f"paws-x/{split}.{code}.tsv")
+            assert [(r["id"], r["label"]) for r in paws] == [(r["id"], r["label"]) for r in en_paws]
+            qa = _squad(out / f"mlqa/{split}-context-{code}-question-{code}.json")  # checks answer_start
+            assert [q[0] for q in qa] == [q[0] for q in en_qa]
+            # one token per English token: the answer has as many words in every language
+            assert [len(q[2].split()) for q in qa] == [len(q[2].split()) for q in en_qa]
+
+
+def test_word_order_presets():
+    dog, cat = NP("dog", "animal", True, "the", "old"), NP("cat", "animal", False, "a")
+    ev = Event("chase", dog, cat, past=False, adjuncts=(("in", NP("park", "place", False, "the")),))
+    en = Renderer(get_language("en"), 0)
+    assert en.text(ev) == "the old dogs chase a cat in the park ."
+    assert en.text(replace(ev, passive=True, past=True)) == "a cat was chased by the old dogs in the park ."
+    tokens = {}
+    for code in ("t1", "t2", "t4"):
+        r = Renderer(get_language(code), 0)
+        inv = {v: k for k, v in r.map.items() if k != "an"}
+        tokens[code] = [inv[t] for t in r.tokens(ev)[0]]
+        tokens[code + "p"] = [inv[t] for t in r.tokens(replace(ev, passive=True, past=True))[0]]
+    assert tokens["t1"] == "the old dogs chase a cat in the park .".split()
+    assert tokens["t2"] == "the dogs old the park in a cat chase .".split()  # SOV, N-Adj, postpositions
+    assert tokens["t2p"] == "a cat the park in the dogs old by chased was .".split()
+    assert tokens["t4"] == "chase the dogs old a cat in the park .".split()  # VSO
+
+
+def test_verb_final_in_sov_text(world):
+    out, _ = world
+    verbs = {f for f, _, kind in LEXICON.forms() if kind.startswith("verb")} | {"is", "are", "was", "were"}
+
+    def verb_last_share(code):
+        inv = {v: k for k, v in build_wordmap(get_language(code), 3).items()}
+        lines = [l.split() for l in (out / f"text/{code}.txt").read_text().splitlines() if l]
+        return sum(inv[l[-2]] in verbs for l in lines) / len(lines)
+
+    assert verb_last_share("t2") > 0.95 and verb_last_share("t3") > 0.95
+    assert verb_last_share("t1") < 0.4 and verb_last_share("t4") < 0.4
+
+
+# ------------------------------------------------------------------------------------------- lexicon
+
+
+def test_overlap_share_and_no_accidental_collisions(world):
+    _, m = world
+    en_forms = {f for f, _, _ in LEXICON.forms()}
+    content = {lemma for _, lemma, kind in LEXICON.forms() if kind.split(".")[0] in ("noun", "verb", "adj")}
+    for code in LANGS:
+        lang = get_language(code)
+        wm = build_wordmap(lang, 3)
+        assert set(wm) == en_forms
+        shared = {k for k in content if wm[k] == k}
+        assert len(shared) == round(lang.share_words * len(content))
+        # a new form never equals an English word by accident, and distinct English words stay distinct
+        assert all(v == k or v not in en_forms for k, v in wm.items())
+        assert len({v for k, v in wm.items() if k != "an"}) == len(en_forms) - 1
+    langs = m["languages"]
+    assert langs["t3"]["token_overlap"] < langs["t4"]["token_overlap"] < langs["t1"]["token_overlap"] < 0.35
+    assert all("a" <= ch <= "z" or not ch.isalpha() for ch in build_wordmap(get_language("t1"), 3)["dog"])
+    assert all("\u0400" <= ch <= "\u04ff" for ch in build_wordmap(get_language("t3"), 3)["dog"])
+    no_numbers = build_wordmap(replace(get_language("t3"), share_numbers=False), 3)
+    assert all("\u0400" <= ch <= "\u04ff" for ch in no_numbers["7"]) and not (set(no_numbers.values()) & en_forms - {".", ",", "?"})
+
+
+def test_noun_classes_unequal_and_grammar_rates(world):
+    _, m = world
+    sizes = list(m["english"]["noun_class_sizes"].values())
+    assert len(set(sizes)) == len(sizes)  # equal sizes let Step 2 converge to a permuted class mapping
+    s, rng = Sampler(0), random.Random(0)
+    events = [s.event(rng) for _ in range(3000)]
+    trans = [e for e in events if e.patient is not None]
+    assert 0.15 < sum(e.passive for e in trans) / len(trans) < 0.25
+    assert sum(e.sub is not None for e in events) > 100
+    assert sum(any(n is not None and n.rel is not None for n in (e.agent, e.patient)) for e in events) > 300
+
+
+# ------------------------------------------------------------------------------------------- labels
+
+
+def test_label_balance(world):
+    out, _ = world
+    nli = Counter(json.loads(l)["gold_label"] for l in (out / "mnli/multinli_1.0_train.jsonl").read_text().splitlines())
+    assert max(nli.values()) - min(nli.values()) <= 1
+    paws = Counter(r["label"] for r in _tsv(out / "paws-x/train.en.tsv"))
+    assert abs(paws["0"] - paws["1"]) <= 0.02 * SIZES["paws_train"]
+
+
+def test_swapping_roles_keeps_the_bag_of_words_and_changes_the_label():
+    """Same words, different label: the structural reason no bag-of-words model can solve the pair tasks.
+    (Past-tense actives, so that agreement does not change a word.)"""
+    s, rng, en = Sampler(0), random.Random(5), Renderer(get_language("en"), 0)
+    act = lambda e: replace(e, past=True, passive=False)  # noqa: E731
+    swap = lambda e: replace(e, agent=e.patient, patient=e.agent, past=True, passive=False)  # noqa: E731
+    bag = lambda x, y: Counter(en.text(x).split() + en.text(y).split())  # noqa: E731
+    flipped = 0
+    for it in nli_items(s, rng, 300, "x") + paws_items(s, rng, 300, "y"):
+        if it.genre in ("number", "animacy"):
+            prop = (lambda n: n.plural) if it.genre == "number" else (lambda n: n.animate)
+            if it.label == "neutral" or prop(it.a.agent) == prop(it.a.patient):
+                continue
+            pairs = [(act(it.a), it.b), (swap(it.a), it.b)]
+            labels = [nli_label(*p) for p in pairs]
+        elif it.genre in ("agent", "patient"):
+            pairs = [(act(it.a), act(it.b)), (swap(it.a), swap(it.b))]
+            labels = [paws_label(*p) for p in pairs]
+        else:
+            continue
+        assert labels[0] == it.label and labels[1] != it.label
+        assert bag(*pairs[0]) == bag(*pairs[1])
+        flipped += 1
+    assert flipped > 200
+
+
+def _naive_bayes_accuracy(train, test):
+    """Multinomial naive Bayes over unigrams of sentence 1 and sentence 2 (separate vocabularies)."""
+    feats = lambda a, b: [f"1:{w}" for w in a.split()] + [f"2:{w}" for w in b.split()]  # noqa: E731
+    counts, prior = {}, Counter()
+    for a, b, y in train:
+        prior[y] += 1
+        counts.setdefault(y, Counter()).update(feats(a, b))
+    vocab = {f for c in counts.values() for f in c}
+    totals = {y: sum(c.values()) + len(vocab) for y, c in counts.items()}
+
+    def predict(a, b):
+        return max(prior, key=lambda y: math.log(prior[y]) + sum(math.log((counts[y][f] + 1) / totals[y])
+                                                                 for f in feats(a, b)))
+    return sum(predict(a, b) == y for a, b, y in test) / len(test)
+
+
+def test_bag_of_words_is_near_chance(world):
+    out, _ = world
+    nli_train = [(d["sentence1"], d["sentence2"], d["gold_label"])
+                 for d in map(json.loads, (out / "mnli/multinli_1.0_train.jsonl").read_text().splitlines())]
+    nli_test = [(r["sentence1"], r["sentence2"], r["gold_label"]) for r in _tsv(out / "xnli/xnli.test.en.tsv")]
+    paws = lambda p: [(r["sentence1"], r["sentence2"], r["label"]) for r in _tsv(p)]  # noqa: E731
+    assert _naive_bayes_accuracy(nli_train, nli_test) < 0.45  # chance 0.33
+    assert _naive_bayes_accuracy(paws(out / "paws-x/train.en.tsv"), paws(out / "paws-x/test.en.tsv")) < 0.62
+
+
+def test_question_answers_follow_roles():
+    """Under a passive, the agent question's answer is the by-phrase noun phrase."""
+    from mm_ds.data.world.tasks import QAItem, qa_paragraph
+
+    dog, cat = NP("dog", "animal", False, "the"), NP("cat", "animal", True, "some", "hungry")
+    ev = Event("chase", dog, cat, past=True, passive=True)
+    q = Event("chase", pronoun("who"), replace(cat, adj=None), past=True)
+    for code in ("en", "t2"):
+        r = Renderer(get_language(code), 0)
+        para = qa_paragraph(r, QAItem("p", (ev,), (("q", q, dog),)))
+        ans = para["qas"][0]["answers"][0]
+        assert ans["text"] == " ".join(r.map[w] for w in ("the", "dog"))
+        if code == "en":
+            assert para["context"] == "some hungry cats were chased by the dog ."
+            assert para["qas"][0]["question"] == "who chased some cats ?"
