@@ -15,7 +15,8 @@ the expected and the actual shape, or the config field that does not match.
     swap_embeddings          put a language group into any model of the same hidden size
     check_vocab              a language group against a tokenizer's size
     check_compatible         a mini-model against the primary model it should belong to
-    to_hf_roberta, from_hf_roberta, hf_config   HF `RobertaForMaskedLM` key map (one table: HF_KEYS)
+    to_hf_roberta, from_hf_roberta, hf_config   HF `RobertaForMaskedLM` key map (one table: HF_KEYS;
+                             task heads: HF_TASK_KEYS, used by mm_ds.interop)
 """
 
 from __future__ import annotations
@@ -382,6 +383,16 @@ HF_KEYS: tuple[tuple[str, str | tuple[str, ...]], ...] = (
     ("head.norm.bias", "lm_head.layer_norm.bias"),
     ("head.bias", "lm_head.bias"),
 )
+# Downstream heads (mm_ds.heads, `task_head.*`) <-> HF RobertaForSequenceClassification / ...ForQuestionAnswering,
+# by task kind (mm_ds.data.tasks); their body is HF_KEYS without the MLM head rows.
+HF_TASK_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
+    "pair_classification": (("task_head.dense.weight", "classifier.dense.weight"),
+                            ("task_head.dense.bias", "classifier.dense.bias"),
+                            ("task_head.out_proj.weight", "classifier.out_proj.weight"),
+                            ("task_head.out_proj.bias", "classifier.out_proj.bias")),
+    "extractive_qa": (("task_head.qa_outputs.weight", "qa_outputs.weight"),
+                      ("task_head.qa_outputs.bias", "qa_outputs.bias")),
+}
 # HF keeps tied copies of the output projection: written on export, checked equal on import.
 HF_TIED = {"lm_head.decoder.weight": "embed.tokens.weight", "lm_head.decoder.bias": "head.bias"}
 # RoBERTa's single token-type row is added to every token: folded into our positions (import), zeros (export).

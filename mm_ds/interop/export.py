@@ -1,0 +1,172 @@
+"""Any stage's checkpoint -> a Hugging Face directory loadable by `transformers`.
+
+    pretrain / build_mini / adapt (an MLM)   RobertaForMaskedLM         AutoModelForMaskedLM
+    finetune, kind pair_classification      RobertaForSequenceClassification
+    finetune, kind extractive_qa             RobertaForQuestionAnswering
+
+`lang_from=ADAPT_RUN` swaps that run's language group (token embeddings, output bias) into the model and
+takes its tokenizer: Step 4 of the paper, as a shareable model. A MINIJOINT model exports its main head;
+`mini=True` exports its second head as its own mini-model (`surgery.extract_minijoint`).
+
+The directory holds config.json, model.safetensors, the language's SentencePiece model (`spm.model`: its
+ids are the embedding rows, <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4) and a README.md saying how to tokenize.
+No transformers tokenizer class reads such a model with these ids, so none is declared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from .. import checkpoint, surgery
+from ..config import ModelConfig, model_config_from_dict
+from ..tokens import SPECIAL_IDS, SPECIAL_PIECES
+from . import spm as spm_io
+from .spm import InteropError
+
+ARCHS = {None: "RobertaForMaskedLM", "pair_classification": "RobertaForSequenceClassification",
+         "extractive_qa": "RobertaForQuestionAnswering"}
+
+
+def task_to_hf(cfg: ModelConfig, kind: str, sd: dict) -> dict[str, torch.Tensor]:
+    """A `RobertaForTask` state dict as HF's: body by surgery.HF_KEYS (no MLM head), head by HF_TASK_KEYS."""
+    if kind not in surgery.HF_TASK_KEYS:
+        raise InteropError(f"task kind {kind!r} has no HF architecture; kinds: {', '.join(surgery.HF_TASK_KEYS)}")
+    body = {k: s for k, s in surgery.expected_shapes(dataclasses.replace(cfg, aux_head_layer=None)).items()
+            if not k.startswith("head.")}
+    head = dict(surgery.HF_TASK_KEYS[kind])
+    missing = sorted(set(body) - set(sd)) + sorted(set(head) - set(sd))
+    extra = sorted(set(sd) - set(body) - set(head))
+    if missing or extra:
+        raise InteropError(f"{kind} model does not match its config: missing {surgery._few(missing)}; "
+                           f"unexpected {surgery._few(extra)}")
+    for k, s in body.items():
+        if tuple(sd[k].shape) != s:
+            raise InteropError(f"{kind} model: {k} has shape {tuple(sd[k].shape)}, expected {s} from its config")
+    out: dict[str, torch.Tensor] = {}
+    for ours, hf in surgery._hf_rows(cfg):
+        if ours.startswith("head."):
+            continue
+        if isinstance(hf, tuple):
+            out |= {n: p.clone() for n, p in zip(hf, sd[ours].chunk(len(hf), dim=0))}
+        else:
+            out[hf] = sd[ours].clone()
+    out |= {hf: sd[ours].clone() for ours, hf in head.items()}
+    out[surgery.HF_TOKEN_TYPE] = torch.zeros(1, cfg.hidden_size, dtype=sd[surgery.TOKENS].dtype)
+    return out
+
+
+def _labels(meta: dict, kind: str, n: int) -> list[str]:
+    if kind == "extractive_qa":
+        return ["start", "end"]
+    try:
+        from ..data.tasks import TASKS
+        names = list(TASKS[meta["task"]].labels)
+        if len(names) == n:
+            return names
+    except (ImportError, KeyError):
+        pass
+    return [f"LABEL_{i}" for i in range(n)]
+
+
+def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None,
+           tokenizer: str | Path | None = None, mini: bool = False, force: bool = False) -> dict:
+    """Write `out` as an HF model directory; returns a summary (architecture, config, tokenizer, notes)."""
+    meta, sd = checkpoint.load_final(src)
+    cfg = model_config_from_dict(meta["model"])
+    kind = meta.get("kind") if meta.get("stage") == "finetune" or "kind" in meta else None
+    notes = []
+    if kind is None and cfg.aux_head_layer is not None:
+        if mini:
+            cfg, sd = surgery.extract_minijoint(cfg, sd)
+            notes.append(f"mini-model: layers 1-{cfg.num_layers} and the second head of the MINIJOINT model")
+        else:
+            cfg = dataclasses.replace(cfg, aux_head_layer=None)
+            sd = {k: v for k, v in sd.items() if not k.startswith("aux_head.")}
+            notes.append("MINIJOINT: main head exported; pass --mini for the second head's mini-model")
+    elif mini:
+        raise InteropError(f"--mini exports a MINIJOINT model's second head, but {src} has none "
+                           f"(model.aux_head_layer is null{', kind ' + kind if kind else ''})")
+    lang = meta.get("lang")
+    spm_path = tokenizer or meta.get("tokenizer")
+    if lang_from is not None:
+        lmeta, lsd = checkpoint.load_final(lang_from)
+        cfg, sd = surgery.swap_embeddings(cfg, sd, surgery.language_group(lsd))
+        lang = lmeta.get("lang")
+        spm_path = tokenizer or lmeta.get("tokenizer")
+        notes.append(f"{lang} embeddings from {lang_from}")
+    if spm_path is not None:
+        if not Path(spm_path).is_file():
+            raise InteropError(f"tokenizer {spm_path} does not exist (recorded in the checkpoint's meta or "
+                               f"given by --tokenizer)")
+        sp = spm_io.load(spm_path)
+        if not spm_io.is_ours(sp):
+            raise InteropError(f"tokenizer {spm_path}: special ids are not <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4")
+        if sp.get_piece_size() != cfg.vocab_size:
+            raise InteropError(f"tokenizer {spm_path} has {sp.get_piece_size()} pieces but {surgery.TOKENS} has "
+                               f"{cfg.vocab_size} rows: pass the tokenizer of this language (--tokenizer), or "
+                               f"--lang-from the adapt run the embeddings come from")
+    else:
+        notes.append("no tokenizer recorded: exported without one")
+
+    hf_cfg = surgery.hf_config(cfg) | {"architectures": [ARCHS[kind]]}
+    if kind is None:
+        hf_sd = surgery.to_hf_roberta(cfg, sd)
+    else:
+        hf_sd = task_to_hf(cfg, kind, sd)
+        n = int(meta.get("num_labels") or (2 if kind == "extractive_qa" else 0))
+        names = _labels(meta, kind, n)
+        hf_cfg |= {"id2label": {str(i): s for i, s in enumerate(names)},
+                   "label2id": {s: i for i, s in enumerate(names)}}
+        if kind == "pair_classification":
+            hf_cfg["classifier_dropout"] = None  # = hidden_dropout_prob, as in our head
+    _write_dir(Path(out), hf_cfg, hf_sd, spm_path, meta | {"exported_from": str(Path(src).resolve())}, force,
+               lang)
+    return {"out": str(out), "architecture": ARCHS[kind], "lang": lang, "vocab_size": cfg.vocab_size,
+            "num_layers": cfg.num_layers, "tokenizer": str(spm_path) if spm_path else None, "notes": notes}
+
+
+def _write_dir(out: Path, hf_cfg: dict, hf_sd: dict, spm_path, meta: dict, force: bool, lang) -> None:
+    from safetensors.torch import save_file
+
+    if out.exists() and any(out.iterdir()) and not force:
+        raise InteropError(f"{out} exists and is not empty; pass --force to replace it")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in hf_sd.items()}, str(tmp / "model.safetensors"),
+              metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n")
+    (tmp / "mm_ds_source.json").write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+    if spm_path is not None:
+        shutil.copyfile(spm_path, tmp / "spm.model")
+    (tmp / "README.md").write_text(_readme(hf_cfg["architectures"][0], lang, spm_path is not None))
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+
+
+def _readme(arch: str, lang, has_spm: bool) -> str:
+    ids = " ".join(f"{p}={i}" for p, i in zip(SPECIAL_PIECES, SPECIAL_IDS))
+    tok = (f"""## Tokenizer
+
+`spm.model` is a SentencePiece model whose ids are the embedding rows ({ids}). It is not
+XLM-R's layout (no +1 offset), so do not load it with `XLMRobertaTokenizer`; encode with SentencePiece:
+
+```python
+import sentencepiece as spm
+sp = spm.SentencePieceProcessor(model_file="spm.model")
+ids = [0] + sp.encode("a sentence") + [2]                    # <s> ... </s>
+pair = [0] + sp.encode("a") + [2, 2] + sp.encode("b") + [2]  # <s> A </s></s> B </s> (tasks, QA)
+```
+""" if has_spm else "No tokenizer was recorded for this checkpoint.\n")
+    return f"""# {arch} exported by mm-ds (language: {lang})
+
+Load with `transformers` (`AutoModelFor...from_pretrained(this_dir)`). Provenance: `mm_ds_source.json`.
+
+{tok}"""
