@@ -19,7 +19,7 @@ setup(
     install_requires=[
         "torch>=2.3,<=2.13.0",
         "deepspeed>=0.16",
-        "sentencepiece>=0.2",
+        "sentencepiece>=0.2.3",  # offset_mapping encode for QA windows
         "numpy",
         "datasets",
         "mpi4py>=4",
