@@ -13,18 +13,26 @@ import json
 import sys
 from pathlib import Path
 
+from .checkpoint import CheckpointError
 from .config import ConfigError
 
 # command -> (module with build()/preflight(), or module:function taking argv), help
 STAGE_COMMANDS = {
     "pretrain": ("mm_ds.stages.pretrain", "Step 1: pretrain an MLM (BL_BASE, BL_SMALL, MINIJOINT)"),
+    "build-mini": ("mm_ds.stages.build_mini", "Step 1b: extract (MINIJOINT) or build (MINIPOST) the mini-model"),
+    "adapt": ("mm_ds.stages.adapt", "Step 2: learn target-language embeddings over a frozen body"),
+    "finetune": ("mm_ds.stages.finetune", "Step 3: finetune the primary model on an English task"),
 }
 TOOL_COMMANDS = {
     "prepare": ("mm_ds.cli:prepare_main", "train SentencePiece and encode a corpus into token shards"),
+    "run": ("mm_ds.pipeline:main", "a whole experiment from a recipe (tiny, quick, paper), one results table"),
+    "transfer": ("mm_ds.stages.transfer:main", "Step 4: zero-shot transfer by swapping target embeddings in"),
     "world": ("mm_ds.data.world:main", "generate the synthetic multilingual world (the embedded default data)"),
     "score": ("mm_ds.score:main", "score a predictions file as the official evaluation scripts would"),
     "flops": ("mm_ds.flops:main", "analytic training FLOPs and V100-days of a recipe's stages"),
     "report": ("mm_ds.report:main", "tables, curves and speedups from evaluated checkpoints"),
+    "import": ("mm_ds.interop:import_main", "an HF/XLM-R, fairseq or DeepSpeed checkpoint as an mm-ds Step-1 run"),
+    "export": ("mm_ds.interop:export_main", "a checkpoint of any stage as a Hugging Face model directory"),
     "presets": ("mm_ds.cli:presets_main", "list the packaged presets"),
 }
 
@@ -45,7 +53,7 @@ def stage_parser(name: str, help_text: str) -> argparse.ArgumentParser:
 
 
 def run_stage(name: str, argv: list[str]) -> int:
-    from . import config, engine, launch
+    from . import checkpoint, config, engine, launch
 
     module_name, help_text = STAGE_COMMANDS[name]
     args = stage_parser(name, help_text).parse_args(argv)
@@ -68,8 +76,15 @@ def run_stage(name: str, argv: list[str]) -> int:
         stage_mod.preflight(cfg)
         world = cfg.launch.ranks if cfg.launch.launcher != "none" else 1
         ds_cfg, geo = engine.resolve_ds_config(cfg, world, None)
-        if not args.resume:
-            engine._check_run_dir(out, resume=False)
+        engine.check_run_dir(out, resume=args.resume)
+        if args.resume and (found := checkpoint.find_resume_point(out)) is not None:
+            engine.check_resumable(found, cfg)
+        if not getattr(stage_mod, "trains", lambda c: True)(cfg):
+            if args.dry_run:
+                print(config.dump_yaml(cfg))
+                return 0
+            stage_mod.run_without_engine(cfg, out)
+            return 0
         if args.dry_run:
             print(config.dump_yaml(cfg))
             print(json.dumps(ds_cfg, indent=2))
@@ -98,10 +113,13 @@ def prepare_main(argv: list[str]) -> int:
                    help="sentences sampled for SentencePiece training (bounded, so CC-100-sized inputs work)")
     p.add_argument("--workers", type=int, default=None, help="encoding processes (default: all cores)")
     p.add_argument("--spm-model", help="reuse this SentencePiece model instead of training one")
+    p.add_argument("--model-type", default="unigram", choices=["unigram", "bpe"],
+                   help="SentencePiece algorithm: unigram (XLM-R, the default) or bpe (small lexicons)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     meta = prepare(a.lang, a.input, a.out, vocab_size=a.vocab_size, character_coverage=a.character_coverage,
-                   sample_sentences=a.sample_sentences, workers=a.workers, seed=a.seed, spm_model=a.spm_model)
+                   sample_sentences=a.sample_sentences, workers=a.workers, seed=a.seed, spm_model=a.spm_model,
+                   model_type=a.model_type)
     print(json.dumps(meta, indent=2, default=str))
     return 0
 
@@ -134,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         if name in TOOL_COMMANDS:
             module_name, func = TOOL_COMMANDS[name][0].split(":")
             return int(getattr(importlib.import_module(module_name), func)(rest) or 0)
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:
         print(f"mm-ds {name}: error: {e}", file=sys.stderr)
         return 2
     print(f"mm-ds: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)

@@ -1,0 +1,1 @@
+"""Data: corpus preparation (`corpus`), token shards (`shards`), MLM pretraining batches (`mlm`)."""
