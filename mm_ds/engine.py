@@ -97,12 +97,25 @@ def find_ds_config(name: str) -> Path:
                       f"pass --ds-config PATH or a name such as fp32_zero1.json")
 
 
-def resolve_ds_config(cfg: RunConfig, world_size: int, run_dir: Path | None) -> tuple[dict, Geometry]:
+def read_ds_config(cfg: RunConfig) -> tuple[Path, dict]:
     path = find_ds_config(cfg.ds_config)
     try:
-        ds = json.loads(path.read_text())
+        return path, json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"DeepSpeed config {path} is not valid JSON: {e}") from e
+
+
+def global_batch(cfg: RunConfig) -> int:
+    """Sequences per update: the run config's, else the DeepSpeed JSON's (it does not depend on world size)."""
+    path, ds = read_ds_config(cfg)
+    gb = cfg.train.global_batch or ds.get("train_batch_size")
+    if not gb:
+        raise ConfigError(f"batch geometry unset: give train.global_batch or train_batch_size in {path}")
+    return int(gb)
+
+
+def resolve_ds_config(cfg: RunConfig, world_size: int, run_dir: Path | None) -> tuple[dict, Geometry]:
+    path, ds = read_ds_config(cfg)
     t = cfg.train
     global_batch = t.global_batch or ds.get("train_batch_size")
     micro = t.micro_batch or ds.get("train_micro_batch_size_per_gpu")
@@ -201,7 +214,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
     ds_cfg, geo = resolve_ds_config(cfg, world, run_dir)
 
     if rank == 0:
-        _check_run_dir(run_dir, resume)
+        check_run_dir(run_dir, resume)
         run_dir.mkdir(parents=True, exist_ok=True)
         ckpt_io.write_text_atomic(run_dir / "run_config.yaml", dump_yaml(cfg))
         ckpt_io.write_json_atomic(run_dir / "ds_config.json", ds_cfg)
@@ -221,7 +234,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
     if resume:
         found = ckpt_io.find_resume_point(run_dir)
         if found is not None:
-            _check_resumable(found, cfg)
+            check_resumable(found, cfg)
             client = ckpt_io.load_into_engine(engine, found)
             start_step, tokens = client["step"], client["tokens"]
             if rank == 0:
@@ -259,7 +272,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
             engine.backward(out["loss"])
             engine.step()
             for k, v in out.items():
-                if k.startswith(("loss", "correct", "masked")):
+                if k.startswith(("loss", "correct", "masked", "examples")):
                     step_logs[k] = step_logs.get(k, 0.0) + float(v.detach())
         if not math.isfinite(step_logs["loss"]):
             _nonfinite_stop(step, step_logs, run_dir, rank)
@@ -293,6 +306,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
             meta = _meta(stage, ds_cfg, world, done, tokens, flops_step)
             client = {"step": done, "tokens": tokens, "rng_cpu": torch.get_rng_state(), "seed": cfg.train.seed}
             ckpt_io.save(engine, run_dir, done, client, meta)
+        _maybe_inject_fault(done, rank)
     if bar is not None:
         bar.close()
 
@@ -314,10 +328,11 @@ def _reduce_logs(window: dict[str, float], n_micro: int) -> dict[str, float]:
         t /= torch.distributed.get_world_size()
     vals = dict(zip(keys, t.tolist()))
     out = {k: vals[k] / n_micro for k in keys if k.startswith("loss")}
-    if "masked_tokens" in vals:
-        for k in keys:
-            if k.startswith("correct_"):
-                out["acc_" + k[len("correct_"):]] = vals[k] / max(1.0, vals["masked_tokens"])
+    # MLM accuracy over masked tokens per head; downstream accuracy over examples.
+    denom = vals.get("masked_tokens", vals.get("examples"))
+    for k in keys:
+        if k.startswith("correct") and denom:
+            out["acc" + k[len("correct"):]] = vals[k] / denom
     return out
 
 
@@ -338,7 +353,7 @@ def _append_jsonl(path: Path, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def _check_run_dir(run_dir: Path, resume: bool) -> None:
+def check_run_dir(run_dir: Path, resume: bool) -> None:
     if resume or not run_dir.exists():
         return
     if ckpt_io.list_checkpoints(run_dir) or (run_dir / ckpt_io.FINAL).exists():
@@ -346,7 +361,7 @@ def _check_run_dir(run_dir: Path, resume: bool) -> None:
                           f"choose a new --out (nothing was overwritten)")
 
 
-def _check_resumable(found: Path, cfg: RunConfig) -> None:
+def check_resumable(found: Path, cfg: RunConfig) -> None:
     meta = ckpt_io.read_meta(found)
     mine = to_dict(cfg.model)
     if meta.get("model") != mine:
@@ -356,6 +371,17 @@ def _check_resumable(found: Path, cfg: RunConfig) -> None:
     for key in ("stage", "system"):
         if meta.get(key) != getattr(cfg, key):
             raise ConfigError(f"--resume: {found} is {key}={meta.get(key)!r}, this run is {getattr(cfg, key)!r}")
+
+
+def _maybe_inject_fault(step: int, rank: int) -> None:
+    """Test hook: MM_DS_KILL_AT=STEP[:RANK] SIGKILLs that rank (default 0) after STEP, like a lost node."""
+    spec = os.environ.get("MM_DS_KILL_AT")
+    if not spec:
+        return
+    at, _, who = spec.partition(":")
+    if step == int(at) and rank == int(who or 0):
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _nonfinite_stop(step: int, logs: dict, run_dir: Path, rank: int) -> None:
