@@ -212,35 +212,31 @@ def test_noun_classes_unequal_and_grammar_rates(world):
 def test_label_balance(world):
     out, _ = world
     nli = Counter(json.loads(l)["gold_label"] for l in (out / "mnli/multinli_1.0_train.jsonl").read_text().splitlines())
-    assert max(nli.values()) - min(nli.values()) <= 1
+    assert nli["entailment"] == nli["neutral"] + nli["contradiction"] and abs(nli["neutral"] - nli["contradiction"]) <= 1
     paws = Counter(r["label"] for r in _tsv(out / "paws-x/train.en.tsv"))
     assert abs(paws["0"] - paws["1"]) <= 0.02 * SIZES["paws_train"]
 
 
 def test_swapping_roles_keeps_the_bag_of_words_and_changes_the_label():
     """Same words, different label: the structural reason no bag-of-words model can solve the pair tasks.
-    (Past-tense actives, so that agreement does not change a word.)"""
+    (Past tense, so that agreement does not change a word.)"""
     s, rng, en = Sampler(0), random.Random(5), Renderer(get_language("en"), 0)
-    act = lambda e: replace(e, past=True, passive=False)  # noqa: E731
-    swap = lambda e: replace(e, agent=e.patient, patient=e.agent, past=True, passive=False)  # noqa: E731
+    swap = lambda e: replace(e, agent=e.patient, patient=e.agent)  # noqa: E731
     bag = lambda x, y: Counter(en.text(x).split() + en.text(y).split())  # noqa: E731
     flipped = 0
-    for it in nli_items(s, rng, 300, "x") + paws_items(s, rng, 300, "y"):
-        if it.genre in ("number", "animacy"):
-            prop = (lambda n: n.plural) if it.genre == "number" else (lambda n: n.animate)
-            if it.label == "neutral" or prop(it.a.agent) == prop(it.a.patient):
-                continue
-            pairs = [(act(it.a), it.b), (swap(it.a), it.b)]
-            labels = [nli_label(*p) for p in pairs]
-        elif it.genre in ("agent", "patient"):
-            pairs = [(act(it.a), act(it.b)), (swap(it.a), swap(it.b))]
-            labels = [paws_label(*p) for p in pairs]
-        else:
-            continue
-        assert labels[0] == it.label and labels[1] != it.label
-        assert bag(*pairs[0]) == bag(*pairs[1])
+    for it, label in [(it, nli_label) for it in nli_items(s, rng, 300, "x")] + \
+                     [(it, paws_label) for it in paws_items(s, rng, 300, "y")]:
+        if label is paws_label and it.a.agent.plural != it.a.patient.plural:
+            continue  # the passive auxiliary agrees with the patient; numbers are independent of roles
+        if it.a.agent.cls == it.a.patient.cls and it.a.agent.plural == it.a.patient.plural:
+            continue  # same class: swapping cannot change the label
+        swapped = (swap(it.a), swap(it.b))
+        if label(*swapped) == it.label:
+            continue  # e.g. number differs but the label only asks for animacy
+        assert label(it.a, it.b) == it.label
+        assert bag(it.a, it.b) == bag(*swapped)
         flipped += 1
-    assert flipped > 200
+    assert flipped > 300
 
 
 def _naive_bayes_accuracy(train, test):
@@ -265,7 +261,7 @@ def test_bag_of_words_is_near_chance(world):
                  for d in map(json.loads, (out / "mnli/multinli_1.0_train.jsonl").read_text().splitlines())]
     nli_test = [(r["sentence1"], r["sentence2"], r["gold_label"]) for r in _tsv(out / "xnli/xnli.test.en.tsv")]
     paws = lambda p: [(r["sentence1"], r["sentence2"], r["label"]) for r in _tsv(p)]  # noqa: E731
-    assert _naive_bayes_accuracy(nli_train, nli_test) < 0.45  # chance 0.33
+    assert _naive_bayes_accuracy(nli_train, nli_test) < 0.58  # majority class 0.5
     assert _naive_bayes_accuracy(paws(out / "paws-x/train.en.tsv"), paws(out / "paws-x/test.en.tsv")) < 0.62
 
 

@@ -2,26 +2,29 @@
 
 A ~1M-parameter model learned single-sentence semantic properties ("is the agent plural / animate?", half
 of the sentences passive) but not subject/object-swap paraphrase pairs (notes/generated-world-findings.md).
-So every task here reduces to finding the AGENT of a clause (the by-phrase of a passive, the subject of an
-active, never a relative clause's noun) and reading one bit of it, combined with a second bit:
+A first design here that checked a second sentence's claim against the first (an XOR of two readings,
+with template words absent from the pretraining text) stayed at chance after 600 finetuning updates at any
+learning rate. So both pair tasks ask for the class of the DOER (agent) of sentence 1, which needs its
+structure: the by-phrase of a passive, the subject of an active.
 
-- NLI (XNLI-like, 3-way). Premise: a transitive sentence, half passive. Hypothesis: "it was <verb>ed by
-  {one | many | someone | something} ." about the premise's main verb. entailment: the pronoun states the
-  agent's true number (one/many) or animacy (someone/something); contradiction: the false one; neutral:
-  the hypothesis verb does not occur in the premise. Premises are drawn so that agent and patient differ in
-  the asked property ~80% of the time, so "the first noun" is no shortcut.
-- PAWS-like (2-way, label 1 = "same"). Sentence 2 re-renders sentence 1's event in the other voice with
-  at most one change: the agent's number flipped (label 0, 50%), the patient's number flipped (label 1,
-  30%), or none (label 1, 20%: a true paraphrase). The label asks "do both say
-  the same number of doers?": both sentences have one mismatching word in 80% of pairs, and only its role
-  decides the label.
+Bag-of-words proofing: events use the verbs whose agent and patient classes are the same set (follow,
+watch, chase, scare: people and animals in both roles) and always pair one person with one animal, so
+neither nouns nor verb say who acts; both sentences are past tense (active verbs do not agree).
+- PAWS-like (2-way, label 1 = the doer is a person). Sentence 1 is half passive; sentence 2 tells the
+  same event in the active voice (with sentence 2 in the other voice, i.e. sometimes passive, the task
+  stayed at chance after 600 updates). Numbers are independent of roles, so the passive auxiliary
+  (which agrees with the patient) says nothing about the doer's class.
+- NLI (XNLI-like in format, 3-way): the doer is singular (entailment), several people (neutral), or
+  several animals (contradiction). Agent and patient
+  always differ in number, and both sentences are active (no auxiliary), so every bag of words fits two
+  doers with different labels; labels are 1/2, 1/4, 1/4, and bag-of-words stays at the majority rate.
 - QA (SQuAD-v1.1-like). Context: 3-5 sentences with distinct verbs (40% passive). Question: "who/what
   <verb>ed <patient> ?" (answer: the agent NP) or "who/what was <verb>ed by <agent> ?" (answer: the
   patient NP). The answer is the NP's determiner + adjective + noun (or name), a contiguous span in every
   word order.
 
-Swapping agent and patient keeps a pair's bag of words and changes its label (tests check it), so unigram
-models stay near chance. Every item is a semantic object; each language renders the same objects.
+Swapping agent and patient keeps a pair's bag of words and changes its label (tests check it). Every item
+is a semantic object; each language renders it.
 """
 
 from __future__ import annotations
@@ -29,13 +32,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
-from .grammar import NP, Event, Sampler, flip_number, pronoun
+from .grammar import LEXICON, NP, Event, Sampler, pronoun
 from .languages import Renderer
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")
 PAWS_LABELS = ("0", "1")
-HYPOTHESIS_WORD = {("number", True): "many", ("number", False): "one",
-                   ("animacy", True): "someone", ("animacy", False): "something"}
+SYMMETRIC_VERBS = tuple(sorted(v for v, (agents, patients) in LEXICON.transitive.items() if agents == patients))
+"""Verbs whose agents and patients come from the same classes: the verb cannot tell who acts."""
 
 
 @dataclass(frozen=True)
@@ -54,73 +57,50 @@ class QAItem:
     questions: tuple[tuple[str, Event, NP], ...]  # (id, question, the answer NP object inside `events`)
 
 
-def agent_value(ev: Event, prop: str) -> bool:
-    """The asked bit of the main clause's agent: plural (number) or animate (animacy)."""
-    return _value(ev.agent, prop)
+def _person(np: NP) -> bool:
+    return np.cls == "person"
 
 
-def _value(np: NP, prop: str) -> bool:
-    return np.plural if prop == "number" else np.animate
-
-
-def nli_label(premise: Event, hypothesis: Event) -> str:
-    """The gold label of a (premise, hypothesis) pair, from meaning alone."""
-    if hypothesis.verb not in premise.verbs():
-        return "neutral"
-    word = hypothesis.agent.noun
-    prop = "number" if word in ("one", "many") else "animacy"
-    claimed = _value(hypothesis.agent, prop)
-    return "entailment" if claimed == agent_value(premise, prop) else "contradiction"
+def nli_label(a: Event, b: Event) -> str:
+    """The gold label of a pair from meaning alone: the class of sentence 1's doer."""
+    if not a.agent.plural:
+        return "entailment"
+    return "neutral" if _person(a.agent) else "contradiction"
 
 
 def paws_label(a: Event, b: Event) -> str:
-    return "1" if a.agent.plural == b.agent.plural else "0"
+    return "1" if _person(a.agent) else "0"
 
 
-def _premise(sampler: Sampler, rng: random.Random, prop: str | None, truth: bool | None = None, **kw) -> Event:
-    """A transitive sentence, half passive, whose main verb occurs once and whose agent has `prop` ==
-    `truth`; agent and patient differ in `prop` ~80% of the time (so a first-noun heuristic fails on
-    the passives)."""
+def _event(sampler: Sampler, rng: random.Random, person: bool, plural: bool | None, passive_p: float) -> Event:
+    """A past-tense event of a symmetric verb: one person and one animal, the doer of the asked kind; with
+    `plural` set, the patient has the other number."""
     while True:
-        ev = sampler.event(rng, transitive=True, passive_p=0.5, **kw)
-        if ev.verbs().count(ev.verb) != 1:
+        ev = sampler.event(rng, transitive=True, passive_p=passive_p, names=False, clauses=False,
+                           exclude_verbs=frozenset(LEXICON.transitive) - frozenset(SYMMETRIC_VERBS))
+        a, p = ev.agent, ev.patient
+        if _person(a) != person or _person(p) == person or ev.verbs().count(ev.verb) != 1:
             continue
-        if prop is None:
-            return ev
-        if agent_value(ev, prop) == truth and (_value(ev.patient, prop) != truth or rng.random() < 0.25):
-            return ev
+        if plural is not None and (a.plural != plural or p.plural == plural):
+            continue
+        return replace(ev, past=True)
 
 
 def nli_items(sampler: Sampler, rng: random.Random, n: int, prefix: str) -> list[PairItem]:
-    """Premise truth and claimed value are each 50/50 within every (label, property), and a neutral
-    hypothesis borrows the verb of another premise drawn the same way: no single word predicts a label."""
     items = []
     for i in range(n):
-        label, prop = NLI_LABELS[i % 3], ("number", "animacy")[(i // 3) % 2]
-        truth, claim = rng.random() < 0.5, rng.random() < 0.5
-        if label != "neutral":
-            truth = claim == (label == "entailment")
-        ev = _premise(sampler, rng, prop, truth)
-        verb = ev.verb
-        while label == "neutral" and verb in ev.verbs():
-            verb = _premise(sampler, rng, prop, rng.random() < 0.5).verb
-        hyp = Event(verb, pronoun(HYPOTHESIS_WORD[prop, claim]), pronoun("it"), ev.past, passive=True)
-        items.append(PairItem(f"{prefix}{i}", ev, hyp, nli_label(ev, hyp), prop))
+        kind = ("person-sg", "animal-sg", "person-pl", "animal-pl")[i % 4]
+        ev = _event(sampler, rng, kind.startswith("person"), kind.endswith("pl"), passive_p=0.0)
+        items.append(PairItem(f"{prefix}{i}", ev, ev, nli_label(ev, ev), kind))
     rng.shuffle(items)
     return items
 
 
 def paws_items(sampler: Sampler, rng: random.Random, n: int, prefix: str) -> list[PairItem]:
-    """Sentence 2 always has the other voice, so voice patterns say nothing about the label."""
     items = []
-    kinds = ("agent",) * 5 + ("patient",) * 3 + ("none",) * 2
     for i in range(n):
-        kind = kinds[i % 10]
-        ev = _premise(sampler, rng, None, names=False)
-        ev2 = replace(ev, passive=not ev.passive,
-                      agent=flip_number(ev.agent, rng) if kind == "agent" else ev.agent,
-                      patient=flip_number(ev.patient, rng) if kind == "patient" else ev.patient)
-        items.append(PairItem(f"{prefix}{i}", ev, ev2, paws_label(ev, ev2), kind))
+        ev = _event(sampler, rng, person=i % 2 == 0, plural=None, passive_p=0.5)
+        items.append(PairItem(f"{prefix}{i}", ev, replace(ev, passive=False), paws_label(ev, ev), "doer-class"))
     rng.shuffle(items)
     return items
 
