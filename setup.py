@@ -13,7 +13,7 @@ setup(
     version="0.1.0",
     description="Mini-model adaptation of masked language models to new languages, on DeepSpeed",
     packages=find_packages(include=["mm_ds", "mm_ds.*"]),
-    package_data={"mm_ds": ["presets/*/*.yaml"]},
+    package_data={"mm_ds": ["presets/*/*.yaml"]},  # includes recipes/
     data_files=[("share/mm-ds/ds_configs", glob("ds_configs/*.json"))],
     python_requires=">=3.10",
     install_requires=[

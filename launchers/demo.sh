@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: generate the synthetic world, prepare the English corpus, and
-# pretrain the tiny MINIJOINT model on 2 CPU ranks under the deepspeed launcher.
-# Knobs: OUT (default runs/demo), RANKS (2), STEPS (preset's).
+# The main job on the embedded default: generate the synthetic world, then run all four systems
+# (BL_BASE, BL_SMALL, MINIJOINT, MINIPOST) through Steps 1-4 on 2 CPU ranks under the deepspeed launcher,
+# and print the results table. Re-running skips finished stages and resumes interrupted ones.
+# Knobs: RECIPE (tiny | quick), OUT (runs/$RECIPE).
 set -euo pipefail
-OUT=${OUT:-runs/demo}
-RANKS=${RANKS:-2}
-mm-ds world --out "$OUT/world" --langs t1,t2 >/dev/null
-[ -f "$OUT/data/en/meta.json" ] || mm-ds prepare --lang en --input "$OUT/world/text/en.txt" --out "$OUT/data/en" \
-    --vocab-size 2000 --model-type bpe >/dev/null
-mm-ds pretrain --preset tiny/minijoint --out "$OUT/pretrain/minijoint" --ranks "$RANKS" \
-    data.corpus="$OUT/data/en" ${STEPS:+train.steps=$STEPS} $( [ -d "$OUT/pretrain/minijoint/checkpoints" ] && echo --resume )
+RECIPE=${RECIPE:-tiny}
+OUT=${OUT:-runs/$RECIPE}
+mm-ds run "$RECIPE" --out "$OUT"

@@ -18,6 +18,7 @@ The filesystem under RUN must be shared by all ranks (as DeepSpeed itself assume
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -26,6 +27,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from . import faults
 
 META = "mm_ds.json"
 MANIFEST = "manifest.json"
@@ -140,12 +143,14 @@ def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict)
             shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
     _barrier()
     error = None
+    stage = meta.get("stage")
     try:
         ok = engine.save_checkpoint(str(root), tag=tmp_tag, client_state=client_state, save_latest=False)
         if ok is False:
             error = "engine.save_checkpoint reported failure"
-    except OSError as e:  # disk full, permissions: say so, keep the previous checkpoint
-        error = f"{type(e).__name__}: {e}"
+    except (OSError, RuntimeError) as e:  # disk full, permissions: say so, keep the previous checkpoint
+        error = _write_error(e, root)  # (torch.save reports a full disk as a RuntimeError)
+    faults.in_save(step, rank, "after-engine-save", stage)
     failed = _any_rank(error is not None)
     if failed:
         if rank == 0:
@@ -158,19 +163,33 @@ def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict)
     if rank == 0:
         try:
             write_json_atomic(root / tmp_tag / META, meta | {"format": FORMAT, "tag": tag})
+            faults.in_save(step, rank, "after-meta", stage)
             write_manifest(root / tmp_tag)
+            faults.in_save(step, rank, "after-manifest", stage)
             verify(root / tmp_tag)
+            faults.in_save(step, rank, "before-rename", stage)
             if (root / tag).exists():  # re-saving a step (e.g. resumed after a crash post-rename)
                 shutil.rmtree(root / tag)
             os.replace(root / tmp_tag, root / tag)
+            faults.in_save(step, rank, "before-latest", stage)
             write_text_atomic(root / LATEST, tag)
-        except OSError as e:
+        except (OSError, CheckpointError) as e:
             shutil.rmtree(root / tmp_tag, ignore_errors=True)
-            error = f"{type(e).__name__}: {e}"
+            error = _write_error(e, root)
     if _any_rank(error is not None):
         raise CheckpointError(f"publishing checkpoint {root / tag} failed: {error}. The previous checkpoint "
                               f"is intact; free disk space or fix permissions, then resume with --resume.")
     return root / tag
+
+
+def _write_error(e: Exception, root: Path) -> str:
+    try:
+        free = f"; {shutil.disk_usage(root).free:,} bytes free on that filesystem"
+    except OSError:
+        free = ""
+    full = isinstance(e, OSError) and e.errno == errno.ENOSPC or "unexpected pos" in str(e) or "write failed" in str(e)
+    return (f"{'disk full? ' if full and 'No space' not in str(e) else ''}{type(e).__name__}: {e}{free}"
+            f"{'' if os.access(root, os.W_OK) else f' ({root} is not writable)'}")
 
 
 def _any_rank(flag: bool) -> bool:
@@ -194,12 +213,19 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
+    return sorted(p for p in root.glob("step_*") if p.is_dir() and "." not in p.name  # not .tmp, .universal
                   and (p / MANIFEST).is_file())
 
 
 def find_resume_point(run_dir: str | Path) -> Path | None:
-    """Newest checkpoint that verifies; a corrupt newest one is reported and the one before is used."""
+    """Newest checkpoint that verifies; a corrupt newest one is reported and the one before is used.
+    Half-written ones (`*.tmp`, or published without a manifest) are reported and never used; the next
+    save removes the `*.tmp` ones."""
+    root = checkpoints_dir(run_dir)
+    for p in sorted(root.glob("step_*")) if root.is_dir() else []:
+        if p.is_dir() and (p.name.endswith(".tmp") or not (p / MANIFEST).is_file()):
+            print(f"[mm-ds] ignoring half-written checkpoint {p} (an interrupted save); the next save removes "
+                  f"*.tmp ones", flush=True)
     for ckpt in reversed(list_checkpoints(run_dir)):
         try:
             verify(ckpt)
@@ -210,7 +236,12 @@ def find_resume_point(run_dir: str | Path) -> Path | None:
 
 
 def load_into_engine(engine, ckpt: Path) -> dict:
-    """Collective. Loads model, optimizer and scheduler state; returns the client state."""
+    """Collective. Loads model, optimizer and scheduler state; returns the client state.
+
+    DeepSpeed unpickles these files: only a checkpoint this system wrote (its manifest and meta present and
+    the files matching the manifest's sizes; find_resume_point checked the sums) is handed to it."""
+    verify(ckpt, checksums=False)
+    read_meta(ckpt)
     path, client_state = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True,
                                                 load_lr_scheduler_states=True)
     if path is None:
@@ -228,12 +259,22 @@ def consolidate(ckpt: str | Path) -> dict[str, torch.Tensor]:
     verify(ckpt)
     meta = read_meta(ckpt)
     zero = meta.get("zero_stage", 0)
-    if zero > 0:
+    if zero == 3:  # partitioned parameters, frozen ones included (frozen_param_fragments)
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
         sd = get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
-    else:
-        states = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
-        sd = states["module"]
+        return {k: v.detach().float().clone().contiguous() for k, v in sd.items()}
+    states = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    sd = dict(states["module"])
+    if zero > 0:
+        # The optimizer shards hold fp32 masters of the *trainable* parameters only; DeepSpeed records
+        # frozen ones (frozen_param_shapes) for ZeRO-3 alone. Under ZeRO 1/2 the module state dict has
+        # every parameter, frozen ones at the precision they were used in, so overlay the masters on it.
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        sd.update(get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name))
+    empty = [k for k, v in sd.items() if v.numel() == 0]
+    if empty:  # ZeRO-3 placeholders that no shard filled in
+        raise CheckpointError(f"{ckpt}: could not reconstruct {len(empty)} parameters ({', '.join(empty[:4])}...)"
+                              f" from the ZeRO-{zero} shards")
     return {k: v.detach().float().clone().contiguous() for k, v in sd.items()}
 
 
@@ -245,9 +286,14 @@ def write_final(out_dir: str | Path, state_dict: dict[str, torch.Tensor], meta: 
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in state_dict.items()}, str(tmp / WEIGHTS))
-    write_json_atomic(tmp / META, meta | {"format": FORMAT})
-    write_manifest(tmp)
+    try:
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, str(tmp / WEIGHTS))
+        write_json_atomic(tmp / META, meta | {"format": FORMAT})
+        write_manifest(tmp)
+    except (OSError, RuntimeError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"writing {out_dir} failed: {_write_error(e, out_dir.parent)}; nothing was "
+                              f"published. Free disk space or fix permissions, then re-run with --resume.") from e
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
@@ -271,3 +317,51 @@ def load_final(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+# ---------------------------------------------------------------- `mm-ds verify`
+
+def verify_main(argv: list[str]) -> int:
+    """`mm-ds verify PATH...`: a run directory (every checkpoint and final/), a checkpoints/step_* or a final/
+    directory against its manifest. Exit 0 with a summary; 1 naming the first bad file of each bad one."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="mm-ds verify", description=verify_main.__doc__.split("\n")[0][4:])
+    p.add_argument("paths", nargs="+", metavar="PATH", help="run directory, checkpoints/step_* or final/")
+    p.add_argument("--sizes-only", action="store_true", help="check sizes, not sha256 (fast on large files)")
+    a = p.parse_args(argv)
+    bad = 0
+    for path in map(Path, a.paths):
+        if not path.exists():
+            print(f"BAD   {path}: does not exist")
+            bad += 1
+            continue
+        if (path / MANIFEST).is_file() or (path / WEIGHTS).is_file() or (path / META).is_file():
+            targets = [path]
+        else:  # a run directory
+            root = checkpoints_dir(path)
+            targets = [c for c in sorted(root.glob("step_*")) if c.is_dir()] if root.is_dir() else []
+            targets += [path / FINAL] if (path / FINAL).exists() else []
+            if not targets:
+                print(f"BAD   {path}: no checkpoints/step_* and no {FINAL}/ (not an mm-ds run directory?)")
+                bad += 1
+                continue
+        for t in targets:
+            if t.name.endswith(".tmp"):
+                print(f"SKIP  {t}: half-written (an interrupted save); never resumed from, removed by the next save")
+                continue
+            try:
+                manifest = verify(t, checksums=not a.sizes_only)
+                meta = read_meta(t)
+            except (CheckpointError, OSError, ValueError) as e:
+                print(f"BAD   {e}")
+                bad += 1
+                continue
+            n = sum(f["bytes"] for f in manifest["files"].values())
+            print(f"OK    {t}: {len(manifest['files'])} files, {n:,} bytes match the manifest; "
+                  f"{meta.get('system')}/{meta.get('stage')} step {meta.get('step')}")
+        if len(targets) > 1 or targets[0] != path:
+            tag = latest_tag(path)
+            print(f"      latest: {tag or 'none'}; --resume would use: "
+                  f"{(find_resume_point(path) or Path('none')).name}")
+    return 1 if bad else 0

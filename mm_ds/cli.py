@@ -26,14 +26,18 @@ STAGE_COMMANDS = {
 TOOL_COMMANDS = {
     "prepare": ("mm_ds.cli:prepare_main", "train SentencePiece and encode a corpus into token shards"),
     "run": ("mm_ds.pipeline:main", "a whole experiment from a recipe (tiny, quick, paper), one results table"),
+    "run-plan": ("mm_ds.pipeline:plan_main", "(internal) the ranks of `mm-ds run`'s one job: every stage in order"),
     "transfer": ("mm_ds.stages.transfer:main", "Step 4: zero-shot transfer by swapping target embeddings in"),
     "world": ("mm_ds.data.world:main", "generate the synthetic multilingual world (the embedded default data)"),
     "score": ("mm_ds.score:main", "score a predictions file as the official evaluation scripts would"),
     "flops": ("mm_ds.flops:main", "analytic training FLOPs and V100-days of a recipe's stages"),
+    "plan": ("mm_ds.plan:main", "time, GPU-hours, communication and disk of a recipe's stages on a GPU cluster"),
     "report": ("mm_ds.report:main", "tables, curves and speedups from evaluated checkpoints"),
     "import": ("mm_ds.interop:import_main", "an HF/XLM-R, fairseq or DeepSpeed checkpoint as an mm-ds Step-1 run"),
     "export": ("mm_ds.interop:export_main", "a checkpoint of any stage as a Hugging Face model directory"),
     "presets": ("mm_ds.cli:presets_main", "list the packaged presets"),
+    "verify": ("mm_ds.checkpoint:verify_main", "check checkpoints or final weights against their manifests"),
+    "bench": ("mm_ds.bench:main", "time every stage kind vs. a matmul peak and transformers; CPU speed targets"),
 }
 
 
@@ -45,7 +49,9 @@ def stage_parser(name: str, help_text: str) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="run directory (checkpoints, logs, final weights)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
     p.add_argument("--ranks", type=int, help="local ranks to start when not under a launcher (launch.ranks)")
-    p.add_argument("--launcher", choices=["deepspeed", "mpirun", "none"], help="launch.launcher")
+    p.add_argument("--launcher", choices=["deepspeed", "mpirun", "srun", "none"], help="launch.launcher")
+    p.add_argument("--reshard", action="store_true", help="with --resume: convert the checkpoint to DeepSpeed's "
+                   "universal format first (automatic when the world size changed)")
     p.add_argument("--dry-run", action="store_true", help="validate and print the effective configs; train nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=3e-4")
@@ -53,10 +59,12 @@ def stage_parser(name: str, help_text: str) -> argparse.ArgumentParser:
 
 
 def run_stage(name: str, argv: list[str]) -> int:
+    import torch
+
     from . import checkpoint, config, engine, launch
 
     module_name, help_text = STAGE_COMMANDS[name]
-    args = stage_parser(name, help_text).parse_args(argv)
+    args = stage_parser(name, help_text).parse_intermixed_args(argv)  # key=value may follow flags
     overrides = list(args.overrides)
     if args.ds_config:
         overrides.append(f"ds_config={args.ds_config}")
@@ -74,11 +82,13 @@ def run_stage(name: str, argv: list[str]) -> int:
     if not launch.under_launcher():
         # Everything that can fail on bad input fails here, before any rank starts.
         stage_mod.preflight(cfg)
-        world = cfg.launch.ranks if cfg.launch.launcher != "none" else 1
+        world = cfg.launch.world_size
         ds_cfg, geo = engine.resolve_ds_config(cfg, world, None)
+        launch.preflight(cfg.launch)
         engine.check_run_dir(out, resume=args.resume)
-        if args.resume and (found := checkpoint.find_resume_point(out)) is not None:
-            engine.check_resumable(found, cfg)
+        if args.resume and name == "pretrain" and (found := checkpoint.find_resume_point(out)) is not None:
+            engine.check_resumable(found, cfg)  # later stages take their architecture from the parent: the
+            # ranks check it after build() (engine.train), where cfg.model is known
         if not getattr(stage_mod, "trains", lambda c: True)(cfg):
             if args.dry_run:
                 print(config.dump_yaml(cfg))
@@ -94,8 +104,14 @@ def run_stage(name: str, argv: list[str]) -> int:
             return launch.relaunch(cfg.launch, [name, *argv])
         if cfg.launch.ranks != 1:
             raise ConfigError("launch.launcher=none runs a single process; set launch.ranks=1")
+    if not getattr(stage_mod, "trains", lambda c: True)(cfg):  # a rank, e.g. inside `mm-ds run`'s one job
+        rank, _, _ = engine.init_distributed()
+        if rank == 0:
+            stage_mod.run_without_engine(cfg, out)
+        torch.distributed.barrier()
+        return 0
     stage = stage_mod.build(cfg)
-    engine.train(stage, out, resume=args.resume, progress=not args.no_progress)
+    engine.train(stage, out, resume=args.resume, progress=not args.no_progress, reshard=args.reshard)
     return 0
 
 
@@ -152,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if name in TOOL_COMMANDS:
             module_name, func = TOOL_COMMANDS[name][0].split(":")
             return int(getattr(importlib.import_module(module_name), func)(rest) or 0)
-    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError) as e:
         print(f"mm-ds {name}: error: {e}", file=sys.stderr)
         return 2
     print(f"mm-ds: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)

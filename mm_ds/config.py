@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 STAGES = ("pretrain", "build_mini", "adapt", "finetune")
+SYSTEMS = ("bl_base", "bl_small", "minijoint", "minipost")
 
 
 class ConfigError(ValueError):
@@ -93,6 +94,36 @@ class TrainConfig:
     """Explicit checkpoint steps, in addition to every `checkpoint_every` steps and the last step."""
     checkpoint_every: int = 5000
     log_every: int = 10
+    max_nonfinite_steps: int = 10
+    """Updates with a non-finite loss or gradients that are skipped (not applied, counted, resumed with the
+    run) before training stops with a diagnostic. 0: stop at the first. fp16 loss-scale skips do not count."""
+
+
+@dataclass
+class MiniConfig:
+    """How a mini-model is cut from its primary model (paper §2.2)."""
+
+    layers: int = 4
+    """N: bottom layers shared with the primary model (MINIJOINT's second head sits after layer N)."""
+    new_layers: int = 2
+    """MINIPOST: freshly initialised layers trained on top of the frozen N (Step 1b)."""
+
+
+@dataclass
+class FinetuneConfig:
+    """Step 3 on an English task. Unset values come from the task table (mm_ds.data.tasks.TASKS)."""
+
+    task: str = ""
+    """xnli | pawsx | mlqa | xquad"""
+    data_root: str = ""
+    """Directory holding the task files in their official layout (the generated world, or real data)."""
+    epochs: float | None = None
+    lr: float | None = None
+    warmup_ratio: float | None = None
+    max_length: int | None = None
+    max_train_examples: int | None = None
+    """Use only the first N English training examples (quick runs)."""
+    eval_batch: int = 64
 
 
 @dataclass
@@ -100,11 +131,36 @@ class LaunchConfig:
     """How `mm-ds <stage>` starts its ranks when it is not already running under a launcher."""
 
     ranks: int = 1
-    """Local processes to start (CPU ranks or GPUs on this node)."""
+    """Processes per node (CPU ranks or GPUs on each node). World size = nodes x ranks."""
     launcher: str = "deepspeed"
-    """deepspeed | mpirun | none (run in this process; needs ranks=1)."""
+    """deepspeed | mpirun | srun (inside a SLURM allocation) | none (run in this process; needs ranks=1)."""
     master_port: int = 29500
     master_addr: str = "127.0.0.1"
+    """Rank 0's address. On several nodes: an address of the first host that the others can reach."""
+    nodes: int = 1
+    """Nodes to run on: the first N hosts of `hostfile` (deepspeed, mpirun) or of the allocation (srun)."""
+    hostfile: str = ""
+    """`HOST slots=N` per line (mm_ds/hostfile.py), for nodes > 1 under deepspeed or mpirun."""
+    ds_launcher: str = "pdsh"
+    """How `deepspeed` reaches the other nodes: pdsh | openmpi | mvapich | slurm | mpich | impi."""
+    node_rank: int | None = None
+    """deepspeed without ssh: start only this node's ranks (`--no_ssh --node_rank`); run the same
+    command on every node with its own node_rank."""
+
+    @property
+    def world_size(self) -> int:
+        return 1 if self.launcher == "none" else self.nodes * self.ranks
+
+    def check(self) -> None:
+        if self.launcher not in ("deepspeed", "mpirun", "srun", "none"):
+            raise ConfigError(f"launch.launcher={self.launcher!r}: use deepspeed, mpirun, srun or none")
+        for name in ("ranks", "nodes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"launch.{name} must be positive, got {getattr(self, name)}")
+        if not 0 < self.master_port < 65536:
+            raise ConfigError(f"launch.master_port={self.master_port} is not a TCP port (1-65535)")
+        if self.node_rank is not None and not 0 <= self.node_rank < self.nodes:
+            raise ConfigError(f"launch.node_rank={self.node_rank} must lie in [0, launch.nodes={self.nodes})")
 
 
 @dataclass
@@ -116,9 +172,13 @@ class RunConfig:
     system: str = "bl_base"
     """bl_base | bl_small | minijoint | minipost"""
     lang: str = "en"
+    parent: str = ""
+    """Run directory (or its final/) this stage starts from: build_mini, adapt and finetune need one."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    mini: MiniConfig = field(default_factory=MiniConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     ds_config: str = "fp32_zero1.json"
     """DeepSpeed engine JSON: a file path, or a name in the packaged ds_configs/."""
@@ -128,12 +188,18 @@ class RunConfig:
     def check(self) -> None:
         if self.stage not in STAGES:
             raise ConfigError(f"stage={self.stage!r} is not one of {', '.join(STAGES)}")
+        if self.system not in SYSTEMS:
+            raise ConfigError(f"system={self.system!r} is not one of {', '.join(SYSTEMS)}")
+        if self.stage != "pretrain" and not self.parent:
+            raise ConfigError(f"stage {self.stage} starts from a parent checkpoint: set parent=RUN_DIR")
         self.model.check()
         t = self.train
         for name in ("steps", "global_batch", "micro_batch", "checkpoint_every", "log_every"):
             v = getattr(t, name)
             if v is not None and v < 1:
                 raise ConfigError(f"train.{name} must be positive, got {v}")
+        if t.max_nonfinite_steps < 0:
+            raise ConfigError(f"train.max_nonfinite_steps must be >= 0, got {t.max_nonfinite_steps}")
         if not 0 <= t.warmup_steps <= t.steps:
             raise ConfigError(f"train.warmup_steps={t.warmup_steps} must lie in [0, train.steps={t.steps}]")
         if self.data.seq_len > self.model.max_positions:
@@ -141,8 +207,7 @@ class RunConfig:
                               f"{self.model.max_positions}; lower data.seq_len or raise model.max_positions")
         if not 0 < self.data.mask_prob < 1:
             raise ConfigError(f"data.mask_prob={self.data.mask_prob} must be in (0, 1)")
-        if self.launch.launcher not in ("deepspeed", "mpirun", "none"):
-            raise ConfigError(f"launch.launcher={self.launch.launcher!r}: use deepspeed, mpirun or none")
+        self.launch.check()
 
 
 # ---------------------------------------------------------------- dict <-> dataclass, with checks
@@ -257,7 +322,7 @@ def preset_names() -> list[str]:
     root = resources.files("mm_ds") / "presets"
     out = []
     for d in root.iterdir():
-        if d.is_dir():
+        if d.is_dir() and d.name != "recipes":  # recipes are `mm-ds run` inputs, not stage presets
             out += [f"{d.name}/{f.name[:-5]}" for f in d.iterdir() if f.name.endswith(".yaml")]
     return sorted(out)
 

@@ -180,6 +180,8 @@ class StageCost:
     layers: int
     trainable_layers: int | None
     steps: int
+    global_batch: int
+    seq_len: int
     flops_per_step: float
     flops: float
     v100_days: float
@@ -191,30 +193,30 @@ def recipe_costs(recipe: Recipe) -> list[StageCost]:
     for system, stages in recipe.systems.items():
         for st in stages:
             steps = st.steps if st.steps is not None else g.steps
-            per_step = stage_flops_per_step(
-                st.kind, hidden=g.hidden, vocab=g.vocab, layers=st.layers,
-                seq_len=st.seq_len if st.seq_len is not None else g.seq_len, mask_prob=g.mask_prob,
-                global_batch=st.global_batch if st.global_batch is not None else g.global_batch,
-                trainable_layers=st.trainable_layers)
-            rows.append(StageCost(system, st.name, st.kind, st.layers, st.trainable_layers, steps, per_step,
-                                  per_step * steps, to_v100_days(per_step * steps)))
+            batch = st.global_batch if st.global_batch is not None else g.global_batch
+            seq = st.seq_len if st.seq_len is not None else g.seq_len
+            per_step = stage_flops_per_step(st.kind, hidden=g.hidden, vocab=g.vocab, layers=st.layers, seq_len=seq,
+                                            mask_prob=g.mask_prob, global_batch=batch,
+                                            trainable_layers=st.trainable_layers)
+            rows.append(StageCost(system, st.name, st.kind, st.layers, st.trainable_layers, steps, batch, seq,
+                                  per_step, per_step * steps, to_v100_days(per_step * steps)))
     return rows
 
 
 def format_costs(rows: list[StageCost]) -> str:
-    head = "| system | stage | kind | layers | trainable | steps | EFLOPs | V100-days |"
-    lines = [head, "|---|---|---|---:|---:|---:|---:|---:|"]
+    head = "| system | stage | kind | layers | trainable | steps | batch | seq | EFLOPs | V100-days |"
+    lines = [head, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r.system} | {r.stage} | {r.kind} | {r.layers} | {r.trainable_layers or ''} | "
-                     f"{r.steps:,} | {r.flops / EXA:.1f} | {r.v100_days:.1f} |")
+                     f"{r.steps:,} | {r.global_batch} | {r.seq_len} | {r.flops / EXA:.3g} | {r.v100_days:.3g} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mm-ds flops", description="Analytic training cost of every stage of a recipe "
                                  "(paper appendix A.1; 1 V100-day = 2.592 EFLOPs). Table 2 counts step2 only.")
-    ap.add_argument("--recipe", help="JSON recipe {geometry: {...}, systems: {name: [stage, ...]}}; "
-                    "default: the paper's BL_BASE/BL_SMALL/MINIJOINT/MINIPOST")
+    ap.add_argument("--recipe", help="an `mm-ds run` recipe (tiny, quick, paper, or a YAML file), or a JSON "
+                    "{geometry: {...}, systems: {name: [stage, ...]}}; default: the paper's four systems")
     ap.add_argument("--system", action="append", help="only this system (repeatable)")
     ap.add_argument("--steps", type=int, help="updates per stage (paper: 125000)")
     ap.add_argument("--batch", type=int, help="global batch in sequences (paper: 2048)")
@@ -226,9 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     try:
-        if args.recipe:
+        if args.recipe and args.recipe.endswith(".json"):
             with open(args.recipe) as f:
                 recipe = recipe_from_dict(json.load(f))
+        elif args.recipe:  # an `mm-ds run` recipe: packaged name or YAML file
+            from .pipeline import flops_recipe, load_recipe
+            recipe = flops_recipe(load_recipe(args.recipe))
         else:
             recipe = PAPER_RECIPE
         overrides = {k: v for k, v in dict(steps=args.steps, global_batch=args.batch, seq_len=args.seq,
@@ -242,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                                  f"(it has {', '.join(recipe.systems)})")
             recipe = replace(recipe, systems={s: recipe.systems[s] for s in args.system})
         rows = recipe_costs(recipe)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as e:  # ConfigError is a ValueError
         print(f"mm-ds flops: {e}", file=sys.stderr)
         return 2
 
@@ -250,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"geometry": asdict(recipe.geometry), "stages": [asdict(r) for r in rows]}, indent=2))
     else:
         g = recipe.geometry
-        print(f"h={g.hidden} V={g.vocab} s={g.seq_len} p={g.mask_prob} B={g.global_batch} U={g.steps}")
+        print(f"h={g.hidden} V={g.vocab} p={g.mask_prob}; per stage: U steps, B sequences of s tokens")
         print(format_costs(rows))
         print("Table 2 and the speedups count step2 only (paid per new language); step1/step1b are paid once.")
     return 0

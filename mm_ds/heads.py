@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mm_ds.config import ModelConfig
 from mm_ds.data.tasks import EXTRACTIVE_QA, PAIR_CLASSIFICATION
+from mm_ds.model import Encoder
 from mm_ds.tokens import IGNORE_INDEX
 
 
@@ -73,3 +75,34 @@ def build_head(kind: str, hidden: int, num_labels: int = 0, dropout: float = 0.1
     if kind == EXTRACTIVE_QA:
         return SpanHead(hidden)
     raise ValueError(f"no head for task kind {kind!r}; kinds: {PAIR_CLASSIFICATION}, {EXTRACTIVE_QA}")
+
+
+class RobertaForTask(Encoder):
+    """The primary model for Steps 3-4: the encoder body plus one task head (`task_head.*`).
+
+    Body keys are the MLM's (`embed.*`, `layers.*`), so embeddings swap between the two unchanged."""
+
+    def __init__(self, cfg: ModelConfig, kind: str, num_labels: int = 0) -> None:
+        super().__init__(cfg)
+        self.kind = kind
+        self.task_head = build_head(kind, cfg.hidden_size, num_labels, cfg.dropout)
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
+                end_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        # Pair/QA batches are padded: the mask must reach attention (None only when nothing is padding).
+        hidden, _ = self.encode(input_ids, attention_mask)
+        if self.kind == PAIR_CLASSIFICATION:
+            logits = self.task_head(hidden)
+            out = {"logits": logits}
+            if labels is not None:
+                out["loss"] = self.task_head.loss(logits, labels)
+                out["correct"] = (logits.argmax(-1) == labels).sum()
+                out["examples"] = labels.new_tensor(labels.numel())
+            return out
+        start, end = self.task_head(hidden, attention_mask)
+        out = {"start_logits": start, "end_logits": end}
+        if start_positions is not None:
+            out["loss"] = self.task_head.loss(start, end, start_positions, end_positions)
+        return out

@@ -14,6 +14,8 @@ State-dict keys read like the architecture:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,13 +31,62 @@ def language_param_names(state_keys) -> list[str]:
     return [k for k in state_keys if k in LANGUAGE_PARAMS]
 
 
+# ---------------------------------------------------------------- dropout
+
+# CPU dropout masks come from 64-bit words of the default generator cut into four 16-bit draws: on CPU,
+# `bernoulli_` draws one 32-bit number per element serially and cost ~10% of a base-shape training step.
+# The drop probability is therefore p rounded to a multiple of 2^-16 (0.1 -> 0.100006) and the kept
+# values are scaled by exactly 1 / (1 - that probability), so the expectation is still the input's.
+# Masks stay a pure function of the torch seed (resume is exact). GPUs keep the native fused kernels.
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """F.dropout(x, p, training), with the cheaper mask above on CPU."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or not 0.0 < p < 1.0:
+        return F.dropout(x, p, True)
+    n_drop = round(p * 65536)
+    words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-2 ** 63, None)
+    draws = words.view(torch.int16)[: x.numel()].view(x.shape)  # uniform on [-32768, 32767]
+    # A float mask (0 or the scale): CPU kernels on bool masks are several times slower than a multiply.
+    keep = draws.ge(n_drop - 32768).to(x.dtype).mul_(65536 / (65536 - n_drop))
+    return x * keep  # autograd saves `keep` only
+
+
+class Dropout(nn.Module):
+    """nn.Dropout through `dropout` (no parameters: state-dict keys are unaffected)."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+def _attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+                            p: float) -> torch.Tensor:
+    """SDPA's math, for CPU training: with dropout, SDPA leaves its fused CPU kernel for a generic path
+    that also pays for `bernoulli_` and a fully-masked-row guard. Rows always keep <s>, so none is fully
+    masked here."""
+    scores = torch.matmul(q * (1.0 / math.sqrt(q.size(-1))), k.transpose(-1, -2))  # (B, nh, T, T)
+    if key_mask is not None:  # an additive (B, 1, 1, T) bias: cheaper than masked_fill over (B, nh, T, T)
+        scores = scores + torch.zeros(key_mask.shape, dtype=scores.dtype).masked_fill_(~key_mask, float("-inf"))
+    return torch.matmul(dropout(torch.softmax(scores, dim=-1), p, True), v)  # (B, nh, T, hs)
+
+
+# ---------------------------------------------------------------- the model
+
 class Embeddings(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=PAD)
         self.positions = nn.Embedding(cfg.max_positions + PAD + 1, cfg.hidden_size, padding_idx=PAD)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # RoBERTa numbers real tokens PAD+1, PAD+2, ... and gives padding the pad position.
@@ -56,8 +107,11 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         B, T, h = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, h // self.num_heads).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs) each
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        p = self.dropout if self.training else 0.0
+        if p > 0.0 and x.device.type == "cpu":
+            y = _attention_with_dropout(q, k, v, key_mask, p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)
         return self.out(y.transpose(1, 2).reshape(B, T, h))
 
 
@@ -80,7 +134,7 @@ class Layer(nn.Module):
         self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.ffn = FeedForward(cfg)
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         x = self.attn_norm(x + self.drop(self.attn(x, key_mask)))

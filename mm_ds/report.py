@@ -102,6 +102,8 @@ def clean_records(raw: Iterable[dict], source: str = "records") -> tuple[list[Re
         if not isinstance(rec, dict):
             problems.add("record is not an object/row", loc)
             continue
+        if rec.get("kind", "adapted") != "adapted":  # mm-ds run also records source-language and control rows
+            continue
         missing = [k for k in ("system", "task", "lang") if not str(rec.get(k) or "").strip()]
         if missing:
             problems.add(f"missing {'/'.join(missing)}", loc)
@@ -125,7 +127,7 @@ def clean_records(raw: Iterable[dict], source: str = "records") -> tuple[list[Re
             continue
         flops = days * V100_DAY_FLOPS if flops is None else flops
         days = flops / V100_DAY_FLOPS if days is None else days
-        results.append(Result(str(rec["system"]).strip(), str(rec["task"]).strip(), str(rec["lang"]).strip(),
+        results.append(Result(str(rec["system"]).strip().upper(), str(rec["task"]).strip(), str(rec["lang"]).strip(),
                               step, flops, days, score))
     return results, problems.warnings()
 

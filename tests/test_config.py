@@ -12,8 +12,14 @@ from mm_ds.config import ConfigError
 def test_every_preset_loads(name):
     data = config.read_preset(name)
     if "stage" in data:
-        cfg = config.load(name)
+        parent = [] if data["stage"] == "pretrain" else ["parent=runs/x"]
+        cfg = config.load(name, overrides=parent)
         assert cfg.stage in config.STAGES
+
+
+def test_stages_after_pretrain_need_a_parent():
+    with pytest.raises(ConfigError, match="parent"):
+        config.load("tiny/adapt")
 
 
 def test_paper_minijoint_is_the_paper_recipe():

@@ -145,8 +145,19 @@ def test_recipe_from_dict_and_stage_overrides():
 def test_main_prints_every_stage(capsys):
     assert F.main([]) == 0
     out = capsys.readouterr().out
-    assert "| MINIPOST | step1b | build_mini | 6 | 2 | 125,000 | 21.6 | 8.3 |" in out
-    assert "| BL_BASE | step2 | adapt | 12 |  | 125,000 | 54.1 | 20.9 |" in out
+    assert "| MINIPOST | step1b | build_mini | 6 | 2 | 125,000 | 2048 | 512 | 21.6 | 8.34 |" in out
+    assert "| BL_BASE | step2 | adapt | 12 |  | 125,000 | 2048 | 512 | 54.1 | 20.9 |" in out
+
+
+def test_the_paper_run_recipe_costs_what_the_paper_says(capsys):
+    """`mm-ds flops --recipe paper` reads the stage presets `mm-ds run paper` would use."""
+    assert F.main(["--recipe", "paper", "--json"]) == 0
+    rows = {(r["system"], r["stage"]): r for r in json.loads(capsys.readouterr().out)["stages"]}
+    # Table 2's Step-2 costs and A4's 21.6 for MINIPOST's Step 1b, from the presets themselves.
+    expect = {("BL_BASE", "step2"): 54.1, ("BL_SMALL", "step2"): 21.1, ("MINIJOINT", "step2"): 21.1,
+              ("MINIPOST", "step2"): 29.3, ("MINIPOST", "step1b"): 21.6}
+    for key, eflops in expect.items():
+        assert round(rows[key]["flops"] / F.EXA, 1) == eflops, key
 
 
 def test_main_overrides_and_json(capsys):

@@ -1,0 +1,388 @@
+"""`mm-ds run RECIPE`: a whole experiment, stage by stage, with one results table at the end.
+
+A recipe (packaged `recipes/NAME.yaml` or a file) names the systems, target languages, tasks, seeds, the
+data, and a preset per stage. The plan is a list of stage runs; each is launched as its own `mm-ds
+<stage>` process (which starts its ranks under the recipe's launcher), skipped when its `final/`
+verifies, and resumed from its newest complete checkpoint when it was interrupted. MINIPOST shares
+BL_BASE's pretrained model and its finetuned models (same primary model, paper §2.2).
+
+    OUT/world/                      generated data (tiny recipe)
+    OUT/data/{lang}/                prepared corpora
+    OUT/pretrain/{bl_base,bl_small,minijoint}/
+    OUT/build_mini/{minijoint,minipost}/
+    OUT/adapt/{system}/{lang}/
+    OUT/finetune/{primary}/{task}/seed{n}/
+    OUT/results.jsonl, OUT/results.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from . import checkpoint
+from .config import SYSTEMS, ConfigError, from_dict
+from .data.tasks import TASKS
+
+PRIMARY = {"bl_base": "bl_base", "bl_small": "bl_small", "minijoint": "minijoint", "minipost": "bl_base"}
+"""Which pretrained model is each system's primary model (Steps 1, 3, 4)."""
+
+
+@dataclass
+class Recipe:
+    """What to run. Stage presets may use {system}; overrides are key=value lists per stage."""
+
+    systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
+    langs: list[str] = field(default_factory=list)
+    """Target languages."""
+    tasks: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [1])
+    """Finetuning seeds (paper: 5); scores are averaged over them."""
+    source_lang: str = "en"
+    world: dict | None = None
+    """Generate the synthetic world first (keyword arguments of mm_ds.data.world.generate_world)."""
+    text: dict = field(default_factory=dict)
+    """lang -> list of input files/globs for `mm-ds prepare` (real data). The world provides its own."""
+    task_root: str = ""
+    """Directory with the task files in the official layout (the world's, when generated)."""
+    prepare: dict = field(default_factory=dict)
+    """Options of `mm-ds prepare` (vocab_size, model_type, sample_sentences)."""
+    presets: dict = field(default_factory=dict)
+    """stage -> preset name: pretrain, build_mini, adapt, finetune."""
+    overrides: dict = field(default_factory=dict)
+    """stage -> list of key=value applied after the preset."""
+    launch: dict = field(default_factory=dict)
+    """launch.* overrides for every training stage (ranks, launcher, master_port)."""
+    mode: str = "per_stage"
+    """per_stage: each stage its own launch (clusters: per-stage resources, logs, retries); one_job: a
+    single launch whose ranks run every stage in order (small runs, where start-up would dominate)."""
+    curve: bool = False
+    """Score every Step-2 checkpoint (training curves), not only the final one."""
+    eval_split: str = "test"
+
+    def check(self, where: str) -> None:
+        bad = [s for s in self.systems if s not in SYSTEMS]
+        if bad:
+            raise ConfigError(f"{where}: unknown system(s) {bad}; choose from {', '.join(SYSTEMS)}")
+        bad = [t for t in self.tasks if t not in TASKS]
+        if bad:
+            raise ConfigError(f"{where}: unknown task(s) {bad}; choose from {', '.join(TASKS)}")
+        if not self.langs or not self.tasks:
+            raise ConfigError(f"{where}: a recipe needs at least one target language (langs) and one task")
+        if self.world is None:
+            missing = [lang for lang in [self.source_lang, *self.langs] if lang not in self.text]
+            if missing:
+                raise ConfigError(f"{where}: no text inputs for language(s) {missing}; add them under text:")
+            if not self.task_root:
+                raise ConfigError(f"{where}: task_root is unset (the directory with the task files)")
+        else:
+            from .data.world import PRESETS
+            bad = [lang for lang in self.langs if lang not in PRESETS]
+            if bad:
+                raise ConfigError(f"{where}: language(s) {bad} are not generated-world languages "
+                                  f"({', '.join(PRESETS)})")
+        if self.mode not in ("per_stage", "one_job"):
+            raise ConfigError(f"{where}: mode={self.mode!r}; use per_stage or one_job")
+        for stage in ("pretrain", "adapt", "finetune"):
+            if stage not in self.presets:
+                raise ConfigError(f"{where}: presets.{stage} is unset")
+
+
+def load_recipe(name: str) -> Recipe:
+    path = Path(name)
+    if not path.is_file():
+        packaged = resources.files("mm_ds") / "presets" / "recipes" / f"{name}.yaml"
+        if not packaged.is_file():
+            raise ConfigError(f"recipe {name!r} is neither a file nor a packaged recipe (tiny, quick, paper)")
+        path = Path(str(packaged))
+    recipe = from_dict(Recipe, yaml.safe_load(path.read_text()) or {})
+    recipe.check(str(path))
+    return recipe
+
+
+@dataclass
+class Node:
+    name: str
+    out: Path
+    argv: list[str]
+    """mm-ds arguments; run as `python -m mm_ds.cli ARGV`."""
+
+
+def plan(recipe: Recipe, out: Path) -> list[Node]:
+    """Every training stage in dependency order (each node's parents come before it)."""
+    data = out / "data"
+    launch = [f"launch.{k}={v}" for k, v in recipe.launch.items()]
+    nodes: list[Node] = []
+
+    def stage(kind: str, run: Path, system: str, lang: str, parent: Path | None, extra: list[str]) -> None:
+        preset = recipe.presets.get(kind, "").format(system=system)
+        argv = [kind.replace("_", "-"), "--preset", preset, "--out", str(run), f"system={system}", f"lang={lang}",
+                *launch, *recipe.overrides.get(kind, []), *extra]
+        if parent is not None:
+            argv.append(f"parent={parent}")
+        nodes.append(Node(f"{kind}/{run.relative_to(out)}", run, argv))
+
+    primaries = sorted({PRIMARY[s] for s in recipe.systems}, key=SYSTEMS.index)
+    for p in primaries:
+        stage("pretrain", out / "pretrain" / p, p, recipe.source_lang, None, [f"data.corpus={data / recipe.source_lang}"])
+    for s in recipe.systems:
+        if s in ("minijoint", "minipost"):
+            stage("build_mini", out / "build_mini" / s, s, recipe.source_lang, out / "pretrain" / PRIMARY[s],
+                  [f"data.corpus={data / recipe.source_lang}"])
+    for s in recipe.systems:
+        parent = out / ("build_mini" if s in ("minijoint", "minipost") else "pretrain") / (
+            s if s in ("minijoint", "minipost") else PRIMARY[s])
+        for lang in recipe.langs:
+            stage("adapt", out / "adapt" / s / lang, s, lang, parent, [f"data.corpus={data / lang}"])
+    for p in primaries:
+        for task in recipe.tasks:
+            for seed in recipe.seeds:
+                stage("finetune", out / "finetune" / p / task / f"seed{seed}", p, recipe.source_lang,
+                      out / "pretrain" / p, [f"finetune.task={task}", f"train.seed={seed}",
+                                             f"finetune.data_root={task_root(recipe, out)}"])
+    return nodes
+
+
+def task_root(recipe: Recipe, out: Path) -> Path:
+    return out / "world" if recipe.world is not None else Path(recipe.task_root)
+
+
+def complete(run: Path) -> bool:
+    try:
+        checkpoint.verify(run / checkpoint.FINAL, checksums=False)
+        return True
+    except checkpoint.CheckpointError:
+        return False
+
+
+# ---------------------------------------------------------------- running
+
+def _mm_ds(argv: list[str], log: Path) -> None:
+    print(f"[mm-ds run] $ mm-ds {' '.join(argv)}", flush=True)
+    _run_logged([sys.executable, "-m", "mm_ds.cli", *argv], log)
+
+
+def _run_logged(cmd: list[str], log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = os.environ | {"PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    with open(log, "a") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+        raise RuntimeError(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}; its output is in {log}:\n"
+                           f"{tail}\nFix the cause and re-run the same `mm-ds run` command: finished stages are "
+                           f"skipped and interrupted ones resume")
+
+
+def plan_main(argv: list[str]) -> int:
+    """Inside `mm-ds run`'s one job (every rank): run each planned stage that is not complete, in order."""
+    import gc
+
+    import torch
+
+    from .cli import run_stage
+    from .engine import init_distributed
+
+    rank, _, _ = init_distributed()
+    for stage_argv in json.loads(Path(argv[0]).read_text()):
+        run_dir = Path(stage_argv[stage_argv.index("--out") + 1])
+        # Rank 0 decides for all: a rank that looked for itself could see a stage that rank 0 has just
+        # finished alone (an extraction) as complete, skip its barrier, and deadlock the job.
+        decision = [complete(run_dir), bool(checkpoint.list_checkpoints(run_dir))] if rank == 0 else [None, None]
+        torch.distributed.broadcast_object_list(decision, src=0)
+        done, has_checkpoints = decision
+        if done:
+            continue
+        resume = ["--resume"] if has_checkpoints else []
+        print(f"[mm-ds run] stage: mm-ds {' '.join(stage_argv + resume)}", flush=True)
+        run_stage(stage_argv[0], stage_argv[1:] + resume)
+        gc.collect()
+    return 0
+
+
+def world_complete(world: Path) -> bool:
+    """world.json is written last and lists every file: trust a world only when it parses and they exist."""
+    try:
+        manifest = json.loads((world / "world.json").read_text())
+        return all((world / f).is_file() for f in manifest["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def prepare_data(recipe: Recipe, out: Path) -> None:
+    if recipe.world is not None and not world_complete(out / "world"):
+        from .data.world import generate_world
+        generate_world(out / "world", languages=tuple(recipe.langs), **recipe.world)
+    opts = []
+    for k, v in recipe.prepare.items():
+        opts += [f"--{k.replace('_', '-')}", str(v)]
+    for lang in [recipe.source_lang, *recipe.langs]:
+        if (out / "data" / lang / "meta.json").is_file():  # prepare publishes the directory whole, meta.json last
+            print(f"[mm-ds run] skip prepare {lang}: complete", flush=True)
+            continue
+        inputs = [str(out / "world" / "text" / f"{lang}.txt")] if recipe.world is not None else recipe.text[lang]
+        args = ["prepare", "--lang", lang, "--out", str(out / "data" / lang)]
+        for i in inputs:
+            args += ["--input", i]
+        _mm_ds(args + opts, out / "logs" / f"prepare_{lang}.log")
+
+
+def evaluate_all(recipe: Recipe, out: Path) -> list[dict]:
+    from .stages.transfer import transfer
+
+    rows = []
+    root = str(task_root(recipe, out))
+    for task in recipe.tasks:
+        for p in sorted({PRIMARY[s] for s in recipe.systems}, key=SYSTEMS.index):
+            ft = [str(out / "finetune" / p / task / f"seed{seed}") for seed in recipe.seeds]
+            for s in [s for s in recipe.systems if PRIMARY[s] == p]:
+                rows += transfer(task, recipe.source_lang, ft, root, None, recipe.eval_split, system=s)
+                for lang in recipe.langs:
+                    rows += transfer(task, lang, ft, root, str(out / "adapt" / s / lang), recipe.eval_split,
+                                     curve=recipe.curve, control=True, system=s)
+    return rows
+
+
+def results_table(recipe: Recipe, rows: list[dict], out: Path) -> str:
+    """Table 2's layout: systems x (task, language) final scores, with the Step-2 cost and the control."""
+    from .flops import to_v100_days
+
+    def final(system, task, lang, kind):
+        cand = [r for r in rows if (r["system"], r["task"], r["lang"], r["kind"]) == (system, task, lang, kind)]
+        return max(cand, key=lambda r: r["step"]) if cand else None
+
+    cols = [(t, lang) for t in recipe.tasks for lang in [recipe.source_lang, *recipe.langs]]
+    head = ["system", "Step-2 EFLOPs", "V100-days"] + [f"{t} {lang}" for t, lang in cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in recipe.systems:
+        adapted = [final(s, t, lang, "adapted") for t in recipe.tasks for lang in recipe.langs]
+        cost = statistics.mean(r["flops"] for r in adapted if r) if any(adapted) else 0.0
+        cells = [s.upper(), f"{cost / 1e18:.3g}", f"{to_v100_days(cost):.2g}"]
+        for t, lang in cols:
+            if lang == recipe.source_lang:
+                r = final(s, t, lang, "source")
+                cells.append(f"{r['score']:.1f}" if r else "-")
+            else:
+                r, c = final(s, t, lang, "adapted"), final(s, t, lang, "control")
+                cells.append(f"{r['score']:.1f} (ctrl {c['score']:.1f})" if r and c else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(lines)
+    (out / "results.md").write_text(text + "\n")
+    return text
+
+
+def run(recipe: Recipe, out: Path, only_plan: bool = False) -> int:
+    nodes = plan(recipe, out)
+    if only_plan:
+        for n in nodes:
+            print(f"{'done' if complete(n.out) else 'todo'}  mm-ds {' '.join(n.argv)}")
+        return 0
+    t0 = time.time()
+    os.environ.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # stage ranks exit if this process dies
+    out.mkdir(parents=True, exist_ok=True)
+    prepare_data(recipe, out)
+    todo = [n for n in nodes if not complete(n.out)]
+    for n in nodes:
+        if n not in todo:
+            print(f"[mm-ds run] skip {n.name}: complete", flush=True)
+    if recipe.mode == "one_job" and todo:
+        # One launch for every stage: the ranks walk the plan in-process (a new engine per stage).
+        from .config import LaunchConfig
+        from .launch import command
+        plan_file = out / "logs" / "plan.json"
+        plan_file.parent.mkdir(parents=True, exist_ok=True)
+        plan_file.write_text(json.dumps([n.argv + ["--no-progress"] for n in todo], indent=1))
+        cfg = from_dict(LaunchConfig, recipe.launch)
+        cfg.check()
+        print(f"[mm-ds run] {len(todo)} stages in one job of {cfg.world_size} ranks; log: {out / 'logs' / 'job.log'}",
+              flush=True)
+        _run_logged(command(cfg, ["run-plan", str(plan_file)]) if cfg.launcher != "none"
+                    else [sys.executable, "-m", "mm_ds.cli", "run-plan", str(plan_file)], out / "logs" / "job.log")
+        todo = []
+    for n in todo:
+        resume = ["--resume"] if checkpoint.list_checkpoints(n.out) else []
+        if resume:
+            found = checkpoint.find_resume_point(n.out)
+            print(f"[mm-ds run] resume {n.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}",
+                  flush=True)
+        _mm_ds(n.argv + ["--no-progress"] + resume, out / "logs" / f"{n.name.replace('/', '_')}.log")
+    rows = evaluate_all(recipe, out)
+    with open(out / "results.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    print(results_table(recipe, rows, out))
+    if "bl_base" in recipe.systems:  # near-maximal performance is defined against BL_BASE (paper §4.2)
+        from . import report
+        results, warnings = report.clean_records(rows, str(out / "results.jsonl"))
+        rep = report.build_report(results, warnings=warnings)
+        report.write_report(rep, out / "report")
+        print(report.format_tables(rep))
+    print(f"[mm-ds run] {len(nodes)} stages, {time.time() - t0:.0f} s; results in {out / 'results.jsonl'}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mm-ds run", description="run a whole experiment from a recipe")
+    p.add_argument("recipe", help="packaged recipe (tiny, quick, paper) or a YAML file")
+    p.add_argument("--out", required=True)
+    p.add_argument("--plan", action="store_true", help="print the stage commands and their state; run nothing")
+    p.add_argument("--launch", action="append", default=[], metavar="KEY=VALUE",
+                   help="launch.* setting for every training stage, over the recipe's (repeatable), e.g. "
+                        "--launch launcher=mpirun --launch hostfile=hosts --launch nodes=2")
+    a = p.parse_args(argv)
+    recipe = load_recipe(a.recipe)
+    for item in a.launch:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--launch {item!r} must look like KEY=VALUE, e.g. --launch ranks=8")
+        recipe.launch[key.removeprefix("launch.")] = value
+    return run(recipe, Path(a.out), a.plan)
+
+
+def flops_recipe(recipe: Recipe):
+    """The recipe's stages as mm_ds.flops sees them, from each stage's effective config (preset +
+    overrides), so `mm-ds flops --recipe NAME` costs exactly what `mm-ds run NAME` would run."""
+    from . import config, flops
+
+    def effective(kind: str, system: str, extra: list[str] = ()):
+        preset = recipe.presets[kind].format(system=system)
+        parent = [] if kind == "pretrain" else ["parent=PARENT"]  # only the shape matters here
+        return config.load(preset, overrides=[f"system={system}", *parent, *recipe.overrides.get(kind, []), *extra])
+
+    vocab = int(recipe.prepare.get("vocab_size", 50_000))
+    systems = {}
+    for s in recipe.systems:
+        pre = effective("pretrain", PRIMARY[s])
+        m, layers = pre.model, pre.model.num_layers
+
+        def stage(name, kind, cfg, n_layers, trainable=None):
+            return flops.Stage(name, kind, n_layers, trainable, steps=cfg.train.steps,
+                               global_batch=global_batch(cfg), seq_len=cfg.data.seq_len)
+
+        stages = [stage("step1", "pretrain_dual" if m.aux_head_layer else "pretrain", pre, layers)]
+        adapt = effective("adapt", s)
+        if s == "minijoint":
+            stages.append(stage("step2", "adapt", adapt, m.aux_head_layer))
+        elif s == "minipost":
+            b = effective("build_mini", s)
+            mini = b.mini.layers + b.mini.new_layers
+            stages += [stage("step1b", "build_mini", b, mini, b.mini.new_layers), stage("step2", "adapt", adapt, mini)]
+        else:
+            stages.append(stage("step2", "adapt", adapt, layers))
+        systems[s.upper()] = tuple(stages)
+    geometry = flops.Geometry(hidden=m.hidden_size, vocab=m.vocab_size or vocab, mask_prob=pre.data.mask_prob)
+    return flops.Recipe(geometry, systems)
+
+
+def global_batch(cfg) -> int:
+    from .engine import global_batch as gb
+    return gb(cfg)

@@ -1,0 +1,58 @@
+"""Step 2: learn a target language's embeddings over a frozen body (paper §2.1, footnote 1).
+
+The parent is a mini-model (MINIJOINT, MINIPOST: from build-mini) or a full model (BL_BASE, BL_SMALL:
+from pretrain). Target embeddings start from the parent's rows for pieces both vocabularies share
+(specials included) and N(0, 0.02) elsewhere; only the language group trains (token embeddings, tied to
+the output projection, and the output bias). Cost per update: formula A3.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import surgery
+from ..config import ConfigError, RunConfig
+from ..engine import Stage
+from ..model import LANGUAGE_PARAMS, RobertaMLM
+from .common import load_parent, mlm_batches, open_corpus, pieces, stage_flops
+
+PARENT_STAGE = {"bl_base": "pretrain", "bl_small": "pretrain", "minijoint": "build_mini", "minipost": "build_mini"}
+
+
+def _target_model(cfg: RunConfig):
+    meta, mcfg, sd = load_parent(cfg)
+    want = PARENT_STAGE[cfg.system]
+    if meta.get("stage") != want:
+        raise ConfigError(f"{cfg.system} adapts over a {want} checkpoint, but parent={cfg.parent} is "
+                          f"{meta.get('stage')!r}" + ("; run build-mini first" if want == "build_mini" else ""))
+    if not meta.get("tokenizer"):
+        raise ConfigError(f"parent={cfg.parent} records no source tokenizer; overlap initialisation needs the "
+                          f"source pieces (re-import it with --tokenizer)")
+    corpus = open_corpus(cfg)
+    tgt_cfg, lang_sd, report = surgery.init_target_embeddings(mcfg, sd, pieces(meta["tokenizer"]),
+                                                              pieces(corpus.spm_model), seed=cfg.train.seed)
+    surgery.check_vocab(lang_sd, corpus.vocab_size)
+    new_cfg, new_sd = surgery.swap_embeddings(mcfg, sd, lang_sd)
+    return meta, new_cfg, new_sd, corpus, report
+
+
+def preflight(cfg: RunConfig) -> None:
+    _, new_cfg, _, _, report = _target_model(cfg)
+    if cfg.data.seq_len > new_cfg.max_positions:
+        raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the parent's max_positions={new_cfg.max_positions}")
+    print(f"[mm-ds] {cfg.lang}: {report['overlap']} of {report['vocab_size']} pieces overlap the source "
+          f"vocabulary ({100 * report['share']:.1f}%); their embeddings start from the source's")
+
+
+def build(cfg: RunConfig) -> Stage:
+    meta, new_cfg, new_sd, corpus, report = _target_model(cfg)
+    cfg.model = new_cfg  # the architecture is the parent's; only the vocabulary changes
+    model = RobertaMLM(new_cfg)
+    model.load_state_dict(new_sd, strict=True)
+    torch.manual_seed(cfg.train.seed)
+    return Stage(cfg=cfg, model=model, trainable=lambda name: name in LANGUAGE_PARAMS,
+                 batches=mlm_batches(cfg, corpus), flops_per_step=stage_flops(cfg, "adapt", new_cfg.num_layers),
+                 tokens_per_sample=cfg.data.seq_len, parent=cfg.parent,
+                 parent_flops=meta.get("flops_cumulative", 0.0),  # reports use this stage's own "flops" (§3)
+                 meta={"tokenizer": str(corpus.spm_model.resolve()), "overlap": report,
+                       "primary": meta.get("primary", cfg.parent)})

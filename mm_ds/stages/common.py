@@ -1,0 +1,67 @@
+"""What several stages share: opening the parent checkpoint, the tokenizer's pieces, MLM batches and FLOPs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sentencepiece as spm
+
+from .. import checkpoint, flops
+from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict
+from ..data.mlm import MLMBatches
+from ..data.shards import TokenCorpus
+from ..engine import Geometry
+
+
+def load_parent(cfg: RunConfig, want_stage: tuple[str, ...] | None = None) -> tuple[dict, ModelConfig, dict]:
+    """(meta, model config, fp32 state dict) of `cfg.parent`; errors name the parent and what is wrong."""
+    if not cfg.parent:
+        raise ConfigError(f"stage {cfg.stage} needs parent=RUN_DIR (the run it starts from)")
+    if not Path(cfg.parent).exists():
+        raise ConfigError(f"parent={cfg.parent} does not exist; run the parent stage first")
+    meta, sd = checkpoint.load_final(cfg.parent)
+    if want_stage and meta.get("stage") not in want_stage:
+        raise ConfigError(f"parent={cfg.parent} is a {meta.get('stage')!r} checkpoint; stage {cfg.stage} "
+                          f"starts from one of: {', '.join(want_stage)}")
+    return meta, model_config_from_dict(meta["model"]), sd
+
+
+def pieces(spm_path: str | Path) -> list[str]:
+    sp = spm.SentencePieceProcessor(model_file=str(spm_path))
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+
+
+def open_corpus(cfg: RunConfig) -> TokenCorpus:
+    if not cfg.data.corpus:
+        raise ConfigError("data.corpus is unset: point it at a directory written by `mm-ds prepare`, "
+                          "e.g. data.corpus=data/en")
+    return TokenCorpus(cfg.data.corpus)
+
+
+def resolve_vocab(cfg: RunConfig, corpus: TokenCorpus) -> None:
+    if cfg.model.vocab_size is None:
+        cfg.model.vocab_size = corpus.vocab_size
+    elif cfg.model.vocab_size != corpus.vocab_size:
+        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} but the tokenizer of {cfg.data.corpus} has "
+                          f"{corpus.vocab_size} pieces; set model.vocab_size=null to take it from the tokenizer")
+
+
+def mlm_batches(cfg: RunConfig, corpus: TokenCorpus):
+    mlm = MLMBatches(corpus, cfg.data.seq_len, seed=cfg.train.seed, mask_prob=cfg.data.mask_prob,
+                     random_prob=cfg.data.random_prob, keep_prob=cfg.data.keep_prob, vocab_size=corpus.vocab_size)
+
+    def batch(step: int, micro: int, rank: int, geo: Geometry) -> dict:
+        return mlm.batch(step, micro, rank, geo.world_size, geo.micro_batch, geo.grad_accum)
+
+    return batch
+
+
+def stage_flops(cfg: RunConfig, kind: str, layers: int, trainable_layers: int | None = None, seq_len=None):
+    m = cfg.model
+
+    def per_step(global_batch: int) -> float:
+        return flops.stage_flops_per_step(kind, hidden=m.hidden_size, vocab=m.vocab_size, layers=layers,
+                                          seq_len=seq_len or cfg.data.seq_len, mask_prob=cfg.data.mask_prob,
+                                          global_batch=global_batch, trainable_layers=trainable_layers)
+
+    return per_step

@@ -1,0 +1,115 @@
+"""Step 3: finetune the primary model on an English task with its (source) token embeddings frozen.
+
+The primary model is 12 layers for BL_BASE, MINIJOINT and MINIPOST and 4 for BL_SMALL (paper §2). Step 3
+does not depend on Step 2, so each (primary model, task, seed) is finetuned once and every Step-2
+checkpoint is evaluated by swapping its embeddings in (Step 4).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+import sentencepiece as spm
+import torch
+
+from .. import engine, flops
+from ..config import ConfigError, RunConfig
+from ..data import features as feats
+from ..data.tasks import EXTRACTIVE_QA, get_task, load_split
+from ..engine import Geometry, Stage
+from ..heads import RobertaForTask
+from .common import load_parent
+
+FROZEN = ("embed.tokens.weight",)  # the language-specific input embeddings (there is no MLM head here)
+
+
+def _spec_and_parent(cfg: RunConfig):
+    if not cfg.finetune.task:
+        raise ConfigError("finetune.task is unset: choose xnli, pawsx, mlqa or xquad")
+    spec = get_task(cfg.finetune.task)
+    meta, mcfg, sd = load_parent(cfg, ("pretrain",))
+    if not meta.get("tokenizer"):
+        raise ConfigError(f"parent={cfg.parent} records no tokenizer to encode the English task data with")
+    return spec, meta, mcfg, sd
+
+
+@lru_cache(maxsize=4)
+def _train_features(task: str, data_root: str, tokenizer: str, max_length: int, limit: int | None):
+    spec = get_task(task)
+    if not data_root:
+        raise ConfigError("finetune.data_root is unset: the directory with the task files (e.g. the world)")
+    examples, report = load_split(spec, "train", "en", data_root)
+    print(f"[mm-ds] {report.summary()}", flush=True)
+    examples = examples[:limit] if limit else examples
+    sp = spm.SentencePieceProcessor(model_file=tokenizer)
+    if spec.kind == EXTRACTIVE_QA:
+        return feats.qa_features(examples, sp, spec), feats.collate_qa
+    return feats.pair_features(examples, sp, max_length), feats.collate_pairs
+
+
+def schedule(cfg: RunConfig, n_features: int, global_batch: int) -> None:
+    """Epochs, peak LR and warm-up ratio (task table unless overridden) into the stage's step schedule."""
+    spec = get_task(cfg.finetune.task)
+    epochs = cfg.finetune.epochs if cfg.finetune.epochs is not None else spec.epochs
+    cfg.train.steps = max(1, math.ceil(epochs * n_features / global_batch))
+    ratio = cfg.finetune.warmup_ratio if cfg.finetune.warmup_ratio is not None else spec.warmup_ratio
+    cfg.train.warmup_steps = max(1, round(ratio * cfg.train.steps))
+    cfg.train.lr = cfg.finetune.lr if cfg.finetune.lr is not None else spec.lr
+
+
+def _features(cfg: RunConfig, spec, meta):
+    max_len = min(cfg.finetune.max_length or spec.max_length, meta["model"]["max_positions"])
+    return _train_features(spec.name, cfg.finetune.data_root, meta["tokenizer"], max_len,
+                           cfg.finetune.max_train_examples)
+
+
+def preflight(cfg: RunConfig) -> None:
+    spec, meta, mcfg, _ = _spec_and_parent(cfg)
+    features, _ = _features(cfg, spec, meta)
+    if not features:
+        raise ConfigError(f"no English training examples for {spec.name} under {cfg.finetune.data_root}")
+    schedule(cfg, len(features), engine.global_batch(cfg))
+
+
+@lru_cache(maxsize=2)
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """Example order of one epoch: a function of (seed, epoch), so resume and any world size agree."""
+    return np.random.default_rng([seed, epoch, 0x5EED]).permutation(n)
+
+
+def build(cfg: RunConfig) -> Stage:
+    spec, meta, mcfg, sd = _spec_and_parent(cfg)
+    mcfg.aux_head_layer = None  # MINIJOINT's primary model: the second head plays no part downstream
+    features, collate = _features(cfg, spec, meta)
+    n = len(features)
+    schedule(cfg, n, engine.global_batch(cfg))
+    cfg.model = mcfg
+    torch.manual_seed(cfg.train.seed)
+    model = RobertaForTask(mcfg, spec.kind, spec.num_labels)
+    body = {k: v for k, v in sd.items() if k.startswith(("embed.", "layers."))}
+    missing, unexpected = model.load_state_dict(body, strict=False)
+    if unexpected or any(not k.startswith("task_head.") for k in missing):
+        raise ConfigError(f"parent={cfg.parent} does not fit the downstream model: missing {missing}, "
+                          f"unexpected {unexpected}")
+
+    def batches(step: int, micro: int, rank: int, geo: Geometry) -> dict:
+        first = step * geo.global_batch + (micro * geo.world_size + rank) * geo.micro_batch
+        rows = []
+        for g in range(first, first + geo.micro_batch):
+            rows.append(features[int(epoch_order(n, cfg.train.seed, g // n)[g % n])])
+        return collate(rows)
+
+    seq = min(cfg.finetune.max_length or spec.max_length, mcfg.max_positions)
+
+    def flops_per_step(global_batch: int) -> float:
+        return flops.stage_flops_per_step("finetune", hidden=mcfg.hidden_size, vocab=mcfg.vocab_size,
+                                          layers=mcfg.num_layers, seq_len=seq, mask_prob=0.0,
+                                          global_batch=global_batch)
+
+    return Stage(cfg=cfg, model=model, trainable=lambda name: name not in FROZEN, batches=batches,
+                 flops_per_step=flops_per_step, tokens_per_sample=seq, parent=cfg.parent,
+                 parent_flops=meta.get("flops_cumulative", 0.0),
+                 meta={"tokenizer": meta["tokenizer"], "task": spec.name, "kind": spec.kind,
+                       "num_labels": spec.num_labels, "primary": cfg.parent, "train_features": n})
