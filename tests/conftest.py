@@ -1,8 +1,11 @@
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from textgen import write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("MM_DS_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -21,3 +24,14 @@ def shared_data() -> Path:
 
 def python() -> str:
     return sys.executable
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A small prepared English corpus (generated text) for multi-rank training tests."""
+    root = tmp_path_factory.mktemp("corpus")
+    write_corpus(root / "en.txt", n_docs=100, per_doc=10)
+    subprocess.run([sys.executable, "-m", "mm_ds.cli", "prepare", "--lang", "en", "--input", str(root / "en.txt"),
+                    "--out", str(root / "en"), "--vocab-size", "60", "--workers", "2"], check=True,
+                   capture_output=True)
+    return root / "en"

@@ -11,22 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from textgen import write_corpus
 
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=64",
         "model.aux_head_layer=1", "data.seq_len=32", "model.max_positions=32", "train.global_batch=16",
         "train.micro_batch=4", "train.lr=3e-3", "train.warmup_steps=5", "train.log_every=5",
         "train.checkpoint_steps=[10]", "train.checkpoint_every=1000000"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("corpus")
-    write_corpus(root / "en.txt", n_docs=100, per_doc=10)
-    subprocess.run([sys.executable, "-m", "mm_ds.cli", "prepare", "--lang", "en", "--input", str(root / "en.txt"),
-                    "--out", str(root / "en"), "--vocab-size", "60", "--workers", "2"], check=True,
-                   capture_output=True)
-    return root / "en"
 
 
 def pretrain(corpus: Path, out: Path, *extra: str, port: int, env=None, check=True):

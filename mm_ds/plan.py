@@ -1,0 +1,386 @@
+"""`mm-ds plan`: time, GPU-hours and disk of a recipe's stages on a cluster you do not have yet.
+
+    mm-ds plan                                   # the paper recipe on 4 nodes x 8 H100 (989 TFLOP/s bf16, MFU 0.45)
+    mm-ds plan paper --nodes 2 --gpus-per-node 8 --peak-tflops 312 --mfu 0.4 --inter-gbps 22
+    mm-ds plan --bench bench.json                # also: the compute model against `mm-ds bench` measurements
+
+Per optimizer step of each stage:
+
+compute   the paper's analytic FLOPs (mm_ds.flops: A1, A1 + second head, A3, A4) / (GPUs x peak x MFU).
+comm      data-parallel gradient traffic per GPU from the ZeRO stage and the *trainable* parameters only:
+          ZeRO-0 ring all-reduce 2(n-1)/n x grad bytes at the step boundary; ZeRO-1 reduce-scatter of
+          gradients + all-gather of the updated parameters, (n-1)/n each, once per step (the same volume);
+          ZeRO-2 reduce-scatters on every micro-step; ZeRO-3 adds all-gathers of *all* parameters (frozen
+          ones too) in every forward and backward. Step 2 trains only the language group (token embeddings
+          + output biases: 38.45M values at the base shape instead of 125M), so it moves ~30% of the bytes.
+          Time = bytes per GPU / bus bandwidth (nccl-tests' busbw, GB/s): the intra-node figure on one node,
+          the inter-node figure across nodes (a ring is as fast as its slowest link). `--overlap` hides
+          that share of it behind the backward pass (0 = none, the conservative default).
+disk      an engine checkpoint holds the weights in the training dtype plus, for trainable parameters,
+          fp32 master weights and two Adam moments (12 bytes each); final/ holds fp32 weights. The
+          checkpoint schedule is mm-ds's default (steps 1000-4000, every 5000, the last).
+
+Parameter counts follow mm_ds.model (FFN 4h, positions s+2, tied output projection, a bias of V per head).
+
+Checking the compute part here. `--bench FILE` reads `mm-ds bench --json FILE` output (any JSON holding
+`stages: {name: {kind?, flops_per_step, step_time_s}}` and `peak: {used_flops}` works) and prints, per stage
+kind, the measured step time against the estimate at the plan's MFU (against the peak measured in that
+run) and against an estimate calibrated on the measured pretraining MFU: the latter checks that the FLOPs
+formulas predict the *relative* cost of the stages. `--measured-tflops X` instead takes one measured
+per-GPU throughput (e.g. `mm-ds bench` on the target GPU) and prints the cluster step times at it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from . import flops as F
+from .config import TrainConfig
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+# ---------------------------------------------------------------- parameter counts (mm_ds.model's layout)
+
+def layer_params(h: int, ffn: int) -> int:
+    """qkv + out projections, FFN h->ffn->h, two LayerNorms (weights and biases)."""
+    return 4 * h * h + 4 * h + 2 * h * ffn + ffn + h + 4 * h
+
+
+def head_params(h: int, V: int) -> int:
+    """MLM head: dense h->h, LayerNorm, output bias V (the projection is tied to the token embeddings)."""
+    return h * h + h + 2 * h + V
+
+
+def embedding_params(h: int, V: int, positions: int) -> int:
+    return V * h + positions * h + 2 * h
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    total: int
+    trainable: int
+
+
+def stage_params(kind: str, h: int, V: int, layers: int, seq_len: int, trainable_layers: int | None = None,
+                 ffn: int | None = None) -> ParamCount:
+    ffn = ffn or 4 * h
+    heads = 2 if kind == "pretrain_dual" else (0 if kind == "finetune" else 1)
+    total = embedding_params(h, V, seq_len + 2) + layers * layer_params(h, ffn) + heads * head_params(h, V)
+    if kind in ("pretrain", "pretrain_dual"):
+        trainable = total
+    elif kind == "adapt":  # the language group: token embeddings + the output bias of the (one) head
+        trainable = V * h + V
+    elif kind == "build_mini":
+        trainable = (trainable_layers or 0) * layer_params(h, ffn)
+    elif kind == "finetune":  # token embeddings frozen; the task head is negligible
+        trainable = total - V * h
+    else:
+        raise ValueError(f"unknown stage kind {kind!r}")
+    return ParamCount(total, trainable)
+
+
+# ---------------------------------------------------------------- the cluster and the plan
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int = 4
+    gpus_per_node: int = 8
+    peak_tflops: float = 989.0
+    """Per GPU, in the training dtype (H100 SXM bf16 dense: 989)."""
+    mfu: float = 0.45
+    intra_gbps: float = 360.0
+    """All-reduce bus bandwidth inside a node, GB/s per GPU (NVLink; nccl-tests busbw)."""
+    inter_gbps: float = 45.0
+    """All-reduce bus bandwidth across nodes, GB/s per GPU (e.g. one 400 Gb/s NIC per GPU)."""
+    zero: int = 1
+    dtype: str = "bf16"
+    """Training dtype: weights in checkpoints, gradients and parameters on the wire."""
+    micro_batch: int = 32
+    overlap: float = 0.0
+    """Share of communication hidden behind compute (0..1)."""
+    usd_per_gpu_hour: float | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def busbw(self) -> float:
+        return (self.intra_gbps if self.nodes == 1 else self.inter_gbps) * 1e9
+
+    def check(self) -> None:
+        for name in ("nodes", "gpus_per_node", "micro_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        for name in ("peak_tflops", "intra_gbps", "inter_gbps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if not 0 < self.mfu <= 1:
+            raise ValueError(f"--mfu must lie in (0, 1], got {self.mfu}")
+        if not 0 <= self.overlap <= 1:
+            raise ValueError(f"--overlap must lie in [0, 1], got {self.overlap}")
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"--zero must be 0, 1, 2 or 3, got {self.zero}")
+        if self.dtype not in BYTES:
+            raise ValueError(f"--dtype must be one of {', '.join(BYTES)}, got {self.dtype}")
+
+
+def comm_bytes_per_step(zero: int, n: int, trainable: int, total: int, grad_accum: int, dtype: str) -> float:
+    """Bytes each GPU sends per optimizer step for data parallelism (what it receives is the same)."""
+    if n == 1:
+        return 0.0
+    b = BYTES[dtype]
+    share = (n - 1) / n
+    if zero == 0:
+        return 2 * share * trainable * b  # ring all-reduce at the step boundary
+    if zero == 1:
+        return share * trainable * b + share * trainable * b  # reduce-scatter grads + all-gather params
+    if zero == 2:
+        return grad_accum * share * trainable * b + share * trainable * b  # reduce-scatter every micro-step
+    # ZeRO-3: reduce-scatter every micro-step, all-gather every parameter in forward and in backward
+    return grad_accum * (share * trainable * b + 2 * share * total * b)
+
+
+def checkpoints_in(steps: int) -> int:
+    """Engine checkpoints mm-ds writes for `steps` updates under the default schedule (engine.is_checkpoint_step)."""
+    t = TrainConfig()
+    return sum(1 for s in range(1, steps + 1)
+               if s == steps or s in t.checkpoint_steps or s % t.checkpoint_every == 0)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    system: str
+    stage: str
+    kind: str
+    layers: int
+    steps: int
+    global_batch: int
+    grad_accum: int
+    params: int
+    trainable: int
+    flops_per_step: float
+    compute_s: float
+    comm_bytes: float
+    comm_s: float
+    step_s: float
+    hours: float
+    gpu_hours: float
+    usd: float | None
+    ckpt_bytes: float
+    final_bytes: float
+    checkpoints: int
+
+
+def plan_recipe(recipe: F.Recipe, cluster: Cluster) -> list[StagePlan]:
+    cluster.check()
+    g = recipe.geometry
+    rows = []
+    for cost in F.recipe_costs(recipe):
+        st = next(s for s in recipe.systems[cost.system] if s.name == cost.stage)
+        B = st.global_batch or g.global_batch
+        s = st.seq_len or g.seq_len
+        n = cluster.gpus
+        if B % (cluster.micro_batch * n):
+            raise ValueError(f"{cost.system} {cost.stage}: global batch {B} is not divisible by micro batch "
+                             f"{cluster.micro_batch} x {n} GPUs; change --micro-batch or the cluster size")
+        accum = B // (cluster.micro_batch * n)
+        pc = stage_params(st.kind, g.hidden, g.vocab, st.layers, s, st.trainable_layers)
+        compute = cost.flops_per_step / (n * cluster.peak_tflops * 1e12 * cluster.mfu)
+        vol = comm_bytes_per_step(cluster.zero, n, pc.trainable, pc.total, accum, cluster.dtype)
+        comm = vol / cluster.busbw
+        step = compute + (1 - cluster.overlap) * comm
+        hours = step * cost.steps / 3600
+        gpu_hours = hours * n
+        w = BYTES[cluster.dtype]
+        rows.append(StagePlan(
+            cost.system, cost.stage, st.kind, st.layers, cost.steps, B, accum, pc.total, pc.trainable,
+            cost.flops_per_step, compute, vol, comm, step, hours, gpu_hours,
+            gpu_hours * cluster.usd_per_gpu_hour if cluster.usd_per_gpu_hour else None,
+            pc.total * w + pc.trainable * 12, pc.total * 4, checkpoints_in(cost.steps)))
+    return rows
+
+
+# ---------------------------------------------------------------- output
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.2f}"
+
+
+def format_plan(rows: list[StagePlan], c: Cluster) -> str:
+    head = (f"cluster: {c.nodes} node(s) x {c.gpus_per_node} GPUs = {c.gpus}; peak {c.peak_tflops:g} TFLOP/s/GPU "
+            f"at MFU {c.mfu:g}; {c.dtype}, ZeRO-{c.zero}, micro batch {c.micro_batch}; all-reduce busbw "
+            f"{c.intra_gbps:g} GB/s intra-node, {c.inter_gbps:g} GB/s inter-node (using "
+            f"{c.busbw / 1e9:g}); overlap {c.overlap:g}")
+    cols = ["system", "stage", "kind", "layers", "params M", "trainable M", "steps", "accum", "PFLOP/step",
+            "compute s", "comm GB/GPU", "comm s", "step s", "hours", "GPU-h"]
+    if c.usd_per_gpu_hour:
+        cols.append("USD")
+    cols += ["ckpt GB", "x ckpts", "final GB"]
+    lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = [r.system, r.stage, r.kind, str(r.layers), f"{r.params / 1e6:.1f}", f"{r.trainable / 1e6:.2f}",
+                 f"{r.steps:,}", str(r.grad_accum), f"{r.flops_per_step / 1e15:.2f}", f"{r.compute_s:.3f}",
+                 _gb(r.comm_bytes), f"{r.comm_s:.4f}", f"{r.step_s:.3f}", f"{r.hours:.1f}", f"{r.gpu_hours:,.0f}"]
+        if c.usd_per_gpu_hour:
+            cells.append(f"{r.usd:,.0f}")
+        cells += [_gb(r.ckpt_bytes), str(r.checkpoints), _gb(r.final_bytes)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for system in dict.fromkeys(r.system for r in rows):
+        rs = [r for r in rows if r.system == system]
+        s2 = [r for r in rs if r.stage == "step2"]
+        disk = sum(r.ckpt_bytes * r.checkpoints + r.final_bytes for r in rs)
+        usd = f", {sum(r.usd for r in rs):,.0f} USD" if c.usd_per_gpu_hour else ""
+        lines.append(f"{system}: {sum(r.hours for r in rs):.1f} h, {sum(r.gpu_hours for r in rs):,.0f} GPU-h{usd} "
+                     f"in all; Step 2 (per new language) {sum(r.hours for r in s2):.1f} h = "
+                     f"{sum(r.gpu_hours for r in s2):,.0f} GPU-h; checkpoints {disk / 1e9:.0f} GB")
+    total_h = sum(r.hours for r in rows)
+    lines.append(f"all stages in sequence: {total_h:.1f} h = {total_h / 24:.1f} days, "
+                 f"{sum(r.gpu_hours for r in rows):,.0f} GPU-h (MINIPOST's step1 is BL_BASE's in practice)")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the compute model against measurements
+
+_BENCH_KIND = {"adapt_full": "adapt", "adapt_mini": "adapt"}
+
+
+def read_bench(path: str | Path) -> tuple[float | None, list[dict]]:
+    """(peak FLOP/s of the run or None, [{name, kind, flops_per_step, step_time_s}]) of an `mm-ds bench --json`."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--bench {path}: cannot read it as JSON ({e})") from None
+    stages = data.get("stages")
+    if isinstance(stages, dict):
+        stages = [{"name": k, **v} for k, v in stages.items()]
+    if not isinstance(stages, list) or not stages:
+        raise ValueError(f"--bench {path}: expected `stages` (a mapping or list of stage results) as `mm-ds bench "
+                         f"--json` writes it")
+    rows = []
+    for r in stages:
+        if "flops_per_step" not in r or "step_time_s" not in r:
+            raise ValueError(f"--bench {path}: stage {r.get('name', r)!r} lacks flops_per_step or step_time_s")
+        name = r.get("name", r.get("kind", "?"))
+        rows.append({"name": name, "kind": r.get("kind") or _BENCH_KIND.get(name, name),
+                     "flops_per_step": float(r["flops_per_step"]), "step_time_s": float(r["step_time_s"])})
+    peak = data.get("peak", {})
+    peak = peak.get("used_flops") if isinstance(peak, dict) else None
+    peak = peak or (data.get("peak_tflops") and data["peak_tflops"] * 1e12)
+    return (float(peak) if peak else None), rows
+
+
+def bench_check(peak: float | None, bench: list[dict], mfu: float) -> str:
+    """Estimated vs measured step time of each benchmarked stage on the machine that ran the benchmark."""
+    ref = next((r for r in bench if r["kind"] == "pretrain"), bench[0])
+    ref_mfu = ref["flops_per_step"] / ref["step_time_s"] / peak if peak else None
+    lines = [f"compute model vs `mm-ds bench` (peak {peak / 1e12:.3f} TFLOP/s measured in that run)" if peak else
+             "compute model vs `mm-ds bench` (no peak in the file: calibrated estimate only)",
+             "| stage | kind | GFLOP/step | measured s | TFLOP/s | MFU | est. s at plan MFU | est. s calibrated "
+             f"on {ref['name']} | measured / calibrated |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in bench:
+        achieved = r["flops_per_step"] / r["step_time_s"]
+        est = f"{r['flops_per_step'] / (peak * mfu):.3f}" if peak else "-"
+        # The same achieved FLOP/s as the reference stage: how well the formulas predict relative cost.
+        cal = r["flops_per_step"] / (ref["flops_per_step"] / ref["step_time_s"])
+        lines.append(f"| {r['name']} | {r['kind']} | {r['flops_per_step'] / 1e9:.1f} | {r['step_time_s']:.3f} | "
+                     f"{achieved / 1e12:.4f} | {f'{achieved / peak:.1%}' if peak else '-'} | {est} | {cal:.3f} | "
+                     f"{r['step_time_s'] / cal:.2f} |")
+    if ref_mfu is not None:
+        lines.append(f"measured MFU of {ref['name']}: {ref_mfu:.1%} against the plan's {mfu:.0%}; a ratio above 1 in "
+                     f"the last column means the stage runs below the reference's efficiency (the plan's "
+                     f"estimate for it is optimistic by that factor)")
+    return "\n".join(lines)
+
+
+def measured_check(rows: list[StagePlan], c: Cluster, tflops: float) -> str:
+    lines = [f"compute at a measured {tflops:g} TFLOP/s per GPU (MFU {tflops / c.peak_tflops:.1%} of "
+             f"{c.peak_tflops:g}) vs the plan's {c.mfu:g}:",
+             "| system | stage | est. compute s/step | at measured s/step | est. hours | at measured hours |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        meas = r.flops_per_step / (c.gpus * tflops * 1e12)
+        step = meas + (1 - c.overlap) * r.comm_s
+        lines.append(f"| {r.system} | {r.stage} | {r.compute_s:.3f} | {meas:.3f} | {r.hours:.1f} | "
+                     f"{step * r.steps / 3600:.1f} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- CLI
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mm-ds plan", description="estimate time, GPU-hours and disk of each stage "
+                                 "of a recipe on a GPU cluster (see the module docstring for the model)")
+    ap.add_argument("recipe", nargs="?", default="paper",
+                    help="paper (the default: BL_BASE, BL_SMALL, MINIJOINT, MINIPOST) or a JSON recipe as for "
+                         "`mm-ds flops --recipe`")
+    d = Cluster()
+    ap.add_argument("--nodes", type=int, default=d.nodes)
+    ap.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node)
+    ap.add_argument("--peak-tflops", type=float, default=d.peak_tflops, help="per GPU, training dtype")
+    ap.add_argument("--mfu", type=float, default=d.mfu, help="assumed model FLOPs utilisation")
+    ap.add_argument("--intra-gbps", type=float, default=d.intra_gbps,
+                    help="intra-node all-reduce bus bandwidth, GB/s (gigabytes) per GPU")
+    ap.add_argument("--inter-gbps", type=float, default=d.inter_gbps,
+                    help="inter-node all-reduce bus bandwidth, GB/s (gigabytes) per GPU")
+    ap.add_argument("--zero", type=int, default=d.zero, help="ZeRO stage 0-3")
+    ap.add_argument("--dtype", default=d.dtype, choices=sorted(BYTES))
+    ap.add_argument("--micro-batch", type=int, default=d.micro_batch, help="sequences per GPU per forward")
+    ap.add_argument("--overlap", type=float, default=d.overlap, help="share of communication hidden (0-1)")
+    ap.add_argument("--usd-per-gpu-hour", type=float, help="print cost in USD at this price")
+    ap.add_argument("--system", action="append", help="only this system (repeatable)")
+    ap.add_argument("--steps", type=int, help="updates per stage (paper: 125000)")
+    ap.add_argument("--batch", type=int, help="global batch in sequences (paper: 2048)")
+    ap.add_argument("--seq", type=int, help="sequence length (paper: 512)")
+    ap.add_argument("--measured-tflops", type=float, help="measured per-GPU TFLOP/s: print step times at it")
+    ap.add_argument("--bench", help="`mm-ds bench --json` output: check the compute model against it")
+    ap.add_argument("--json", action="store_true", help="print JSON rows instead of tables")
+    a = ap.parse_args(argv)
+    try:
+        if a.recipe == "paper":
+            recipe = F.PAPER_RECIPE
+        else:
+            with open(a.recipe) as f:
+                recipe = F.recipe_from_dict(json.load(f))
+        over = {k: v for k, v in dict(steps=a.steps, global_batch=a.batch, seq_len=a.seq).items() if v is not None}
+        recipe = replace(recipe, geometry=replace(recipe.geometry, **over))
+        if a.system:
+            missing = [s for s in a.system if s not in recipe.systems]
+            if missing:
+                raise ValueError(f"--system {', '.join(missing)} not in the recipe (it has {', '.join(recipe.systems)})")
+            recipe = replace(recipe, systems={s: recipe.systems[s] for s in a.system})
+        cluster = Cluster(a.nodes, a.gpus_per_node, a.peak_tflops, a.mfu, a.intra_gbps, a.inter_gbps, a.zero,
+                          a.dtype, a.micro_batch, a.overlap, a.usd_per_gpu_hour)
+        rows = plan_recipe(recipe, cluster)
+        bench = read_bench(a.bench) if a.bench else None
+        if a.measured_tflops is not None and a.measured_tflops <= 0:
+            raise ValueError(f"--measured-tflops must be positive, got {a.measured_tflops}")
+    except (OSError, ValueError) as e:
+        print(f"mm-ds plan: error: {e}", file=sys.stderr)
+        return 2
+    if a.json:
+        out = {"geometry": asdict(recipe.geometry), "cluster": asdict(cluster), "stages": [asdict(r) for r in rows]}
+        if bench:
+            out["bench"] = {"peak_flops": bench[0], "stages": bench[1]}
+        print(json.dumps(out, indent=2))
+        return 0
+    g = recipe.geometry
+    print(f"recipe {a.recipe}: h={g.hidden} V={g.vocab} s={g.seq_len} p={g.mask_prob} B={g.global_batch} U={g.steps}")
+    print(format_plan(rows, cluster))
+    if a.measured_tflops:
+        print()
+        print(measured_check(rows, cluster, a.measured_tflops))
+    if bench:
+        print()
+        print(bench_check(bench[0], bench[1], cluster.mfu))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
