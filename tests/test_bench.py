@@ -1,0 +1,82 @@
+"""`mm-ds bench` on the tiny preset: every stage runs through the real engine step and the JSON report has
+every field with sane values. No timing assertions: the speed targets are the benchmark's business."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from mm_ds import bench
+
+STAGE_FIELDS = ("step_time_s", "tokens_per_s", "flops_per_step", "tflops", "mfu", "loader_share", "cpu_share",
+                "peak_rss_bytes", "trainable_params", "total_params", "layers", "losses", "step_times")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    # A fresh process: the bench initialises a (one-rank) process group and sets the thread count.
+    proc = subprocess.run([sys.executable, "-m", "mm_ds.cli", "bench", "--preset", "tiny", "--steps", "2",
+                           "--warmup", "1", "--micro-batch", "2", "--seq", "64", "--corpus-mb", "0.5", "--json", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_every_stage_is_timed_with_sane_numbers(report):
+    rep, _ = report
+    assert set(rep["stages"]) == set(bench.STAGES)
+    for name, r in rep["stages"].items():
+        for f in STAGE_FIELDS:
+            assert f in r, f"{name}: {f} missing"
+        assert len(r["step_times"]) == 2 and len(r["losses"]) == 3
+        assert r["step_time_s"] > 0 and r["tokens_per_s"] == pytest.approx(2 * 64 / r["step_time_s"])
+        assert r["flops_per_step"] > 0 and 0 < r["mfu"] < 5  # a measured peak can be beaten a little, not 5x
+        assert 0 <= r["loader_share"] < 1 and 0 < r["cpu_share"] <= 1.5
+        assert r["peak_rss_bytes"] > 50 * 2 ** 20
+        assert 0 < r["trainable_params"] <= r["total_params"]
+        assert all(math.isfinite(x) for x in r["losses"])
+
+
+def test_stages_train_the_right_parameters(report):
+    s = report[0]["stages"]
+    assert s["pretrain"]["trainable_params"] == s["pretrain"]["total_params"]
+    # Step 2: only the language group (tied embeddings + output bias) trains, over either body.
+    assert s["adapt_full"]["trainable_params"] == s["adapt_mini"]["trainable_params"]
+    assert s["adapt_full"]["trainable_params"] < s["adapt_full"]["total_params"] / 2
+    assert s["adapt_mini"]["layers"] == bench.PRESETS["tiny"].mini_layers
+    assert s["build_mini"]["layers"] == bench.PRESETS["tiny"].mini_layers + bench.PRESETS["tiny"].new_layers
+    assert s["finetune"]["trainable_params"] < s["finetune"]["total_params"]  # token embeddings frozen
+    # The paper's formulas: dual head costs more than single head; Step 2 over fewer layers costs less.
+    assert s["pretrain_dual"]["flops_per_step"] > s["pretrain"]["flops_per_step"]
+    assert s["adapt_mini"]["flops_per_step"] < s["adapt_full"]["flops_per_step"]
+
+
+def test_setup_peak_prepare_peer_and_targets_are_reported(report):
+    rep, stdout = report
+    setup = rep["setup"]
+    for f in ("preset", "hidden", "layers", "vocab", "seq", "micro_batch", "threads", "torch", "deepspeed",
+              "load_avg_start", "load_avg_end", "ds_config"):
+        assert f in setup, f
+    assert setup["seq"] == 64 and setup["micro_batch"] == 2
+    assert rep["peak"]["used_flops"] > 1e9
+    enc = rep["prepare"]
+    assert enc["prepare_bytes_per_s"] > 0 and enc["single_process_bytes_per_s"] > 0 and enc["ratio"] > 0
+    if rep["peer_note"] is None:  # transformers installed: the peer ran the same batches
+        assert set(rep["peer"]) == set(bench.PEER_STAGES)
+        for r in rep["peer"].values():
+            assert r["tokens_per_s"] > 0 and all(math.isfinite(x) for x in r["losses"])
+    keys = {t["target"] for t in rep["targets"]}
+    assert {"a3_speedup", "mfu_pretrain", "prepare_encode", "loader_share"} <= keys
+    assert all(t["pass"] in (True, False) for t in rep["targets"])
+    assert "PASS" in stdout or "FAIL" in stdout
+    assert "| Step 2, mini-model" in stdout
+
+
+def test_bad_arguments_fail_clearly():
+    with pytest.raises(ValueError, match="--stages nope"):
+        bench.main(["--preset", "tiny", "--stages", "nope", "--no-peer"])
+    with pytest.raises(ValueError, match="--seq 4096 exceeds"):
+        bench.main(["--preset", "tiny", "--seq", "4096", "--no-peer"])
