@@ -342,6 +342,11 @@ def _fmt(x, nd=1) -> str:
     return "—" if x is None else f"{x:.{nd}f}"
 
 
+def _cost(x) -> str:
+    """EFLOPs / V100-days: one decimal at paper scale, significant digits for small (CPU) runs."""
+    return "—" if x is None else f"{x:.3g}" if 0 < abs(x) < 0.05 else f"{x:.1f}"
+
+
 def _md(head: list[str], body: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
@@ -396,7 +401,7 @@ def _days_cell(days, bounds=None) -> str:
         return "∞"
     if isinstance(days, str):
         return days
-    return _fmt(days) + (f" ({bounds[0]:.1f}-{bounds[1]:.1f})" if bounds else "")
+    return _cost(days) + (f" ({_cost(bounds[0])}-{_cost(bounds[1])})" if bounds else "")
 
 
 def format_tables(report: Report, bounds: bool = False) -> str:
@@ -407,13 +412,13 @@ def format_tables(report: Report, bounds: bool = False) -> str:
         L = report.langs[t]
         parts.append(f"## {t}: performance at training completion (Table 2)")
         parts.append(_md(["system", "EFLOPs", "days"] + L + ["avg"], [
-            [r["system"], _fmt(r["eflops"]), _fmt(r["v100_days"])] + [_fmt(r["scores"][l]) for l in L]
+            [r["system"], _cost(r["eflops"]), _cost(r["v100_days"])] + [_fmt(r["scores"][l]) for l in L]
             + [_fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in t2[t]]))
         if t3[t]:
             parts.append(f"## {t}: V100-days to {report.fraction:.0%} of {report.reference}'s final score (Table 3)")
             parts.append(_md(["system"] + L + ["avg"], [
                 [r["system"]] + [_days_cell(r["days"][l], bounds and r["bounds"].get(l)) for l in L]
-                + ["∞" if r["avg"] is None else _fmt(r["avg"]) + ("*" if r["avg_partial"] else "")]
+                + ["∞" if r["avg"] is None else _cost(r["avg"]) + ("*" if r["avg_partial"] else "")]
                 for r in t3[t]]))
     if report.speedup_summary:
         parts.append(f"## Speedup over {report.reference} (Figure 1: mean of per-language ratios of V100-days)")
