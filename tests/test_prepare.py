@@ -15,6 +15,7 @@ from mm_ds import tokens
 from mm_ds.data import corpus as corpus_mod
 from mm_ds.data.corpus import decode_shard_lines, prepare
 from mm_ds.data.shards import TokenCorpus, shard_dtype
+from mm_ds.interop.spm import _varint as _pb_varint  # protobuf wire encoding, as the importer writes it
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 
@@ -129,15 +130,6 @@ def test_shard_dtype_choice():
     assert shard_dtype(65537) == np.uint32 and shard_dtype(250002) == np.uint32
     with pytest.raises(ValueError, match="vocab-size"):
         shard_dtype(2**32 + 1)
-
-
-def _pb_varint(v: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, v = v & 0x7F, v >> 7
-        out.append(b | 0x80 if v else b)
-        if not v:
-            return bytes(out)
 
 
 def _pb_piece(piece: str, score: float) -> bytes:
