@@ -352,6 +352,7 @@ def flops_recipe(recipe: Recipe):
     """The recipe's stages as mm_ds.flops sees them, from each stage's effective config (preset +
     overrides), so `mm-ds flops --recipe NAME` costs exactly what `mm-ds run NAME` would run."""
     from . import config, flops
+    from .engine import global_batch
 
     def effective(kind: str, system: str, extra: list[str] = ()):
         preset = recipe.presets[kind].format(system=system)
@@ -381,8 +382,3 @@ def flops_recipe(recipe: Recipe):
         systems[s.upper()] = tuple(stages)
     geometry = flops.Geometry(hidden=m.hidden_size, vocab=m.vocab_size or vocab, mask_prob=pre.data.mask_prob)
     return flops.Recipe(geometry, systems)
-
-
-def global_batch(cfg) -> int:
-    from .engine import global_batch as gb
-    return gb(cfg)
