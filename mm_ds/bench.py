@@ -49,6 +49,7 @@ import torch
 
 from . import flops as F
 from .config import DataConfig, ModelConfig, RunConfig, TrainConfig, read_preset
+from .engine import measure_matmul_peak
 from .tokens import IGNORE_INDEX, PAD
 
 STAGES = ("pretrain", "pretrain_dual", "build_mini", "adapt_full", "adapt_mini", "finetune")
@@ -97,16 +98,7 @@ TARGETS = (
 # ----------------------------------------------------------------------------------------------- measuring
 
 def matmul_peak(n: int = 2048, reps: int = 5) -> dict:
-    """fp32 FLOP/s of an n^3 matmul with this process's threads: median and best of `reps`."""
-    a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
-    torch.mm(a, b, out=c)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        torch.mm(a, b, out=c)
-        times.append(time.perf_counter() - t0)
-    flop = 2 * n ** 3
-    return {"n": n, "median_flops": flop / statistics.median(times), "best_flops": flop / min(times)}
+    return measure_matmul_peak(n, reps)
 
 
 def _rss_bytes() -> int:
