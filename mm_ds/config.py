@@ -56,10 +56,6 @@ class ModelConfig:
         if self.vocab_size is not None and self.vocab_size < 8:
             raise ConfigError(f"model.vocab_size={self.vocab_size} is too small (need >= 8)")
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
 
 @dataclass
 class DataConfig:
@@ -123,7 +119,6 @@ class FinetuneConfig:
     max_length: int | None = None
     max_train_examples: int | None = None
     """Use only the first N English training examples (quick runs)."""
-    eval_batch: int = 64
 
 
 @dataclass

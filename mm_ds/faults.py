@@ -381,7 +381,7 @@ def sweep(root: Path, full: bool, seed: int = 0, ranks: int | None = None,
         for i, chain in enumerate(chains):
             r = run_case(ws, kind, chain, ref, f"{kind}_r{k_ranks}_{i}")
             print(f"[faults] {'ok  ' if r['ok'] else 'FAIL'} {kind}: {'; '.join(r['faults'])}"
-                  + ("" if r["ok"] else f"\n    " + "\n    ".join(r["problems"])), flush=True)
+                  + ("" if r["ok"] else "\n    " + "\n    ".join(r["problems"])), flush=True)
             reports.append(r)
     return reports
 

@@ -27,10 +27,6 @@ from .tokens import IGNORE_INDEX, PAD
 LANGUAGE_PARAMS = ("embed.tokens.weight", "head.bias", "aux_head.bias")
 
 
-def language_param_names(state_keys) -> list[str]:
-    return [k for k in state_keys if k in LANGUAGE_PARAMS]
-
-
 # ---------------------------------------------------------------- dropout
 
 # CPU dropout masks come from 64-bit words of the default generator cut into four 16-bit draws: on CPU,

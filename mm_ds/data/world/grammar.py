@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import random
 from bisect import bisect
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 # ------------------------------------------------------------------------------------------ the lexicon
 
@@ -176,9 +176,6 @@ class NP:
             return bool(PRONOUNS[self.noun][1])
         return self.cls in ANIMATE_CLASSES
 
-    def core(self) -> "NP":
-        return replace(self, rel=None)
-
 
 @dataclass(frozen=True, slots=True)
 class Event:
@@ -205,14 +202,6 @@ class Event:
 
 def pronoun(word: str) -> NP:
     return NP(word, "pro", PRONOUNS[word][0], "pro")
-
-
-def flip_number(np: NP, rng: random.Random) -> NP:
-    """The same noun with the other grammatical number (names cannot be flipped); determiners drawn as
-    `Sampler.noun_phrase` draws them, so a flipped NP looks like any other."""
-    if np.det in ("name", "pro"):
-        raise ValueError(f"cannot flip the number of {np.noun!r}")
-    return replace(np, plural=not np.plural, det=_determiner(rng, not np.plural))
 
 
 def _determiner(rng: random.Random, plural: bool) -> str:

@@ -36,7 +36,6 @@ from .grammar import LEXICON, NP, Event, Sampler, pronoun
 from .languages import Renderer
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")
-PAWS_LABELS = ("0", "1")
 SYMMETRIC_VERBS = tuple(sorted(v for v, (agents, patients) in LEXICON.transitive.items() if agents == patients))
 """Verbs whose agents and patients come from the same classes: the verb cannot tell who acts."""
 
