@@ -154,6 +154,17 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def _finish_distributed(rc: int) -> int:
+    """After a rank's command succeeded: wait for the others, then tear the process group down. Left to
+    interpreter exit, rank 0's rendezvous store could vanish under another rank's live store threads,
+    which then abort ("terminate called without an active exception") after the work is done."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The deepspeed launcher appends --local_rank=N; the rank is also in the environment.
@@ -164,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     try:
         if name in STAGE_COMMANDS:
-            return run_stage(name, rest)
+            return _finish_distributed(run_stage(name, rest))
         if name in TOOL_COMMANDS:
             module_name, func = TOOL_COMMANDS[name][0].split(":")
-            return int(getattr(importlib.import_module(module_name), func)(rest) or 0)
+            return _finish_distributed(int(getattr(importlib.import_module(module_name), func)(rest) or 0))
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError) as e:
         print(f"mm-ds {name}: error: {e}", file=sys.stderr)
         return 2
