@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -159,9 +160,16 @@ def _finish_distributed(rc: int) -> int:
     interpreter exit, rank 0's rendezvous store could vanish under another rank's live store threads,
     which then abort ("terminate called without an active exception") after the work is done."""
     torch = sys.modules.get("torch")
-    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+    under_mpi = "OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ  # must reach MPI_Finalize
+    if (torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized()
+            and "RANK" in os.environ and not under_mpi):
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+        # gloo's worker threads can still touch Python objects during interpreter finalization and abort
+        # a rank whose work is done. Everything is written and synced by now: leave without finalization.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
     return rc
 
 
