@@ -6,7 +6,7 @@ Step-2 checkpoints into each finetuned model in a loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import sentencepiece as spm
 import torch
@@ -36,11 +36,8 @@ def evaluate(model, spec: TaskSpec, examples, sp: spm.SentencePieceProcessor, la
              batch_size: int = 64, max_length: int | None = None) -> Score:
     model.eval()
     # Never encode past the model's position table (tiny models have fewer positions than the task's length).
-    limit = model.cfg.max_positions
-    max_length = min(max_length or spec.max_length, limit)
-    if spec.max_length > limit:
-        spec = replace(spec, max_length=limit, doc_stride=min(spec.doc_stride, limit // 2),
-                       max_query_length=min(spec.max_query_length, limit // 4))
+    max_length = min(max_length or spec.max_length, model.cfg.max_positions)
+    spec = spec.fitted(max_length)
     if spec.kind == EXTRACTIVE_QA:
         features = feats.qa_features(examples, sp, spec)
         starts, ends = [], []

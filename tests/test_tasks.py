@@ -236,3 +236,11 @@ def test_hub_pawsx_and_squad_rows():
     examples, report = examples_from_hub(MLQA, ds, "hub:mlqa")
     assert examples == [QAExample("q1", "Who?", "Denver won.", (("Denver", 0),))]
     assert report.skipped == {"answer_start_mismatch": 1, "no_valid_answer": 1}
+
+
+def test_fitted_spec_keeps_windows_in_proportion():
+    xquad = TASKS["xquad"]
+    assert xquad.fitted(1000) is xquad
+    small = xquad.fitted(128)
+    assert (small.max_length, small.doc_stride, small.max_query_length) == (128, 64, 32)
+    assert small.max_answer_length == xquad.max_answer_length and small.lr == xquad.lr

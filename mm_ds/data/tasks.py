@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, Union
 
@@ -127,6 +127,14 @@ class TaskSpec:
     @property
     def num_labels(self) -> int:
         return len(self.labels)
+
+    def fitted(self, max_length: int) -> "TaskSpec":
+        """This task cut to `max_length` tokens (a model's position table, or a user's override): QA keeps
+        its window stride and question budget in proportion, so windows still overlap and hold context."""
+        if max_length >= self.max_length:
+            return self
+        return replace(self, max_length=max_length, doc_stride=min(self.doc_stride, max_length // 2),
+                       max_query_length=min(self.max_query_length, max_length // 4))
 
 
 XNLI_LANGS = ("en", "ar", "bg", "de", "el", "es", "fr", "hi", "ru", "sw", "th", "tr", "ur", "vi", "zh")

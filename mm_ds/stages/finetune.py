@@ -45,7 +45,7 @@ def _train_features(task: str, data_root: str, tokenizer: str, max_length: int, 
     examples = examples[:limit] if limit else examples
     sp = spm.SentencePieceProcessor(model_file=tokenizer)
     if spec.kind == EXTRACTIVE_QA:
-        return feats.qa_features(examples, sp, spec), feats.collate_qa
+        return feats.qa_features(examples, sp, spec.fitted(max_length)), feats.collate_qa
     return feats.pair_features(examples, sp, max_length), feats.collate_pairs
 
 
