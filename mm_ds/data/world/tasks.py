@@ -18,10 +18,11 @@ neither nouns nor verb say who acts; both sentences are past tense (active verbs
   several animals (contradiction). Agent and patient
   always differ in number, and both sentences are active (no auxiliary), so every bag of words fits two
   doers with different labels; labels are 1/2, 1/4, 1/4, and bag-of-words stays at the majority rate.
-- QA (SQuAD-v1.1-like). Context: 3-5 sentences with distinct verbs (40% passive). Question: "who/what
-  <verb>ed <patient> ?" (answer: the agent NP) or "who/what was <verb>ed by <agent> ?" (answer: the
-  patient NP). The answer is the NP's determiner + adjective + noun (or name), a contiguous span in every
-  word order.
+- QA (SQuAD-v1.1-like). Context: 3-5 simple sentences (no relative or subordinate clauses) with distinct
+  verbs (40% passive). With clauses, a tiny model reached only 50 F1 in English after 1000 updates; without,
+  61 after 1000 and 96 after 2500. Question: "who/what <verb>ed <patient> ?" (answer: the agent NP) or
+  "who/what was <verb>ed by <agent> ?" (answer: the patient NP). The answer is the NP's determiner +
+  adjective + noun (or name), a contiguous span in every word order.
 
 Swapping agent and patient keeps a pair's bag of words and changes its label (tests check it). Every item
 is a semantic object; each language renders it.
@@ -112,7 +113,7 @@ def qa_items(sampler: Sampler, rng: random.Random, n_questions: int, prefix: str
         for k in range(rng.randint(3, 5)):
             while True:
                 ev = sampler.event(rng, transitive=k < 2 or rng.random() < 0.7, passive_p=0.4,
-                                   exclude_verbs=frozenset(used))
+                                   exclude_verbs=frozenset(used), clauses=False)
                 verbs = ev.verbs()
                 if len(set(verbs)) == len(verbs) and not used.intersection(verbs):
                     break
