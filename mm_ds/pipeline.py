@@ -60,7 +60,8 @@ class Recipe:
     presets: dict = field(default_factory=dict)
     """stage -> preset name: pretrain, build_mini, adapt, finetune."""
     overrides: dict = field(default_factory=dict)
-    """stage -> list of key=value applied after the preset."""
+    """stage -> list of key=value applied after the preset; `finetune/<task>` keys apply to one task's
+    finetuning after `finetune`'s (tasks differ in how many updates a small model needs)."""
     launch: dict = field(default_factory=dict)
     """launch.* overrides for every training stage (ranks, launcher, master_port)."""
     mode: str = "per_stage"
@@ -96,6 +97,12 @@ class Recipe:
         for stage in ("pretrain", "adapt", "finetune"):
             if stage not in self.presets:
                 raise ConfigError(f"{where}: presets.{stage} is unset")
+        stages = ("pretrain", "build_mini", "adapt", "finetune")
+        bad = [k for k in self.overrides
+               if k not in stages and not (k.startswith("finetune/") and k.split("/", 1)[1] in TASKS)]
+        if bad:
+            raise ConfigError(f"{where}: overrides.{bad[0]} names no stage; use {', '.join(stages)} or "
+                              f"finetune/<task> with a task of {', '.join(TASKS)}")
 
 
 def load_recipe(name: str) -> Recipe:
@@ -149,7 +156,8 @@ def plan(recipe: Recipe, out: Path) -> list[Node]:
             for seed in recipe.seeds:
                 stage("finetune", out / "finetune" / p / task / f"seed{seed}", p, recipe.source_lang,
                       out / "pretrain" / p, [f"finetune.task={task}", f"train.seed={seed}",
-                                             f"finetune.data_root={task_root(recipe, out)}"])
+                                             f"finetune.data_root={task_root(recipe, out)}",
+                                             *recipe.overrides.get(f"finetune/{task}", [])])
     return nodes
 
 

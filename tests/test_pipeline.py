@@ -19,7 +19,7 @@ SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.ffn_size=64"]
 RECIPE = {
     "systems": ["bl_base", "bl_small", "minijoint", "minipost"],
     "langs": ["t1"],
-    "tasks": ["xnli"],
+    "tasks": ["xnli", "xquad"],  # QA windows must fit the tiny model's 128 positions
     "seeds": [1],
     "world": {"seed": 0, "sentences": 3000, "target_sentences": 2000,
               "task_sizes": {"nli_train": 200, "paws_train": 50, "qa_train": 50, "dev": 50, "test": 100}},
@@ -60,10 +60,31 @@ def test_all_four_systems_have_results(finished):
     for system in RECIPE["systems"]:
         kinds = {r["kind"] for r in rows if r["system"] == system}
         assert kinds == {"source", "adapted", "control"}, (system, kinds)
-        steps = sorted(r["step"] for r in rows if r["system"] == system and r["kind"] == "adapted")
+        steps = sorted(r["step"] for r in rows
+                       if r["system"] == system and r["kind"] == "adapted" and r["task"] == "xnli")
         assert steps == [4, 8]  # the curve: every Step-2 checkpoint
     assert "MINIPOST" in stdout and "ctrl" in stdout
     assert (out / "report" / "report.json").is_file()  # near-maximal performance, speedups, curves
+
+
+def test_qa_runs_through_every_step(finished):
+    _, out, _ = finished
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    qa = [r for r in rows if r["task"] == "xquad"]
+    assert {(r["system"], r["kind"]) for r in qa} >= {(s, k) for s in RECIPE["systems"]
+                                                       for k in ("source", "adapted", "control")}
+    assert all(0.0 <= r["score"] <= 100.0 for r in qa)
+    meta, _ = weights(out / "finetune" / "bl_base" / "xquad" / "seed1")
+    assert meta["kind"] == "extractive_qa" and meta["train_features"] >= 50
+
+
+def test_qa_training_windows_fit_the_model(finished):
+    from mm_ds.stages.finetune import _train_features
+
+    _, out, _ = finished
+    features, _ = _train_features("xquad", str(out / "world"), str(out / "data" / "en" / "spm.model"), 40, None)
+    assert all(len(f.input_ids) <= 40 for f in features)
+    assert len(features) > RECIPE["world"]["task_sizes"]["qa_train"]  # long contexts take several windows
 
 
 def test_minipost_step1b_changes_only_the_new_layers(finished):
@@ -143,9 +164,27 @@ def test_adapt_refuses_a_parent_of_the_wrong_kind(finished, tmp_path):
 
 
 @pytest.mark.parametrize("bad,needle", [({"systems": ["bl_huge"]}, "bl_huge"), ({"tasks": ["nerd"]}, "nerd"),
-                                        ({"langs": ["zz"]}, "zz"), ({"presets": {}}, "presets.pretrain")])
+                                        ({"langs": ["zz"]}, "zz"), ({"presets": {}}, "presets.pretrain"),
+                                        ({"overrides": {"xquad": []}}, "overrides.xquad names no stage"),
+                                        ({"overrides": {"finetune/nerd": []}}, "finetune/nerd")])
 def test_recipe_errors(tmp_path, bad, needle):
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(RECIPE | bad))
     with pytest.raises(ConfigError, match=needle):
         load_recipe(str(path))
+
+
+def test_task_overrides_reach_only_that_tasks_finetuning(tmp_path):
+    from mm_ds.pipeline import plan
+
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(RECIPE | {"overrides": {"finetune": ["finetune.lr=1e-4"],
+                                                           "finetune/xquad": ["finetune.epochs=20"]}}))
+    nodes = [n for n in plan(load_recipe(str(path)), tmp_path / "run") if n.name.startswith("finetune/")]
+    assert nodes
+    for n in nodes:
+        qa = "finetune.task=xquad" in n.argv
+        assert ("finetune.epochs=20" in n.argv) == qa
+        assert "finetune.lr=1e-4" in n.argv
+        if qa:  # the task's override comes after the stage's, so it wins
+            assert n.argv.index("finetune.epochs=20") > n.argv.index("finetune.lr=1e-4")
