@@ -110,6 +110,36 @@ def verify(ckpt: str | Path, checksums: bool = True) -> dict:
     return manifest
 
 
+# Meta keys that point at other files. They are written absolute (a stage's cwd is not the reader's) and
+# also relative to the checkpoint, so that a run tree copied or moved as a whole still finds its parents
+# and tokenizers: on reading, the relative path wins when it exists.
+PATH_KEYS = ("parent", "primary", "tokenizer")
+
+
+def _portable_paths(meta: dict, ckpt: Path) -> dict:
+    """`meta` as written to `ckpt`/mm_ds.json: path keys absolute, plus their paths relative to `ckpt`."""
+    out, rel = {k: v for k, v in meta.items() if k != "relative_paths"}, {}
+    for key in PATH_KEYS:
+        if isinstance(meta.get(key), str) and meta[key]:
+            target = Path(meta[key]).resolve()
+            out[key] = str(target)
+            rel[key] = os.path.relpath(target, ckpt.resolve())
+    return out | ({"relative_paths": rel} if rel else {})
+
+
+def _local_paths(meta: dict, ckpt: Path) -> dict:
+    for key, rel in (meta.get("relative_paths") or {}).items():
+        here = ckpt / rel
+        if here.exists():
+            meta[key] = str(here.resolve())
+    return meta
+
+
+def write_meta(ckpt: Path, meta: dict, at: Path | None = None) -> None:
+    """`ckpt`/mm_ds.json for a checkpoint that will be published at `at` (default: where it is written)."""
+    write_json_atomic(ckpt / META, _portable_paths(meta, at or ckpt) | {"format": FORMAT})
+
+
 def read_meta(ckpt: str | Path) -> dict:
     path = Path(ckpt) / META
     if not path.is_file():
@@ -117,7 +147,7 @@ def read_meta(ckpt: str | Path) -> dict:
     meta = json.loads(path.read_text())
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
-    return meta
+    return _local_paths(meta, Path(ckpt))
 
 
 # ---------------------------------------------------------------- saving and finding engine checkpoints
@@ -162,7 +192,7 @@ def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict)
                               f"permissions on {root}, then resume with --resume.")
     if rank == 0:
         try:
-            write_json_atomic(root / tmp_tag / META, meta | {"format": FORMAT, "tag": tag})
+            write_meta(root / tmp_tag, meta | {"tag": tag}, at=root / tag)
             faults.in_save(step, rank, "after-meta", stage)
             write_manifest(root / tmp_tag)
             faults.in_save(step, rank, "after-manifest", stage)
@@ -288,7 +318,7 @@ def write_final(out_dir: str | Path, state_dict: dict[str, torch.Tensor], meta: 
     tmp.mkdir(parents=True)
     try:
         save_file({k: v.contiguous() for k, v in state_dict.items()}, str(tmp / WEIGHTS))
-        write_json_atomic(tmp / META, meta | {"format": FORMAT})
+        write_meta(tmp, meta, at=out_dir)
         write_manifest(tmp)
     except (OSError, RuntimeError) as e:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -85,7 +85,7 @@ def ensure_universal(ckpt: str | Path, workers: int | None = None) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ckpt_io.CheckpointError(f"universal conversion of {ckpt} failed (exit {proc.returncode}):\n{tail}")
     meta = ckpt_io.read_meta(ckpt)
-    ckpt_io.write_json_atomic(tmp / ckpt_io.META, meta | {"universal_of": ckpt.name})
+    ckpt_io.write_meta(tmp, meta | {"universal_of": ckpt.name}, at=out)
     ckpt_io.write_manifest(tmp)
     ckpt_io.verify(tmp)
     if out.exists():

@@ -3,6 +3,7 @@ launcher), then bitwise checks on what each stage may and may not change, re-run
 pipeline's bad-input errors."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -136,6 +137,24 @@ def test_rerun_skips_every_finished_stage(finished):
     assert proc.returncode == 0
     lines = proc.stdout.strip().splitlines()
     assert lines and all(line.startswith("done") for line in lines), proc.stdout
+
+
+def test_a_run_tree_moved_elsewhere_skips_and_scores_the_same(finished, tmp_path):
+    """Checkpoints find their parents and tokenizers relative to themselves: a run tree copied to another
+    path, with the original gone and a different working directory, is complete and scores the same."""
+    recipe, out, _ = finished
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)
+    hidden = out.with_name(out.name + ".hidden")
+    out.rename(hidden)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "mm_ds.cli", "run", str(recipe), "--out", str(moved)],
+                              capture_output=True, text=True, cwd=tmp_path)
+    finally:
+        hidden.rename(out)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "in one job" not in proc.stdout and "skip adapt/adapt/minipost/t1: complete" in proc.stdout
+    assert (moved / "results.jsonl").read_text() == (out / "results.jsonl").read_text()
 
 
 def test_transfer_refuses_mismatched_inputs(finished):

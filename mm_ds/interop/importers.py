@@ -72,7 +72,7 @@ def _finish(final: Path, cfg: ModelConfig, sd: dict, meta: dict, spm_src: Path |
         else:
             shutil.copyfile(spm_src, dst)
         meta = meta | {"tokenizer": str(dst.resolve()), "tokenizer_conversion": converted}
-        checkpoint.write_json_atomic(final / checkpoint.META, meta | {"format": checkpoint.FORMAT})
+        checkpoint.write_meta(final, meta)
         checkpoint.write_manifest(final)  # now covering spm.model too
     return meta
 
@@ -383,6 +383,6 @@ def import_deepspeed(src: str | Path, out: str | Path, force: bool = False) -> d
         dst = final / "spm.model"
         shutil.copyfile(tok, dst)
         meta["tokenizer"] = str(dst.resolve())
-        checkpoint.write_json_atomic(final / checkpoint.META, meta | {"format": checkpoint.FORMAT})
+        checkpoint.write_meta(final, meta)
         checkpoint.write_manifest(final)
     return meta
