@@ -160,15 +160,19 @@ def _finish_distributed(rc: int) -> int:
     interpreter exit, rank 0's rendezvous store could vanish under another rank's live store threads,
     which then abort ("terminate called without an active exception") after the work is done."""
     torch = sys.modules.get("torch")
-    under_mpi = "OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ  # must reach MPI_Finalize
     if (torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized()
-            and "RANK" in os.environ and not under_mpi):
+            and "RANK" in os.environ):
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
         # gloo's worker threads can still touch Python objects during interpreter finalization and abort
-        # a rank whose work is done. Everything is written and synced by now: leave without finalization.
+        # a rank whose work is done (seen under mpirun too). Everything is written and synced by now: leave
+        # without finalization, after MPI_Finalize where DeepSpeed's MPI discovery initialised MPI (mpirun
+        # reports a rank that exits without it as failed).
         sys.stdout.flush()
         sys.stderr.flush()
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()
         os._exit(rc)
     return rc
 
