@@ -178,7 +178,8 @@ class RunConfig:
     ds_config: str = "fp32_zero1.json"
     """DeepSpeed engine JSON: a file path, or a name in the packaged ds_configs/."""
     peak_tflops: float | None = None
-    """Peak for MFU in logs. None: the device's known bf16 peak on GPU, measured matmul peak on CPU."""
+    """Peak of one rank's device for MFU in logs (MFU = achieved FLOP/s over peak x world size). None: the
+    device's known bf16 peak on GPU, the measured matmul peak of a rank's threads on CPU."""
 
     def check(self) -> None:
         if self.stage not in STAGES:

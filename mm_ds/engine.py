@@ -66,6 +66,8 @@ def init_distributed() -> tuple[int, int, int]:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     if not torch.distributed.is_initialized():
+        if not torch.cuda.is_available():
+            skip_shm_comm_build()
         _bind_rendezvous()
         deepspeed.init_distributed(verbose=False)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -80,6 +82,18 @@ def init_distributed() -> tuple[int, int, int]:
     else:
         torch.cuda.set_device(local_rank)
     return rank, local_rank, world
+
+
+def skip_shm_comm_build() -> None:
+    """On CPU, DeepSpeed's communication backend JIT-compiles its shared-memory op (C++, ~25 s on 2 cores,
+    again for every new virtual environment) at start-up. Only `inference_all_reduce` (tensor-parallel
+    inference) uses it; training collectives go through torch.distributed (gloo). Marking the op
+    incompatible skips the build; DeepSpeed keeps `__compatible_ops__` as one dict so that edits persist."""
+    import deepspeed.ops
+
+    ops = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(ops, dict):
+        ops["deepspeed_shm_comm"] = False
 
 
 _RENDEZVOUS_SOCKET = None
@@ -321,7 +335,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
             print(f"[mm-ds] --resume: no complete checkpoint in {run_dir}, starting from step 0", flush=True)
 
     flops_step = stage.flops_per_step(geo.global_batch)
-    peak = device_peak_flops(cfg)
+    peak = device_peak_flops(cfg)  # per rank
     tokens_per_step = geo.global_batch * stage.tokens_per_sample
     if rank == 0:
         print(f"[mm-ds] {cfg.system}/{cfg.stage} lang={cfg.lang}: {n_train:,} of {n_total:,} parameters train; "
@@ -357,7 +371,8 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
             logs.update(lr=engine.get_lr()[0], tokens_per_s=tokens_per_step * window_steps / window_time,
                         step_time_s=window_time / window_steps, data_share=data_time / window_time,
                         tflops=flops_step * window_steps / window_time / 1e12)
-            logs["mfu"] = logs["tflops"] * 1e12 / peak if peak == peak else float("nan")
+            # flops_step counts the whole global batch; the peak is one rank's device (GPU, or CPU threads).
+            logs["mfu"] = logs["tflops"] * 1e12 / (peak * world) if peak == peak else float("nan")
             gn = engine.get_global_grad_norm()
             if gn is not None:
                 logs["grad_norm"] = float(gn)
