@@ -1,0 +1,50 @@
+"""Evaluation batches examples by length (less padding); predictions must come back in file order and
+not depend on the batch they were computed in."""
+
+import pytest
+import torch
+
+from mm_ds.config import ModelConfig
+from mm_ds.data.tasks import TASKS, load_split
+from mm_ds.data.world import generate_world
+from mm_ds.evaluate import evaluate, length_batches, predict
+from mm_ds.heads import RobertaForTask
+from test_features import train_spm
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("world")
+    generate_world(root, languages=("t1",), sentences=400, target_sentences=50,
+                   task_sizes=dict(nli_train=5, paws_train=5, qa_train=5, dev=5, test=60))
+    lines = [line for line in (root / "text" / "en.txt").read_text().splitlines() if line]
+    return root, train_spm(lines, vocab_size=600)
+
+
+def test_length_batches_cover_every_index_once():
+    class F:
+        def __init__(self, n):
+            self.input_ids = [0] * n
+
+    feats = [F(n) for n in (5, 1, 9, 3, 3, 7, 2)]
+    batches = length_batches(feats, 3)
+    assert sorted(i for b in batches for i in b) == list(range(7))
+    assert [len(feats[i].input_ids) for b in batches for i in b] == [1, 2, 3, 3, 5, 7, 9]
+
+
+@pytest.mark.parametrize("task", ["xnli", "xquad"])
+def test_predictions_do_not_depend_on_batching(world, task):
+    root, sp = world
+    spec = TASKS[task]
+    examples, _ = load_split(spec, "test", "en", root)
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=sp.get_piece_size(), hidden_size=32, num_layers=2, num_heads=2, ffn_size=64,
+                      max_positions=128, init_std=0.5)  # at 0.02 a random model predicts one class for all
+    model = RobertaForTask(cfg, spec.kind, spec.num_labels)
+    one_by_one, _ = predict(model, spec, examples, sp, batch_size=1)  # no padding at all
+    batched, _ = predict(model, spec, examples, sp, batch_size=16)
+    assert batched == one_by_one
+    if task == "xnli":  # a random model's labels vary, so a scrambled order would not match by chance
+        assert len(set(batched)) > 1
+        assert evaluate(model, spec, examples, sp, "en", batch_size=16).score == pytest.approx(
+            100 * sum(p == ex.label for p, ex in zip(one_by_one, examples)) / len(examples))
