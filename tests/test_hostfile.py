@@ -1,5 +1,6 @@
 """Hostfile parsing and the launch preflight: bad input fails with the line or flag to fix, before any rank starts."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -44,7 +45,11 @@ def test_more_nodes_or_ranks_than_the_hostfile_offers():
         hostfile.select(hosts, 2, 2, "hosts")
 
 
-def test_launch_commands():
+def test_launch_commands(tmp_path, monkeypatch):
+    fake = tmp_path / "srun"  # the command line is what is tested: any machine, SLURM installed or not
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     one = LaunchConfig(ranks=2, master_port=29555)
     assert launch.command(one, ["pretrain"])[1:5] == ["--num_gpus", "2", "--master_addr", "127.0.0.1"]
     multi = LaunchConfig(ranks=8, nodes=2, hostfile="hosts", node_rank=1, ds_launcher="openmpi")
