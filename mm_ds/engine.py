@@ -335,7 +335,8 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
             print(f"[mm-ds] --resume: no complete checkpoint in {run_dir}, starting from step 0", flush=True)
 
     flops_step = stage.flops_per_step(geo.global_batch)
-    peak = device_peak_flops(cfg)  # per rank
+    # flops_step counts the whole global batch; the peak is one rank's device (GPU, or CPU threads).
+    peak = device_peak_flops(cfg) * world
     tokens_per_step = geo.global_batch * stage.tokens_per_sample
     if rank == 0:
         print(f"[mm-ds] {cfg.system}/{cfg.stage} lang={cfg.lang}: {n_train:,} of {n_total:,} parameters train; "
@@ -371,8 +372,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
             logs.update(lr=engine.get_lr()[0], tokens_per_s=tokens_per_step * window_steps / window_time,
                         step_time_s=window_time / window_steps, data_share=data_time / window_time,
                         tflops=flops_step * window_steps / window_time / 1e12)
-            # flops_step counts the whole global batch; the peak is one rank's device (GPU, or CPU threads).
-            logs["mfu"] = logs["tflops"] * 1e12 / (peak * world) if peak == peak else float("nan")
+            logs["mfu"] = logs["tflops"] * 1e12 / peak if peak == peak else float("nan")
             gn = engine.get_global_grad_norm()
             if gn is not None:
                 logs["grad_norm"] = float(gn)

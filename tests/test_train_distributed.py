@@ -34,7 +34,8 @@ def losses(run: Path) -> list[float]:
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_loss_decreases_on_two_ranks(corpus, tmp_path, zero):
     out = tmp_path / f"z{zero}"
-    pretrain(corpus, out, "train.steps=40", f"ds_config=fp32_zero{zero}.json", "peak_tflops=0.001", port=29610 + zero)
+    pretrain(corpus, out, "train.steps=40", f"ds_config=fp32_zero{zero}.json", "peak_tflops=0.001",
+             port=29610 + zero)
     ls = losses(out)
     assert ls[-1] < ls[0] - 0.5, ls
     for row in map(json.loads, (out / "logs" / "train.jsonl").read_text().splitlines()):
