@@ -335,6 +335,7 @@ def run_engine_stage(b: Built, batches, micro_batch: int, warmup: int, steps: in
 
     import deepspeed
 
+    from . import ds_config as dsc
     from . import engine as eng
     from .model import param_groups, set_trainable
 
@@ -342,7 +343,7 @@ def run_engine_stage(b: Built, batches, micro_batch: int, warmup: int, steps: in
     cfg.ds_config = ds_config
     cfg.train = TrainConfig(steps=warmup + steps, warmup_steps=1, global_batch=micro_batch * world,
                             micro_batch=micro_batch, lr=1e-4, log_every=10 ** 9)
-    ds_cfg, geo = eng.resolve_ds_config(cfg, world, None)
+    ds_cfg, geo = dsc.resolve(cfg, world)
     # As engine.train: freeze, then hand only the trainable groups to deepspeed.initialize.
     n_train, n_total = set_trainable(b.model, b.trainable)
     wd = ds_cfg["optimizer"].get("params", {}).get("weight_decay", 0.0)
@@ -363,7 +364,7 @@ def run_engine_stage(b: Built, batches, micro_batch: int, warmup: int, steps: in
             cpu.append(cpu_s)
     del engine
     return {"step_times": times, "data_times": data, "cpu_times": cpu, "losses": losses, "trainable_params": n_train,
-            "total_params": n_total, "zero_stage": eng.zero_stage(ds_cfg), "grad_accum": geo.grad_accum,
+            "total_params": n_total, "zero_stage": dsc.zero_stage(ds_cfg), "grad_accum": geo.grad_accum,
             "optimizer": ds_cfg["optimizer"]}
 
 
@@ -384,7 +385,7 @@ def hf_model(mcfg: ModelConfig, layers: int):
 
 def run_peer_stage(name: str, mcfg: ModelConfig, layers: int, batches, micro_batch: int, warmup: int,
                    steps: int) -> dict:
-    from .engine import Geometry
+    from .ds_config import Geometry
 
     model = hf_model(mcfg, layers)
     if name.startswith("adapt"):
@@ -489,7 +490,7 @@ def evaluate_targets(results: dict, peer: dict, encode: dict | None) -> list[dic
 # ----------------------------------------------------------------------------------------------- main
 
 def run(args) -> dict:
-    from . import engine as eng
+    from . import dist
     from .data.mlm import MLMBatches
     from .data.shards import TokenCorpus
 
@@ -521,7 +522,7 @@ def run(args) -> dict:
 
     from deepspeed.utils import logger as ds_logger
     ds_logger.setLevel(logging.ERROR)  # e.g. "get_lr before the scheduler started", once per engine
-    rank, _, world = eng.init_distributed()  # one in-process rank; sets this process's thread count
+    rank, _, world = dist.init()  # one in-process rank; sets this process's thread count
     if world != 1:
         raise ValueError("mm-ds bench runs as a single process; do not start it under a launcher")
     load_start = os.getloadavg()

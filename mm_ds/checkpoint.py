@@ -8,6 +8,10 @@
         step_00001000/                     engine.save_checkpoint() files (model, ZeRO optimizer shards)
           mm_ds.json                       meta: stage, system, lang, step, tokens, FLOPs, parent, model config
           manifest.json                    size and sha256 of every file: written last, checked on load
+      frozen/
+        model.safetensors  mm_ds.json      fp32 weights of the parameters this stage does not train (the
+                                           parent's, after surgery); laid over every consolidation, since
+                                           bf16/fp16 engines keep only low-precision copies of them
       final/
         model.safetensors  mm_ds.json      consolidated fp32 weights: what the next stage starts from
 
@@ -28,12 +32,13 @@ from pathlib import Path
 
 import torch
 
-from . import faults
+from . import dist, faults
 
 META = "mm_ds.json"
 MANIFEST = "manifest.json"
 LATEST = "latest"
 FINAL = "final"
+FROZEN = "frozen"
 WEIGHTS = "model.safetensors"
 FORMAT = "mm-ds-checkpoint/1"
 
@@ -113,7 +118,7 @@ def verify(ckpt: str | Path, checksums: bool = True) -> dict:
 # Meta keys that point at other files. They are written absolute (a stage's cwd is not the reader's) and
 # also relative to the checkpoint, so that a run tree copied or moved as a whole still finds its parents
 # and tokenizers: on reading, the relative path wins when it exists.
-PATH_KEYS = ("parent", "primary", "tokenizer")
+PATH_KEYS = ("parent", "primary", "tokenizer", "frozen")
 
 
 def _portable_paths(meta: dict, ckpt: Path) -> dict:
@@ -152,26 +157,17 @@ def read_meta(ckpt: str | Path) -> dict:
 
 # ---------------------------------------------------------------- saving and finding engine checkpoints
 
-def _barrier() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-
-
-def _rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-
-
 def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict) -> Path:
     """Collective: every rank calls it. Writes, verifies, then publishes the checkpoint for `step`."""
     root = checkpoints_dir(run_dir)
     tag = tag_for(step)
     tmp_tag = tag + ".tmp"
-    rank = _rank()
+    rank = dist.rank()
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         for stale in root.glob("*.tmp"):  # an earlier crash mid-save
             shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
-    _barrier()
+    dist.barrier()
     error = None
     stage = meta.get("stage")
     try:
@@ -181,11 +177,11 @@ def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict)
     except (OSError, RuntimeError) as e:  # disk full, permissions: say so, keep the previous checkpoint
         error = _write_error(e, root)  # (torch.save reports a full disk as a RuntimeError)
     faults.in_save(step, rank, "after-engine-save", stage)
-    failed = _any_rank(error is not None)
+    failed = dist.any_rank(error is not None)
     if failed:
         if rank == 0:
             shutil.rmtree(root / tmp_tag, ignore_errors=True)
-        _barrier()
+        dist.barrier()
         raise CheckpointError(f"saving checkpoint {root / tag} failed on at least one rank"
                               f"{': ' + error if error else ''}. The previous checkpoint "
                               f"({latest_tag(run_dir) or 'none'}) is intact; free disk space or fix "
@@ -206,7 +202,7 @@ def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict)
         except (OSError, CheckpointError) as e:
             shutil.rmtree(root / tmp_tag, ignore_errors=True)
             error = _write_error(e, root)
-    if _any_rank(error is not None):
+    if dist.any_rank(error is not None):
         raise CheckpointError(f"publishing checkpoint {root / tag} failed: {error}. The previous checkpoint "
                               f"is intact; free disk space or fix permissions, then resume with --resume.")
     return root / tag
@@ -220,14 +216,6 @@ def _write_error(e: Exception, root: Path) -> str:
     full = isinstance(e, OSError) and e.errno == errno.ENOSPC or "unexpected pos" in str(e) or "write failed" in str(e)
     return (f"{'disk full? ' if full and 'No space' not in str(e) else ''}{type(e).__name__}: {e}{free}"
             f"{'' if os.access(root, os.W_OK) else f' ({root} is not writable)'}")
-
-
-def _any_rank(flag: bool) -> bool:
-    if not torch.distributed.is_initialized():
-        return flag
-    t = torch.tensor([1 if flag else 0])
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return bool(t.item())
 
 
 def latest_tag(run_dir: str | Path) -> str | None:
@@ -292,20 +280,77 @@ def consolidate(ckpt: str | Path) -> dict[str, torch.Tensor]:
     if zero == 3:  # partitioned parameters, frozen ones included (frozen_param_fragments)
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
         sd = get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
-        return {k: v.detach().float().clone().contiguous() for k, v in sd.items()}
+        return _with_frozen({k: v.detach().float().clone().contiguous() for k, v in sd.items()}, meta, ckpt)
     states = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
     sd = dict(states["module"])
     if zero > 0:
         # The optimizer shards hold fp32 masters of the *trainable* parameters only; DeepSpeed records
         # frozen ones (frozen_param_shapes) for ZeRO-3 alone. Under ZeRO 1/2 the module state dict has
         # every parameter, frozen ones at the precision they were used in, so overlay the masters on it.
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-        sd.update(get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name))
+        bf16_shards = sorted(ckpt.glob("bf16_zero_pp_rank_*_mp_rank_00_optim_states.pt"))
+        if bf16_shards and meta.get("precision") == "bf16" and zero == 1:
+            sd.update(_bf16_optimizer_masters(states, bf16_shards, ckpt))
+        else:
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+            sd.update(get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name))
     empty = [k for k, v in sd.items() if v.numel() == 0]
     if empty:  # ZeRO-3 placeholders that no shard filled in
         raise CheckpointError(f"{ckpt}: could not reconstruct {len(empty)} parameters ({', '.join(empty[:4])}...)"
                               f" from the ZeRO-{zero} shards")
-    return {k: v.detach().float().clone().contiguous() for k, v in sd.items()}
+    return _with_frozen({k: v.detach().float().clone().contiguous() for k, v in sd.items()}, meta, ckpt)
+
+
+def _bf16_optimizer_masters(states: dict, shards: list[Path], ckpt: Path) -> dict[str, torch.Tensor]:
+    """fp32 masters from BF16_Optimizer's shards (bf16 + ZeRO-1 + fp32 gradient accumulation), a layout that
+    DeepSpeed's zero_to_fp32 does not read: each rank holds one contiguous slice of every parameter group's
+    flat fp32 buffer (`single_partition_of_fp32_groups`); the groups hold the parameters of `param_shapes` in
+    order, unaligned, with the group's padding at the end of the last rank's slice."""
+    rank_of = {int(p.name.split("_rank_")[1].split("_")[0]): p for p in shards}
+    parts = [torch.load(rank_of[r], map_location="cpu", weights_only=False)["optimizer_state_dict"]
+             for r in range(len(rank_of))]
+    if sorted(rank_of) != list(range(len(rank_of))) or parts[0]["partition_count"][0] != len(parts):
+        raise CheckpointError(f"{ckpt}: BF16_Optimizer shards for ranks {sorted(rank_of)}, expected "
+                              f"{parts[0]['partition_count'][0]}")
+    out = {}
+    for g, shapes in enumerate(states["param_shapes"]):
+        flat = torch.cat([p["single_partition_of_fp32_groups"][g] for p in parts])
+        offset = 0
+        for name, shape in shapes.items():
+            n = shape.numel()
+            first = parts[0]["param_slice_mappings"][g].get(name)
+            if first is not None and parts[0]["param_slice_mappings"][g] and first.start != offset:
+                raise CheckpointError(f"{ckpt}: {name} starts at {first.start} in rank 0's slice, not at {offset}")
+            out[name] = flat[offset:offset + n].view(shape).clone()
+            low = states["module"][name]
+            if not torch.equal(out[name].to(low.dtype), low):  # the engine's weights are the masters, rounded
+                raise CheckpointError(f"{ckpt}: the fp32 master of {name} read from BF16_Optimizer's shards does "
+                                      f"not round to the module's {low.dtype} weight: unexpected shard layout")
+            offset += n
+        padding = parts[-1]["group_paddings"][g]  # recorded by the last rank, whose slice ends the buffer
+        if offset + padding != flat.numel():
+            raise CheckpointError(f"{ckpt}: group {g} holds {flat.numel()} values; its parameters and padding "
+                                  f"need {offset} + {padding}")
+    return out
+
+
+def _with_frozen(sd: dict[str, torch.Tensor], meta: dict, ckpt: Path) -> dict[str, torch.Tensor]:
+    """Lay the run's fp32 frozen weights over the engine's copies of them (bf16/fp16-rounded in mixed
+    precision, equal in fp32)."""
+    if not meta.get("frozen"):
+        return sd
+    from safetensors.torch import load_file
+
+    where = Path(meta["frozen"])
+    try:
+        verify(where)
+    except CheckpointError as e:
+        raise CheckpointError(f"{ckpt} takes its frozen fp32 weights from {where}, which fails: {e}") from None
+    for k, v in load_file(str(where / WEIGHTS)).items():
+        if k not in sd or sd[k].shape != v.shape:
+            raise CheckpointError(f"{where}: frozen weight {k} {tuple(v.shape)} does not fit {ckpt} "
+                                  f"({tuple(sd[k].shape) if k in sd else 'absent'})")
+        sd[k] = v
+    return sd
 
 
 def write_final(out_dir: str | Path, state_dict: dict[str, torch.Tensor], meta: dict) -> Path:
@@ -328,6 +373,20 @@ def write_final(out_dir: str | Path, state_dict: dict[str, torch.Tensor], meta: 
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
     return out_dir
+
+
+def write_frozen(run_dir: str | Path, state_dict: dict[str, torch.Tensor]) -> Path | None:
+    """RUN/frozen/: the fp32 weights a stage does not train, written once (a resume finds them in place)."""
+    out = Path(run_dir) / FROZEN
+    if not state_dict:
+        return None
+    if (out / WEIGHTS).is_file():
+        try:
+            verify(out)
+            return out
+        except CheckpointError as e:
+            print(f"[mm-ds] rewriting {out}: {e}", flush=True)
+    return write_final(out, state_dict, {"frozen_of": str(run_dir), "time": now()})
 
 
 def load_final(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -2,7 +2,7 @@
 
     mm-ds prepare  --lang en --input 'corpus/en/*.txt.xz' --out data/en
     mm-ds pretrain --preset tiny/minijoint --out runs/tiny-mj [key=value ...] [--resume] [--dry-run]
-    deepspeed --num_gpus 8 -m mm_ds.cli pretrain --preset paper/minijoint --ds-config bf16_zero1.json --out runs/mj
+    deepspeed --num_gpus 8 --module mm_ds.cli pretrain --preset paper/minijoint --ds-config bf16_zero1.json --out runs/mj
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ TOOL_COMMANDS = {
     "prepare": ("mm_ds.cli:prepare_main", "train SentencePiece and encode a corpus into token shards"),
     "run": ("mm_ds.pipeline:main", "a whole experiment from a recipe (tiny, quick, paper), one results table"),
     "run-plan": ("mm_ds.pipeline:plan_main", "(internal) the ranks of `mm-ds run`'s one job: every stage in order"),
+    "run-eval": ("mm_ds.stages.transfer:run_eval_main", "(internal) the ranks of `mm-ds run`'s evaluation"),
     "transfer": ("mm_ds.stages.transfer:main", "Step 4: zero-shot transfer by swapping target embeddings in"),
     "world": ("mm_ds.data.world:main", "generate the synthetic multilingual world (the embedded default data)"),
     "score": ("mm_ds.score:main", "score a predictions file as the official evaluation scripts would"),
@@ -46,7 +47,8 @@ def stage_parser(name: str, help_text: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"mm-ds {name}", description=help_text)
     p.add_argument("--preset", help="packaged preset, e.g. tiny/minijoint (see `mm-ds presets`)")
     p.add_argument("--config", help="your own YAML/JSON config file (applied after the preset)")
-    p.add_argument("--ds-config", help="DeepSpeed engine JSON: a path or a name in ds_configs/")
+    p.add_argument("--ds-config", help="DeepSpeed engine JSON: a path or a name in ds_configs/ (fp32_zero{0,1,2,3} "
+                   "for CPU; bf16_zero{1,2,3} for GPUs, slow on CPU; fp16_zero1 for GPUs only)")
     p.add_argument("--out", required=True, help="run directory (checkpoints, logs, final weights)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
     p.add_argument("--ranks", type=int, help="local ranks to start when not under a launcher (launch.ranks)")
@@ -59,13 +61,11 @@ def stage_parser(name: str, help_text: str) -> argparse.ArgumentParser:
     return p
 
 
-def run_stage(name: str, argv: list[str]) -> int:
-    import torch
+def stage_config(name: str, argv: list[str]):
+    """(parsed arguments, effective RunConfig) of `mm-ds NAME ARGV`; `mm-ds run --check` reads its plan so."""
+    from . import config
 
-    from . import checkpoint, config, engine, launch
-
-    module_name, help_text = STAGE_COMMANDS[name]
-    args = stage_parser(name, help_text).parse_intermixed_args(argv)  # key=value may follow flags
+    args = stage_parser(name, STAGE_COMMANDS[name][1]).parse_intermixed_args(argv)  # key=value may follow flags
     overrides = list(args.overrides)
     if args.ds_config:
         overrides.append(f"ds_config={args.ds_config}")
@@ -77,39 +77,59 @@ def run_stage(name: str, argv: list[str]) -> int:
     if cfg.stage != name.replace("-", "_"):
         raise ConfigError(f"the config is for stage {cfg.stage!r}, not {name!r}; use `mm-ds {cfg.stage}` "
                           f"or a {name} preset")
-    stage_mod = importlib.import_module(module_name)
-    out = Path(args.out)
+    return args, cfg
 
-    if not launch.under_launcher():
-        # Everything that can fail on bad input fails here, before any rank starts.
-        stage_mod.preflight(cfg)
-        world = cfg.launch.world_size
-        ds_cfg, geo = engine.resolve_ds_config(cfg, world, None)
-        launch.preflight(cfg.launch)
-        engine.check_run_dir(out, resume=args.resume)
-        if args.resume and name == "pretrain" and (found := checkpoint.find_resume_point(out)) is not None:
-            engine.check_resumable(found, cfg)  # later stages take their architecture from the parent: the
-            # ranks check it after build() (engine.train), where cfg.model is known
-        if not getattr(stage_mod, "trains", lambda c: True)(cfg):
-            if args.dry_run:
-                print(config.dump_yaml(cfg))
-                return 0
-            stage_mod.run_without_engine(cfg, out)
-            return 0
-        if args.dry_run:
-            print(config.dump_yaml(cfg))
+
+def preflight_stage(name: str, argv: list[str]):
+    """What `mm-ds NAME ARGV` does before any rank starts: every check that can fail on bad input (the stage's
+    data and parent, the engine config through DeepSpeed's parser, the launcher, the run directory), then
+    `--dry-run`'s printout or a stage that needs no engine (MINIJOINT's extraction). Returns (args, cfg,
+    done): done means nothing is left to launch."""
+    from . import checkpoint, config, ds_config, engine, launch
+
+    args, cfg = stage_config(name, argv)
+    stage_mod = importlib.import_module(STAGE_COMMANDS[name][0])
+    out = Path(args.out)
+    stage_mod.preflight(cfg)
+    ds_cfg, geo = ds_config.resolve(cfg, cfg.launch.world_size)
+    launch.preflight(cfg.launch)
+    engine.check_run_dir(out, resume=args.resume)
+    if args.resume and name == "pretrain" and (found := checkpoint.find_resume_point(out)) is not None:
+        engine.check_resumable(found, cfg)  # later stages take their architecture from the parent: the
+        # ranks check it after build() (engine.train), where cfg.model is known
+    trains = getattr(stage_mod, "trains", lambda c: True)(cfg)
+    if args.dry_run:
+        print(config.dump_yaml(cfg))
+        if trains:
             print(json.dumps(ds_cfg, indent=2))
             print(f"# geometry: {geo}")
+        return args, cfg, True
+    if not trains:
+        stage_mod.run_without_engine(cfg, out)
+        return args, cfg, True
+    if cfg.launch.launcher == "none" and cfg.launch.ranks != 1:
+        raise ConfigError("launch.launcher=none runs a single process; set launch.ranks=1")
+    return args, cfg, False
+
+
+def run_stage(name: str, argv: list[str]) -> int:
+    from . import dist, engine, launch
+
+    if not launch.under_launcher():
+        args, cfg, done = preflight_stage(name, argv)
+        if done:
             return 0
         if cfg.launch.launcher != "none":
             return launch.relaunch(cfg.launch, [name, *argv])
-        if cfg.launch.ranks != 1:
-            raise ConfigError("launch.launcher=none runs a single process; set launch.ranks=1")
+    else:
+        args, cfg = stage_config(name, argv)
+    stage_mod = importlib.import_module(STAGE_COMMANDS[name][0])
+    out = Path(args.out)
     if not getattr(stage_mod, "trains", lambda c: True)(cfg):  # a rank, e.g. inside `mm-ds run`'s one job
-        rank, _, _ = engine.init_distributed()
+        rank, _, _ = dist.init()
         if rank == 0:
             stage_mod.run_without_engine(cfg, out)
-        torch.distributed.barrier()
+        dist.barrier()
         return 0
     stage = stage_mod.build(cfg)
     engine.train(stage, out, resume=args.resume, progress=not args.no_progress, reshard=args.reshard)
@@ -155,26 +175,9 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-def _finish_distributed(rc: int) -> int:
-    """After a rank's command succeeded: wait for the others, then tear the process group down. Left to
-    interpreter exit, rank 0's rendezvous store could vanish under another rank's live store threads,
-    which then abort ("terminate called without an active exception") after the work is done."""
-    torch = sys.modules.get("torch")
-    if (torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized()
-            and "RANK" in os.environ):
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-        # gloo's worker threads can still touch Python objects during interpreter finalization and abort
-        # a rank whose work is done (seen under mpirun too). Everything is written and synced by now: leave
-        # without finalization, after MPI_Finalize where DeepSpeed's MPI discovery initialised MPI (mpirun
-        # reports a rank that exits without it as failed).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        mpi = sys.modules.get("mpi4py.MPI")
-        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-            mpi.Finalize()
-        os._exit(rc)
-    return rc
+def _finish(rc: int) -> int:
+    dist = sys.modules.get("mm_ds.dist")  # only a command that started ranks has anything to tear down
+    return dist.finish(rc) if dist is not None else rc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,10 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     try:
         if name in STAGE_COMMANDS:
-            return _finish_distributed(run_stage(name, rest))
+            return _finish(run_stage(name, rest))
         if name in TOOL_COMMANDS:
             module_name, func = TOOL_COMMANDS[name][0].split(":")
-            return _finish_distributed(int(getattr(importlib.import_module(module_name), func)(rest) or 0))
+            return _finish(int(getattr(importlib.import_module(module_name), func)(rest) or 0))
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError) as e:
         print(f"mm-ds {name}: error: {e}", file=sys.stderr)
         return 2

@@ -24,18 +24,10 @@ from typing import Callable
 import torch
 
 from . import checkpoint as ckpt_io
-from . import faults
+from . import dist, faults
+from . import ds_config as dsc
 from .config import ConfigError, RunConfig, dump_yaml, to_dict
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """Batch geometry, resolved before any engine exists so bad values fail early."""
-
-    global_batch: int
-    micro_batch: int
-    grad_accum: int
-    world_size: int
+from .ds_config import Geometry
 
 
 @dataclass
@@ -53,195 +45,6 @@ class Stage:
     meta: dict = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------- distributed set-up
-
-def init_distributed() -> tuple[int, int, int]:
-    """(rank, local_rank, world_size). Outside any launcher, runs as a world of one."""
-    import deepspeed
-
-    from .launch import adopt_env
-    adopt_env()  # srun / mpirun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_* from the launcher's own variables
-    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ and "PMI_RANK" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    if not torch.distributed.is_initialized():
-        if not torch.cuda.is_available():
-            skip_shm_comm_build()
-        _bind_rendezvous()
-        deepspeed.init_distributed(verbose=False)
-    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    from .watchdog import start as watch_launcher
-    watch_launcher(rank)  # a SIGKILLed launcher must not leave this rank running (mm_ds/watchdog.py)
-    local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)))
-    if not torch.cuda.is_available():
-        # CPU ranks share the cores: one rank's BLAS threads must not fight another's.
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
-        keep_freed_memory()
-    else:
-        torch.cuda.set_device(local_rank)
-    return rank, local_rank, world
-
-
-def skip_shm_comm_build() -> None:
-    """On CPU, DeepSpeed's communication backend JIT-compiles its shared-memory op (C++, ~25 s on 2 cores,
-    again for every new virtual environment) at start-up. Only `inference_all_reduce` (tensor-parallel
-    inference) uses it; training collectives go through torch.distributed (gloo). Marking the op
-    incompatible skips the build; DeepSpeed keeps `__compatible_ops__` as one dict so that edits persist."""
-    import deepspeed.ops
-
-    ops = getattr(deepspeed.ops, "__compatible_ops__", None)
-    if isinstance(ops, dict):
-        ops["deepspeed_shm_comm"] = False
-
-
-_RENDEZVOUS_SOCKET = None
-
-
-def _bind_rendezvous() -> None:
-    """env:// rendezvous that listens only on MASTER_ADDR. torch's own TCPStore server binds every interface
-    (`::`) whatever MASTER_ADDR says; here rank 0 binds the listening socket to MASTER_ADDR:MASTER_PORT
-    itself and hands it to the store (`master_listen_fd`), then DeepSpeed adopts the process group."""
-    global _RENDEZVOUS_SOCKET
-    import socket
-
-    from deepspeed.accelerator import get_accelerator
-    from torch.distributed.constants import default_pg_timeout
-
-    env = os.environ
-    if not all(k in env for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):
-        return  # another rendezvous (e.g. MPI discovery inside DeepSpeed): leave it to DeepSpeed
-    rank, world, addr, port = int(env["RANK"]), int(env["WORLD_SIZE"]), env["MASTER_ADDR"], int(env["MASTER_PORT"])
-    fd = None
-    if rank == 0:
-        family, _, _, _, where = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(where)
-        except OSError as e:
-            raise ConfigError(f"rank 0 cannot listen on MASTER_ADDR:MASTER_PORT={addr}:{port} ({e}); choose a free "
-                              f"launch.master_port, and an address of rank 0's machine as launch.master_addr") from None
-        sock.listen(max(128, world))
-        _RENDEZVOUS_SOCKET, fd = sock, sock.fileno()  # kept open for the life of the process group
-    store = torch.distributed.TCPStore(addr, port, world, rank == 0, default_pg_timeout, master_listen_fd=fd)
-    torch.distributed.init_process_group(get_accelerator().communication_backend_name(), store=store, rank=rank,
-                                         world_size=world, timeout=default_pg_timeout)
-
-
-def keep_freed_memory() -> None:
-    """CPU training allocates and frees the same large tensors every step (gradients, ZeRO's flat
-    partitions, attention scores). glibc hands blocks over 32 MiB back to the kernel on free, so each step
-    faults them in again, page by page; on a VM that was ~10% of a base-shape step. Keep freed memory in the
-    heap instead (RSS then stays at the step's high-water mark). MM_DS_MALLOC=system opts out; a no-op
-    without glibc."""
-    if os.environ.get("MM_DS_MALLOC") == "system":
-        return
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
-    mallopt(M_MMAP_MAX, 0)  # no mmap for large blocks: they come from (and return to) the heap
-    mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1)  # never shrink the heap (2 GiB of free top before trimming)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# ---------------------------------------------------------------- DeepSpeed config
-
-def find_ds_config(name: str) -> Path:
-    """A path, or a name in the repository's / installed ds_configs/."""
-    p = Path(name)
-    if p.is_file():
-        return p
-    here = Path(__file__).resolve().parent
-    for root in (here.parent / "ds_configs", here / "ds_configs", Path(os.sys.prefix) / "share/mm-ds/ds_configs"):
-        if (root / name).is_file():
-            return root / name
-    raise ConfigError(f"DeepSpeed config {name!r} not found (looked at the path and in ds_configs/); "
-                      f"pass --ds-config PATH or a name such as fp32_zero1.json")
-
-
-def read_ds_config(cfg: RunConfig) -> tuple[Path, dict]:
-    path = find_ds_config(cfg.ds_config)
-    try:
-        return path, json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"DeepSpeed config {path} is not valid JSON: {e}") from e
-
-
-def global_batch(cfg: RunConfig) -> int:
-    """Sequences per update: the run config's, else the DeepSpeed JSON's (it does not depend on world size)."""
-    path, ds = read_ds_config(cfg)
-    gb = cfg.train.global_batch or ds.get("train_batch_size")
-    if not gb:
-        raise ConfigError(f"batch geometry unset: give train.global_batch or train_batch_size in {path}")
-    return int(gb)
-
-
-def resolve_ds_config(cfg: RunConfig, world_size: int, run_dir: Path | None) -> tuple[dict, Geometry]:
-    path, ds = read_ds_config(cfg)
-    t = cfg.train
-    global_batch = t.global_batch or ds.get("train_batch_size")
-    micro = t.micro_batch or ds.get("train_micro_batch_size_per_gpu")
-    if not global_batch or not micro:
-        raise ConfigError(f"batch geometry unset: give train.global_batch and train.micro_batch, or "
-                          f"train_batch_size and train_micro_batch_size_per_gpu in {path}")
-    if global_batch % (micro * world_size):
-        raise ConfigError(f"global batch {global_batch} is not divisible by micro batch {micro} x world size "
-                          f"{world_size}; choose train.global_batch as a multiple of {micro * world_size} or "
-                          f"change train.micro_batch / the number of ranks")
-    geo = Geometry(global_batch, micro, global_batch // (micro * world_size), world_size)
-    ds["train_batch_size"] = geo.global_batch
-    ds["train_micro_batch_size_per_gpu"] = geo.micro_batch
-    ds["gradient_accumulation_steps"] = geo.grad_accum
-    opt = ds.setdefault("optimizer", {"type": "AdamW", "params": {}})
-    opt.setdefault("params", {})["lr"] = t.lr
-    sched = ds.setdefault("scheduler", {"type": "WarmupDecayLR", "params": {}})
-    if sched.get("type") != "WarmupDecayLR":
-        raise ConfigError(f"{path}: scheduler.type must be WarmupDecayLR (the paper's linear warm-up and decay)")
-    sp = sched.setdefault("params", {})
-    if sp.get("warmup_type", "log") != "linear":
-        raise ConfigError(f"{path}: scheduler.params.warmup_type must be \"linear\"; DeepSpeed's default "
-                          f"warms up log-shaped, which is not the paper's recipe")
-    sp.update(total_num_steps=t.steps, warmup_max_lr=t.lr, warmup_num_steps=max(1, t.warmup_steps))
-    sp.setdefault("warmup_min_lr", 0.0)
-    if not torch.cuda.is_available():
-        if ds.get("bf16", {}).get("enabled") or ds.get("fp16", {}).get("enabled"):
-            raise ConfigError(f"{path} enables bf16/fp16, but there is no GPU: CPU training is fp32 "
-                              f"(use fp32_zero*.json)")
-        opt["params"].setdefault("torch_adam", True)
-        if opt["params"]["torch_adam"] and not opt["params"].get("foreach"):
-            # torch's fused CPU AdamW: one pass over the flat ZeRO partition instead of ~10 full-size
-            # temporaries (base shape: 0.2 s instead of 1.9 s per step on one core).
-            opt["params"].setdefault("fused", True)
-    if run_dir is not None:
-        mon = {"enabled": True, "output_path": str(run_dir / "logs"), "job_name": cfg.stage}
-        ds.setdefault("csv_monitor", mon)
-        for k in ("tensorboard", "wandb"):
-            if ds.get(k, {}).get("enabled"):
-                ds[k].setdefault("output_path", str(run_dir / "logs"))
-                ds[k].setdefault("job_name", cfg.stage)
-    ds["steps_per_print"] = ds.get("steps_per_print", 10 ** 9)
-    return ds, geo
-
-
-def zero_stage(ds: dict) -> int:
-    return int(ds.get("zero_optimization", {}).get("stage", 0))
-
-
 # ---------------------------------------------------------------- checkpoint schedule
 
 def is_checkpoint_step(step: int, cfg: RunConfig) -> bool:
@@ -256,17 +59,22 @@ def _dropout_seed(seed: int, step: int, micro: int, rank: int) -> int:
 
 # ---------------------------------------------------------------- peak FLOP/s for MFU
 
-_GPU_BF16_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "V100": 125.0, "A10": 125.0, "L4": 121.0}
+# Dense peak TFLOP/s per GPU: (bf16/fp16, fp32 as TF32). MFU in the logs is against the training dtype's peak.
+_GPU_PEAK_TFLOPS = {"H100": (989.0, 494.0), "H200": (989.0, 494.0), "A100": (312.0, 156.0),
+                    "V100": (125.0, 15.7), "A10": (125.0, 62.5), "L4": (121.0, 60.0)}
 
 
-def device_peak_flops(cfg: RunConfig) -> float:
+def device_peak_flops(cfg: RunConfig, ds: dict | None = None) -> float:
+    """Peak FLOP/s of one rank's device: `peak_tflops` if set, the GPU's dense peak in the training dtype, or
+    on CPU the measured fp32 matmul rate of this rank's threads. NaN for a GPU that is not in the table."""
     if cfg.peak_tflops:
         return cfg.peak_tflops * 1e12
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
-        for k, v in _GPU_BF16_PEAK_TFLOPS.items():
+        half = ds is None or dsc.precision(ds) != "fp32"
+        for k, (low, fp32) in _GPU_PEAK_TFLOPS.items():
             if k in name:
-                return v * 1e12
+                return (low if half else fp32) * 1e12
         return float("nan")
     return measure_matmul_peak()["median_flops"]
 
@@ -295,21 +103,37 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
     ds_logger.setLevel(logging.WARNING)
     cfg = stage.cfg
     run_dir = Path(run_dir)
-    rank, local_rank, world = init_distributed()
-    ds_cfg, geo = resolve_ds_config(cfg, world, run_dir)
+    rank, local_rank, world = dist.init()
+    ds_cfg, geo = dsc.resolve(cfg, world, run_dir)
 
+    model = stage.model
+    from .model import param_groups, set_trainable
+    n_train, n_total = set_trainable(model, stage.trainable)
     if rank == 0:
         check_run_dir(run_dir, resume)
         run_dir.mkdir(parents=True, exist_ok=True)
         ckpt_io.write_text_atomic(run_dir / "run_config.yaml", dump_yaml(cfg))
         ckpt_io.write_json_atomic(run_dir / "ds_config.json", ds_cfg)
-    torch.distributed.barrier()
+        # Under bf16/fp16 DeepSpeed casts every parameter, frozen ones too, to the training dtype, and keeps
+        # fp32 masters only of what trains. The frozen fp32 weights (the parent's, after surgery) are kept
+        # once per run and laid over every consolidation, so that final/ holds them bit for bit.
+        frozen = {n: p.detach().float().clone() for n, p in model.named_parameters() if not p.requires_grad}
+        ckpt_io.write_frozen(run_dir, frozen)
+        dsc.warn_if_slow(ds_cfg)
+        del frozen
+    if ds_cfg.get("wandb", {}).get("enabled"):
+        os.environ.setdefault("WANDB_DIR", str(run_dir / "logs"))  # W&B's block has no output path
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    frozen_dir = str(run_dir / ckpt_io.FROZEN) if n_train < n_total else None
 
-    model = stage.model
-    from .model import param_groups, set_trainable
-    n_train, n_total = set_trainable(model, stage.trainable)
+    if not ds_cfg.get("compile", {}).get("enabled"):
+        # mm-ds compiles nothing, but DeepSpeed's optimizer set-up imports torch's compiler stack (dynamo,
+        # inductor: ~2.5 s of every rank's start-up, most of a small stage's). Not when the config asks for
+        # DeepSpeed's compile, or the user set the variable.
+        os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     wd = ds_cfg["optimizer"].get("params", {}).get("weight_decay", 0.0)
-    if zero_stage(ds_cfg) == 3 and hasattr(model, "heads"):
+    if dsc.zero_stage(ds_cfg) == 3 and hasattr(model, "heads"):
         for head in model.heads().values():  # the tied projection lives in another module
             deepspeed.zero.register_external_parameter(head, model.embed.tokens.weight)
     found = ckpt_io.find_resume_point(run_dir) if resume else None
@@ -336,12 +160,17 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
 
     flops_step = stage.flops_per_step(geo.global_batch)
     # flops_step counts the whole global batch; the peak is one rank's device (GPU, or CPU threads).
-    peak = device_peak_flops(cfg) * world
+    peak = device_peak_flops(cfg, ds_cfg) * world
     tokens_per_step = geo.global_batch * stage.tokens_per_sample
     if rank == 0:
         print(f"[mm-ds] {cfg.system}/{cfg.stage} lang={cfg.lang}: {n_train:,} of {n_total:,} parameters train; "
               f"world={world} micro={geo.micro_batch} accum={geo.grad_accum} global={geo.global_batch}; "
-              f"steps {start_step}->{cfg.train.steps}; zero={zero_stage(ds_cfg)}", flush=True)
+              f"steps {start_step}->{cfg.train.steps}; zero={dsc.zero_stage(ds_cfg)} {dsc.precision(ds_cfg)}; "
+              f"optimizer {type(engine.optimizer).__name__} over {type(engine.basic_optimizer).__name__}; "
+              f"backend {dist.backend()}", flush=True)
+
+    def meta(step: int) -> dict:
+        return _meta(stage, ds_cfg, world, step, tokens, flops_step) | ({"frozen": frozen_dir} if frozen_dir else {})
 
     bar = None
     if progress and rank == 0:
@@ -387,11 +216,10 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
         if bar is not None:
             bar.update(1)
         if is_checkpoint_step(done, cfg):
-            meta = _meta(stage, ds_cfg, world, done, tokens, flops_step)
             client = {"step": done, "tokens": tokens, "rng_cpu": torch.get_rng_state(), "seed": cfg.train.seed,
                       "nonfinite_steps": nonfinite}
-            ckpt_io.save(engine, run_dir, done, client, meta)
-        _maybe_inject_fault(done, rank, cfg.stage)
+            ckpt_io.save(engine, run_dir, done, client, meta(done))
+        faults.after_step(done, rank, cfg.stage)  # test hook MM_DS_KILL_AT; inert otherwise
     if bar is not None:
         bar.close()
 
@@ -403,9 +231,9 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
         if set(sd) != want:  # never publish weights the next stage could not load
             raise ckpt_io.CheckpointError(f"consolidated weights of {final_tag} do not match the model: missing "
                                           f"{sorted(want - set(sd))[:4]}, unexpected {sorted(set(sd) - want)[:4]}")
-        ckpt_io.write_final(final_dir, sd, _meta(stage, ds_cfg, world, cfg.train.steps, tokens, flops_step))
+        ckpt_io.write_final(final_dir, sd, meta(cfg.train.steps))
         print(f"[mm-ds] wrote {final_dir}", flush=True)
-    torch.distributed.barrier()
+    dist.barrier()
     return final_dir
 
 
@@ -433,11 +261,8 @@ def train_step(engine, stage: Stage, step: int, rank: int, geo: Geometry) -> tup
 
 def _reduce_logs(window: dict[str, float], n_micro: int) -> dict[str, float]:
     keys = sorted(window)
-    t = torch.tensor([window[k] for k in keys], dtype=torch.float64)
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(t)
-        t /= torch.distributed.get_world_size()
-    vals = dict(zip(keys, t.tolist()))
+    world = dist.world_size()
+    vals = {k: v / world for k, v in zip(keys, dist.all_reduce([window[k] for k in keys], "sum"))}
     out = {k: vals[k] / n_micro for k in keys if k.startswith("loss")}
     # MLM accuracy over masked tokens per head; downstream accuracy over examples.
     denom = vals.get("masked_tokens", vals.get("examples"))
@@ -453,8 +278,8 @@ def _meta(stage: Stage, ds_cfg: dict, world: int, step: int, tokens: int, flops_
     return stage.meta | {
         "stage": cfg.stage, "system": cfg.system, "lang": cfg.lang, "step": step, "tokens": tokens,
         "flops": flops, "flops_cumulative": stage.parent_flops + flops, "parent": stage.parent,
-        "model": to_dict(cfg.model), "run_config": to_dict(cfg), "zero_stage": zero_stage(ds_cfg),
-        "world_size": world, "time": ckpt_io.now(),
+        "model": to_dict(cfg.model), "run_config": to_dict(cfg), "zero_stage": dsc.zero_stage(ds_cfg),
+        "precision": dsc.precision(ds_cfg), "world_size": world, "time": ckpt_io.now(),
     }
 
 
@@ -484,12 +309,6 @@ def check_resumable(found: Path, cfg: RunConfig) -> None:
             raise ConfigError(f"--resume: {found} is {key}={meta.get(key)!r}, this run is {getattr(cfg, key)!r}")
 
 
-def _maybe_inject_fault(step: int, rank: int, stage: str | None = None) -> None:
-    """Test hook: MM_DS_KILL_AT=STEP[:RANK|:launcher] SIGKILLs that rank (default 0), or the launcher, after
-    STEP, like a lost node or a killed job (mm_ds/faults.py)."""
-    faults.after_step(step, rank, stage)
-
-
 def _drop_nonfinite_grads(engine) -> None:
     """Give a plain optimizer DeepSpeed's skip. The ZeRO 1-3 optimizers (and the fp16/bf16 wrappers) skip an
     update whose gradient norm is not finite by themselves: no parameter or optimizer-state change, no
@@ -501,12 +320,8 @@ def _drop_nonfinite_grads(engine) -> None:
     if type(opt).__module__.startswith("deepspeed.runtime"):
         return  # a DeepSpeed optimizer: it checks (and skips) itself
     params = [p for p in engine.module.parameters() if p.grad is not None]
-    bad = torch.zeros(1, device=engine.device)
-    if params:
-        bad += (~torch.isfinite(torch.stack(torch._foreach_norm([p.grad for p in params])).sum())).float()
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
-    opt.overflow = bool(bad.item())
+    bad = bool(params) and not bool(torch.isfinite(torch.stack(torch._foreach_norm([p.grad for p in params])).sum()))
+    opt.overflow = dist.any_rank(bad)
     if opt.overflow:
         for p in params:
             p.grad = None  # the optimizer leaves parameters without gradients (and their state) untouched
@@ -516,11 +331,9 @@ def _nonfinite_check(engine, step: int, logs: dict, run_dir: Path, rank: int, co
     """Collective. True when update `step` was non-finite on any rank and skipped; raises when it was
     applied anyway (nothing can undo it) or when the skips exceed train.max_nonfinite_steps."""
     keys = sorted(k for k in logs if k.startswith("loss"))
-    flags = torch.tensor([0.0 if math.isfinite(logs[k]) else 1.0 for k in keys]
-                         + [0.0 if engine.was_step_applied() else 1.0])
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-    bad_heads = [k for k, f in zip(keys, flags[:-1].tolist()) if f]
+    flags = dist.all_reduce([0.0 if math.isfinite(logs[k]) else 1.0 for k in keys]
+                            + [0.0 if engine.was_step_applied() else 1.0], "max")
+    bad_heads = [k for k, f in zip(keys, flags[:-1]) if f]
     skipped = bool(flags[-1])
     if not bad_heads and (not skipped or engine.fp16_enabled()):
         return False  # fp16 loss scaling skips overflowing updates while it calibrates: not a fault

@@ -176,7 +176,8 @@ class Workspace:
 
     root: Path
     ranks: int = 2
-    port: int = 29700
+    port: int = 0
+    """The master port of the last launch (a free one is picked for each)."""
     log: list[str] = field(default_factory=list)
 
     def _say(self, msg: str) -> None:
@@ -184,7 +185,10 @@ class Workspace:
         print(f"[faults] {msg}", flush=True)
 
     def next_port(self) -> int:
-        self.port += 1
+        """A port no other process holds now (the suite may run tests side by side)."""
+        from .dist import free_port
+
+        self.port = free_port()
         return self.port
 
     def setup(self) -> None:

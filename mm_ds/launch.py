@@ -27,49 +27,6 @@ def under_launcher() -> bool:
     return any(v in os.environ for v in RANK_VARS) or all(v in os.environ for v in SRUN_STEP_VARS)
 
 
-def adopt_env() -> None:
-    """Give torch.distributed its env:// variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) under
-    `srun` and `mpirun`. Under `deepspeed` they are already set; outside any launcher nothing happens."""
-    env = os.environ
-    if "RANK" in env:
-        return
-    if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
-        # mpi4py finds rank, world and local rank; DeepSpeed's discovery would also reset the port to
-        # 29500 and the address to rank 0's first `hostname -I`: keep what the launcher exported.
-        from deepspeed.comm import mpi_discovery
-        addr, port = env.get("MASTER_ADDR"), int(env.get("MASTER_PORT", 29500))
-        mpi_discovery(distributed_port=port, verbose=False)
-        if addr:
-            env["MASTER_ADDR"] = addr
-        env.setdefault("LOCAL_WORLD_SIZE", env.get("OMPI_COMM_WORLD_LOCAL_SIZE", env.get("MPI_LOCALNRANKS", "")))
-        if not env["LOCAL_WORLD_SIZE"]:
-            del env["LOCAL_WORLD_SIZE"]
-        return
-    if all(v in env for v in SRUN_STEP_VARS):
-        env["RANK"] = env["SLURM_PROCID"]
-        env["WORLD_SIZE"] = env["SLURM_STEP_NUM_TASKS"]
-        env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
-        per_node = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_NTASKS_PER_NODE", ""))
-        if per_node.split("(")[0].split(",")[0].isdigit():  # "8(x4)" or "2,1"
-            env["LOCAL_WORLD_SIZE"] = per_node.split("(")[0].split(",")[0]
-        if "MASTER_ADDR" not in env:
-            env["MASTER_ADDR"] = slurm_first_host()
-        env.setdefault("MASTER_PORT", "29500")
-
-
-def slurm_first_host() -> str:
-    """The first node of the job (rank 0's), from SLURM_STEP_NODELIST / SLURM_JOB_NODELIST."""
-    nodelist = os.environ.get("SLURM_STEP_NODELIST", os.environ.get("SLURM_JOB_NODELIST", ""))
-    if not nodelist or os.environ.get("SLURM_STEP_NUM_NODES", os.environ.get("SLURM_NNODES", "1")) == "1":
-        return "127.0.0.1"
-    scontrol = shutil.which("scontrol")
-    if scontrol:
-        out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True)
-        if out.returncode == 0 and out.stdout.split():
-            return out.stdout.split()[0]
-    return nodelist.split(",")[0].split("[")[0]  # "node[1-4]" without scontrol: best effort
-
-
 def _bin(name: str) -> str:
     here = os.path.join(os.path.dirname(sys.executable), name)
     found = here if os.path.exists(here) else shutil.which(name)

@@ -206,6 +206,65 @@ def plan_recipe(recipe: F.Recipe, cluster: Cluster) -> list[StagePlan]:
     return rows
 
 
+# ---------------------------------------------------------------- Step 4: evaluation
+
+@dataclass(frozen=True)
+class EvalPlan:
+    units: int
+    """Independent evaluations (a Step-2 checkpoint, a control or the source language, with all seeds)."""
+    model_runs: int
+    """units x seeds: one finetuned model scoring one test set."""
+    sequences: int
+    flops: float
+    hours: float
+    gpu_hours: float
+
+
+def plan_evaluation(recipe, cluster: Cluster) -> EvalPlan:
+    """Step 4 of a pipeline recipe (`mm-ds run`'s units, mm_ds/stages/transfer.py) on the cluster: per task, the
+    languages it covers, every Step-2 checkpoint of each system when the recipe draws curves (the adapt stage's
+    checkpoint schedule) plus a control, and the source language once per primary model, each scored by every
+    seed's finetuned model on the official test set's size (mm_ds/data/tasks.py) at the task's full sequence
+    length (an upper bound: evaluation batches by length). Forward passes only, at the plan's MFU."""
+    from .data.tasks import get_task
+    from .engine import is_checkpoint_step
+    from .pipeline import PRIMARY, primaries, stage_configs
+
+    cfgs = stage_configs(recipe)
+    units = runs = sequences = 0
+    flops = 0.0
+    seeds = len(recipe.seeds)
+    for task in recipe.tasks:
+        spec = get_task(task)
+        n = spec.eval_sizes.get(recipe.split(task), 0)
+        n = min(n, recipe.eval_examples) if recipe.eval_examples else n
+        langs = recipe.evaluated(task)
+        targets = [lang for lang in langs if lang != recipe.source_lang]
+        for p in primaries(recipe):
+            m = cfgs[f"pretrain/{p}"].model
+            seq = min(spec.max_length, m.max_positions)
+            per_run = n * m.num_layers * F.flop_layer(seq, m.hidden_size)
+            count = 1 if recipe.source_lang in langs else 0
+            for system in (s for s in recipe.systems if PRIMARY[s] == p):
+                t = cfgs[f"adapt/{system}/{recipe.langs[0]}"].train
+                ckpts = sum(is_checkpoint_step(step, cfgs[f"adapt/{system}/{recipe.langs[0]}"])
+                            for step in range(1, t.steps + 1)) if recipe.curve else 1
+                count += len(targets) * (ckpts + 1)  # + the control
+            units += count
+            runs += count * seeds
+            sequences += count * seeds * n
+            flops += count * seeds * per_run
+    seconds = flops / (cluster.gpus * cluster.peak_tflops * 1e12 * cluster.mfu)
+    return EvalPlan(units, runs, sequences, flops, seconds / 3600, seconds / 3600 * cluster.gpus)
+
+
+def format_evaluation(e: EvalPlan, c: Cluster) -> str:
+    return (f"Step 4 (evaluation, shared by every rank of a launch): {e.units:,} units, {e.model_runs:,} finetuned-"
+            f"model runs over {e.sequences:,} test sequences, {e.flops / 1e15:,.0f} PFLOP (forward passes): about "
+            f"{e.hours:.1f} h = {e.gpu_hours:,.0f} GPU-h at MFU {c.mfu:g} on {c.gpus} GPUs, plus reading each unit's "
+            f"Step-2 checkpoint and (once per task and rank) the finetuned models")
+
+
 # ---------------------------------------------------------------- output
 
 def _gb(x: float) -> str:
@@ -318,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mm-ds plan", description="estimate time, GPU-hours and disk of each stage "
                                  "of a recipe on a GPU cluster (see the module docstring for the model)")
     ap.add_argument("recipe", nargs="?", default="paper",
-                    help="paper (the default: BL_BASE, BL_SMALL, MINIJOINT, MINIPOST) or a JSON recipe as for "
-                         "`mm-ds flops --recipe`")
+                    help="an `mm-ds run` recipe (paper, the default; rehearsal, tiny, quick, or a YAML file): its "
+                         "training stages and its evaluation; or a JSON recipe as for `mm-ds flops --recipe`")
     d = Cluster()
     ap.add_argument("--nodes", type=int, default=d.nodes)
     ap.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node)
@@ -343,11 +402,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print JSON rows instead of tables")
     a = ap.parse_args(argv)
     try:
-        if a.recipe == "paper":
-            recipe = F.PAPER_RECIPE
-        else:
+        run_recipe = None
+        if a.recipe.endswith(".json"):
             with open(a.recipe) as f:
                 recipe = F.recipe_from_dict(json.load(f))
+        else:  # what `mm-ds run RECIPE` would run: the same stage configs
+            from .pipeline import flops_recipe, load_recipe
+            run_recipe = load_recipe(a.recipe)
+            recipe = flops_recipe(run_recipe)
         over = {k: v for k, v in dict(steps=a.steps, global_batch=a.batch, seq_len=a.seq).items() if v is not None}
         recipe = replace(recipe, geometry=replace(recipe.geometry, **over))
         if a.system:
@@ -358,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster = Cluster(a.nodes, a.gpus_per_node, a.peak_tflops, a.mfu, a.intra_gbps, a.inter_gbps, a.zero,
                           a.dtype, a.micro_batch, a.overlap, a.usd_per_gpu_hour)
         rows = plan_recipe(recipe, cluster)
+        evaluation = plan_evaluation(run_recipe, cluster) if run_recipe is not None else None
         bench = read_bench(a.bench) if a.bench else None
         if a.measured_tflops is not None and a.measured_tflops <= 0:
             raise ValueError(f"--measured-tflops must be positive, got {a.measured_tflops}")
@@ -366,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if a.json:
         out = {"geometry": asdict(recipe.geometry), "cluster": asdict(cluster), "stages": [asdict(r) for r in rows]}
+        if evaluation is not None:
+            out["evaluation"] = asdict(evaluation)
         if bench:
             out["bench"] = {"peak_flops": bench[0], "stages": bench[1]}
         print(json.dumps(out, indent=2))
@@ -373,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     g = recipe.geometry
     print(f"recipe {a.recipe}: h={g.hidden} V={g.vocab} s={g.seq_len} p={g.mask_prob} B={g.global_batch} U={g.steps}")
     print(format_plan(rows, cluster))
+    if evaluation is not None:
+        print(format_evaluation(evaluation, cluster))
     if a.measured_tflops:
         print()
         print(measured_check(rows, cluster, a.measured_tflops))

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from . import checkpoint as ckpt_io
+from . import dist
 
 SUFFIX = ".universal"
 
@@ -111,7 +112,7 @@ def prepare(found: Path, world_size: int, ds_cfg: dict, rank: int, force: bool =
             print(f"[mm-ds] universal checkpoint: {out}", flush=True)
         except ckpt_io.CheckpointError as e:
             error = str(e)
-    if ckpt_io._any_rank(error is not None):
+    if dist.any_rank(error is not None):
         raise ckpt_io.CheckpointError(error or f"universal conversion of {found} failed on rank 0")
     ds_cfg.setdefault("checkpoint", {})["load_universal"] = True
     return universal_dir(found)

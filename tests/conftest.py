@@ -14,6 +14,11 @@ os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs CUDA GPUs (tests/gpu; `make test-gpu`)")
+    config.addinivalue_line("markers", "rehearsal: the real-data rehearsal (`make rehearsal`), minutes of per-stage runs")
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

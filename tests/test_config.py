@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mm_ds import config, engine
+from mm_ds import config, ds_config
 from mm_ds.config import ConfigError
 
 
@@ -27,8 +27,9 @@ def test_paper_minijoint_is_the_paper_recipe():
     m, t = cfg.model, cfg.train
     assert (m.num_layers, m.hidden_size, m.num_heads, m.ffn_size, m.vocab_size, m.aux_head_layer) == (12, 768, 12, 3072, 50000, 4)
     assert (t.steps, t.lr, t.warmup_steps) == (125_000, 7e-4, 10_000)
-    ds, geo = engine.resolve_ds_config(cfg.__class__(**{**cfg.__dict__, "ds_config": "fp32_zero1.json"}), 8, None)
+    ds, geo = ds_config.resolve(cfg, 8, on_this_machine=False)  # its own bf16 engine config, on 8 GPUs
     assert geo.global_batch == 2048 and geo.global_batch == geo.micro_batch * geo.grad_accum * 8
+    assert ds["bf16"]["enabled"] and ds["data_types"]["grad_accum_dtype"] == "fp32" and ds_config.zero_stage(ds) == 1
     sp = ds["scheduler"]["params"]
     assert sp["warmup_type"] == "linear" and sp["total_num_steps"] == 125_000 and sp["warmup_max_lr"] == 7e-4
     assert ds["optimizer"]["params"]["betas"] == [0.9, 0.98] and ds["optimizer"]["params"]["eps"] == 1e-6
@@ -71,19 +72,15 @@ def test_bad_files(tmp_path):
 def test_batch_geometry_that_deepspeed_cannot_satisfy():
     cfg = config.load("tiny/minijoint", overrides=["train.global_batch=30", "train.micro_batch=4"])
     with pytest.raises(ConfigError, match="not divisible"):
-        engine.resolve_ds_config(cfg, 2, None)
+        ds_config.resolve(cfg, 2)
 
 
 def test_ds_config_guards(tmp_path):
-    log_warmup = json.loads((engine.find_ds_config("fp32_zero1.json")).read_text())
+    log_warmup = json.loads((ds_config.find("fp32_zero1.json")).read_text())
     log_warmup["scheduler"]["params"]["warmup_type"] = "log"
     p = tmp_path / "ds.json"
     p.write_text(json.dumps(log_warmup))
     with pytest.raises(ConfigError, match="linear"):
-        engine.resolve_ds_config(config.load("tiny/minijoint", overrides=[f"ds_config={p}"]), 1, None)
-    import torch
-    if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="fp32"):
-            engine.resolve_ds_config(config.load("tiny/minijoint", overrides=["ds_config=bf16_zero1.json"]), 1, None)
+        ds_config.resolve(config.load("tiny/minijoint", overrides=[f"ds_config={p}"]), 1)
     with pytest.raises(ConfigError, match="not found"):
-        engine.find_ds_config("nope.json")
+        ds_config.find("nope.json")

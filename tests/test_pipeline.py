@@ -1,8 +1,14 @@
 """The whole pipeline: `mm-ds run` on a miniature recipe (all four systems, 2 ranks under the deepspeed
 launcher), then bitwise checks on what each stage may and may not change, re-run skipping, and the
-pipeline's bad-input errors."""
+pipeline's bad-input errors.
+
+The engine configs are the shipped bf16 ones (the GPU path: BF16_Optimizer or the ZeRO optimizers over
+DeepSpeed's FusedAdam, gradients accumulated in fp32 over 2 micro-steps), ZeRO 1, 2 and 3 spread over the
+systems so that every stage kind trains under more than one. So the hand-off checks below hold in mixed
+precision: a stage's frozen parameters in final/ are bit for bit its parent's fp32 weights."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +23,15 @@ from mm_ds.model import LANGUAGE_PARAMS
 from mm_ds.pipeline import load_recipe
 
 SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.ffn_size=64"]
+MICRO = ["train.micro_batch=8"]  # 32 sequences on 2 ranks: 2 micro-steps, accumulated in fp32
+ZERO = [("pretrain", "bl_base", 1), ("pretrain", "bl_small", 2), ("pretrain", "minijoint", 3),
+        ("build_mini", "minipost", 2),
+        ("adapt", "bl_base", 3), ("adapt", "bl_small", 1), ("adapt", "minijoint", 2), ("adapt", "minipost", 1),
+        ("finetune", "bl_base", 2), ("finetune", "bl_small", 3), ("finetune", "minijoint", 1)]
+# One run of each stage kind is also resumed from checkpoint k (test_bf16_stages_resume_...); the next checkpoint,
+# k + 1, is where the uninterrupted and the resumed runs are compared.
+RESUMED = {("pretrain", "minijoint"): 6, ("build_mini", "minipost"): 3, ("adapt", "bl_base"): 4,
+           ("finetune", "bl_small"): 2}
 RECIPE = {
     "systems": ["bl_base", "bl_small", "minijoint", "minipost"],
     "langs": ["t1"],
@@ -28,10 +43,14 @@ RECIPE = {
     "presets": {"pretrain": "tiny/{system}", "build_mini": "tiny/build_mini", "adapt": "tiny/adapt",
                 "finetune": "tiny/finetune"},
     "overrides": {
-        "pretrain": [*SMALL, "train.steps=12", "train.warmup_steps=2", "train.checkpoint_steps=[6]"],
-        "build_mini": ["train.steps=6", "train.warmup_steps=2", "train.checkpoint_steps=[]"],
-        "adapt": ["train.steps=8", "train.warmup_steps=2", "train.checkpoint_steps=[4]"],
-        "finetune": ["finetune.epochs=1", "finetune.max_train_examples=160"],
+        "pretrain": [*SMALL, "train.steps=12", "train.warmup_steps=2", "train.checkpoint_steps=[6]", *MICRO],
+        "build_mini": ["train.steps=6", "train.warmup_steps=2", "train.checkpoint_steps=[]", *MICRO],
+        "adapt": ["train.steps=8", "train.warmup_steps=2", "train.checkpoint_steps=[4]", *MICRO],
+        "finetune": ["finetune.epochs=1", "finetune.max_train_examples=160", *MICRO],
+        **{f"{stage}/{system}": [f"ds_config=bf16_zero{zero}.json",
+                                 *([f"train.checkpoint_steps=[{RESUMED[stage, system]},{RESUMED[stage, system] + 1}]"]
+                                   if (stage, system) in RESUMED else [])]
+           for stage, system, zero in ZERO},
     },
     "launch": {"ranks": 2, "launcher": "deepspeed", "master_port": 29710},
     "mode": "one_job",  # one deepspeed launch for all stages; tests/test_pipeline_resume.py runs per_stage
@@ -63,9 +82,30 @@ def test_all_four_systems_have_results(finished):
         assert kinds == {"source", "adapted", "control"}, (system, kinds)
         steps = sorted(r["step"] for r in rows
                        if r["system"] == system and r["kind"] == "adapted" and r["task"] == "xnli")
-        assert steps == [4, 8]  # the curve: every Step-2 checkpoint
+        assert steps == [4, 5, 8] if system == "bl_base" else [4, 8]  # the curve: every Step-2 checkpoint
     assert "MINIPOST" in stdout and "ctrl" in stdout
     assert (out / "report" / "report.json").is_file()  # near-maximal performance, speedups, curves
+
+
+def test_every_stage_kind_trained_in_bf16_under_each_zero_stage(finished):
+    _, out, _ = finished
+    job = (out / "logs" / "job.log").read_text()
+    optimizer = {1: "BF16_Optimizer over FusedAdam", 2: "DeepSpeedZeroOptimizer over FusedAdam",
+                 3: "DeepSpeedZeroOptimizer_Stage3 over FusedAdam"}
+    for stage, system, zero in ZERO:
+        run = {"pretrain": f"pretrain/{system}", "build_mini": f"build_mini/{system}",
+               "adapt": f"adapt/{system}/t1", "finetune": f"finetune/{system}/xnli/seed1"}[stage]
+        meta = json.loads((out / run / "final" / "mm_ds.json").read_text())
+        assert (meta["precision"], meta["zero_stage"], meta["world_size"]) == ("bf16", zero, 2), run
+        assert f"{system}/{stage} lang=" in job and f"zero={zero} bf16; optimizer {optimizer[zero]}" in job
+        ds = json.loads((out / run / "ds_config.json").read_text())
+        assert ds["data_types"]["grad_accum_dtype"] == "fp32" and ds["gradient_accumulation_steps"] == 2
+        weights = checkpoint.load_final(out / run)[1]
+        assert all(v.dtype == torch.float32 for v in weights.values()), run
+    assert "evaluation: " in job and "units on 2 rank(s)" in job  # Step 4 shared by the job's ranks
+    from mm_ds.plan import Cluster, plan_evaluation
+    units = json.loads((out / "logs" / "eval.json").read_text())["units"]
+    assert plan_evaluation(load_recipe(str(finished[0])), Cluster()).units == len(units)  # `mm-ds plan` counts them
 
 
 def test_qa_runs_through_every_step(finished):
@@ -109,8 +149,8 @@ def test_minijoint_mini_model_is_the_bottom_of_its_primary(finished):
     assert torch.equal(msd["head.dense.weight"], psd["aux_head.dense.weight"])
 
 
-@pytest.mark.parametrize("system,parent", [("bl_small", "pretrain/bl_small"), ("minijoint", "build_mini/minijoint"),
-                                           ("minipost", "build_mini/minipost")])
+@pytest.mark.parametrize("system,parent", [("bl_base", "pretrain/bl_base"), ("bl_small", "pretrain/bl_small"),
+                                           ("minijoint", "build_mini/minijoint"), ("minipost", "build_mini/minipost")])
 def test_step2_changes_only_the_language_group(finished, system, parent):
     _, out, _ = finished
     (_, psd), (ameta, asd) = weights(out / parent), weights(out / "adapt" / system / "t1")
@@ -137,6 +177,49 @@ def test_rerun_skips_every_finished_stage(finished):
     assert proc.returncode == 0
     lines = proc.stdout.strip().splitlines()
     assert lines and all(line.startswith("done") for line in lines), proc.stdout
+
+
+def _run_dir(stage: str, system: str) -> str:
+    return {"pretrain": f"pretrain/{system}", "build_mini": f"build_mini/{system}", "adapt": f"adapt/{system}/t1",
+            "finetune": f"finetune/{system}/xnli/seed1"}[stage]
+
+
+def test_bf16_stages_resume_from_their_checkpoints_after_a_kill(finished, tmp_path):
+    """One run of each stage kind, bf16 under ZeRO 3, 2, 3 and 3 (pretraining, Step 1b, Step 2, finetuning), cut
+    back to its checkpoint k as after a crash; `mm-ds run` again, with rank 1 SIGKILLed in Step 2 after its
+    checkpoint k + 1; `mm-ds run` once more. At checkpoint k + 1 every resumed run holds the uninterrupted run's
+    weights: the engine, the fp32 masters, Adam's moments and step and the LR schedule came back from k.
+    Not bitwise: DeepSpeed's CPU Adam keeps beta^t as a running product while it steps and recomputes it
+    with pow() after a load, which moves the fp32 masters by an ulp (its GPU FusedAdam recomputes every step)."""
+    recipe, out, _ = finished
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy, symlinks=True)
+    for (stage, system), k in RESUMED.items():
+        run = copy / _run_dir(stage, system)
+        shutil.rmtree(run / "final")
+        for ck in checkpoint.list_checkpoints(run):
+            if int(ck.name.split("_")[1]) > k:
+                shutil.rmtree(ck)
+        (run / "checkpoints" / "latest").write_text(checkpoint.tag_for(k))
+    cmd = [sys.executable, "-m", "mm_ds.cli", "run", str(recipe), "--out", str(copy)]
+    killed = subprocess.run(cmd, capture_output=True, text=True,
+                            env={**os.environ, "MM_DS_KILL_AT": "6:1", "MM_DS_KILL_STAGE": "adapt"})
+    assert killed.returncode != 0
+    adapt = copy / _run_dir("adapt", "bl_base")
+    assert not (adapt / "final").exists() and checkpoint.latest_tag(adapt) == checkpoint.tag_for(5)
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    job = (copy / "logs" / "job.log").read_text()
+    for (stage, system), k in RESUMED.items():
+        run = _run_dir(stage, system)
+        resumed_at = 5 if stage == "adapt" else k  # Step 2 was resumed twice: from 4, then after the kill from 5
+        assert f"resumed from {copy / run / 'checkpoints' / checkpoint.tag_for(resumed_at)} at step {resumed_at}" in job
+        a = checkpoint.consolidate(out / run / "checkpoints" / checkpoint.tag_for(k + 1))
+        b = checkpoint.consolidate(copy / run / "checkpoints" / checkpoint.tag_for(k + 1))
+        assert a.keys() == b.keys()
+        for key in a:  # an ulp of the masters, where a lost moment, step or master would move them by ~1e-3
+            assert torch.allclose(a[key], b[key], rtol=0, atol=1e-6 * float(a[key].abs().max()) + 1e-12), (run, key)
+        assert checkpoint.load_final(copy / run)[0]["step"] == checkpoint.load_final(out / run)[0]["step"]
 
 
 def test_a_run_tree_moved_elsewhere_skips_and_scores_the_same(finished, tmp_path):

@@ -106,3 +106,16 @@ def test_compute_model_against_bench_output(tmp_path, capsys):
     bad.write_text(json.dumps({"stages": {"x": {"step_time_s": 1}}}))
     out = Out(capsys, "--bench", str(bad))
     assert out.returncode == 2 and "lacks flops_per_step" in out.stderr
+
+
+def test_the_paper_evaluation_estimate():
+    """Units by hand: per task 3 source-language units (one per primary model) and per target language it covers
+    BL_BASE's 125 Step-2 checkpoints (every 1000 updates) + a control, and 29 + 1 for each other system."""
+    from mm_ds.pipeline import load_recipe
+
+    e = plan.plan_evaluation(load_recipe("paper"), plan.Cluster())
+    targets = {"xnli": 14, "pawsx": 4, "mlqa": 6, "xquad": 10}
+    assert e.units == sum(3 + t * (126 + 3 * 30) for t in targets.values()) == 7356
+    assert e.model_runs == 5 * e.units
+    quick = plan.plan_evaluation(load_recipe("paper", ["eval_examples=10", "curve=false"]), plan.Cluster())
+    assert quick.units == sum(3 + t * 4 * 2 for t in targets.values()) and quick.sequences == 10 * quick.model_runs

@@ -1,5 +1,6 @@
-"""Multi-rank training under the real `deepspeed` launcher on CPU (gloo): loss goes down under ZeRO 0-3,
-and a run killed after a checkpoint resumes to bitwise the same weights as an uninterrupted run."""
+"""Multi-rank training under the real `deepspeed` launcher on CPU (gloo): loss goes down under ZeRO 0 and 3 in fp32
+(ZeRO 1 and 2 train in tests/test_launchers.py's resharding runs, and in bf16 in tests/test_pipeline.py; killed
+runs resume bitwise in tests/test_faults.py), and a resume refuses another architecture."""
 
 import json
 import os
@@ -31,7 +32,7 @@ def losses(run: Path) -> list[float]:
     return [json.loads(l)["loss"] for l in (run / "logs" / "train.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("zero", [0, 3])
 def test_loss_decreases_on_two_ranks(corpus, tmp_path, zero):
     out = tmp_path / f"z{zero}"
     pretrain(corpus, out, "train.steps=40", f"ds_config=fp32_zero{zero}.json", "peak_tflops=0.001",
@@ -45,23 +46,6 @@ def test_loss_decreases_on_two_ranks(corpus, tmp_path, zero):
     assert meta["world_size"] == 2 and meta["zero_stage"] == zero and meta["step"] == 40
     sd = load_file(str(out / "final" / "model.safetensors"))
     assert "aux_head.bias" in sd and all(v.dtype == torch.float32 for v in sd.values())
-
-
-def test_killed_run_resumes_bitwise(corpus, tmp_path):
-    full, crashed = tmp_path / "full", tmp_path / "crashed"
-    pretrain(corpus, full, "train.steps=20", port=29620)
-    proc = pretrain(corpus, crashed, "train.steps=20", port=29621, env={"MM_DS_KILL_AT": "13"}, check=False)
-    assert proc.returncode != 0
-    assert not (crashed / "final").exists()
-    assert (crashed / "checkpoints" / "latest").read_text() == "step_00000010"
-    # Same command without --resume refuses to overwrite; with --resume it continues at step 10.
-    refused = pretrain(corpus, crashed, "train.steps=20", port=29622, check=False)
-    assert refused.returncode == 2 and "--resume" in refused.stderr
-    pretrain(corpus, crashed, "train.steps=20", "--resume", port=29623)
-    a = load_file(str(full / "final" / "model.safetensors"))
-    b = load_file(str(crashed / "final" / "model.safetensors"))
-    assert a.keys() == b.keys()
-    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
 
 
 def test_resume_refuses_another_architecture(corpus, tmp_path):

@@ -123,6 +123,8 @@ class TaskSpec:
     lr: float = 1e-5
     warmup_ratio: float = 0.06
     epochs: int = 3
+    eval_sizes: Mapping[str, int] = field(default_factory=dict)
+    """split -> examples per language in the official files (for `mm-ds plan`'s evaluation estimate)."""
 
     @property
     def num_labels(self) -> int:
@@ -150,7 +152,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
                      "nyu-mll/multi_nli", None, {"train": "train"}),
         eval=Source("xnli_tsv", ("xnli/xnli.{split}.{lang}.tsv", "XNLI-1.0/xnli.{split}.tsv"),
                     "facebook/xnli", "{lang}", {"dev": "validation", "test": "test"}),
-        eval_splits=("dev", "test"), max_length=128, lr=1e-5),
+        eval_splits=("dev", "test"), max_length=128, lr=1e-5, eval_sizes={"dev": 2490, "test": 5010}),
     TaskSpec(
         name="pawsx", kind=PAIR_CLASSIFICATION, metric="accuracy",
         labels=("0", "1"),  # 1 = paraphrase, as in the files and the hub
@@ -159,7 +161,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
                      "google-research-datasets/paws-x", "en", {"train": "train"}),
         eval=Source("pawsx_tsv", ("paws-x/{split}.{lang}.tsv", "x-final/{lang}/{split}_2k.tsv"),
                     "google-research-datasets/paws-x", "{lang}", {"dev": "validation", "test": "test"}),
-        eval_splits=("dev", "test"), max_length=128, lr=1e-5),
+        eval_splits=("dev", "test"), max_length=128, lr=1e-5, eval_sizes={"dev": 2000, "test": 2000}),
     TaskSpec(
         name="mlqa", kind=EXTRACTIVE_QA, metric="mlqa", labels=(),
         languages=("en", "ar", "de", "es", "hi", "vi", "zh"),  # context and question in the same language
@@ -168,7 +170,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
                                    "MLQA_V1/{split}/{split}-context-{lang}-question-{lang}.json"),
                     "facebook/mlqa", "mlqa.{lang}.{lang}", {"dev": "validation", "test": "test"}),
         eval_splits=("dev", "test"), max_length=384, doc_stride=128, max_query_length=64,
-        max_answer_length=30, lr=3e-5),
+        max_answer_length=30, lr=3e-5, eval_sizes={"dev": 500, "test": 5000}),  # typical; English: 1148 / 11590
     TaskSpec(
         name="xquad", kind=EXTRACTIVE_QA, metric="squad", labels=(),
         # The paper's Table A2 languages + English. xquad.ro.json exists but no paper model covers ro.
@@ -178,7 +180,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
         eval=Source("squad_json", ("xquad/xquad.{lang}.json",), "google/xquad", "xquad.{lang}",
                     {"test": "validation"}),
         eval_splits=("test",), max_length=384, doc_stride=128, max_query_length=64,
-        max_answer_length=30, lr=3e-5),
+        max_answer_length=30, lr=3e-5, eval_sizes={"test": 1190}),
 )}
 
 

@@ -10,7 +10,7 @@ from .. import checkpoint, flops
 from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict
 from ..data.mlm import MLMBatches
 from ..data.shards import TokenCorpus
-from ..engine import Geometry
+from ..ds_config import Geometry
 
 
 def load_parent(cfg: RunConfig, want_stage: tuple[str, ...] | None = None) -> tuple[dict, ModelConfig, dict]:

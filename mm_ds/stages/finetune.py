@@ -14,11 +14,12 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-from .. import engine, flops
+from .. import ds_config, flops
 from ..config import ConfigError, RunConfig
 from ..data import features as feats
 from ..data.tasks import EXTRACTIVE_QA, get_task, load_split
-from ..engine import Geometry, Stage
+from ..ds_config import Geometry
+from ..engine import Stage
 from ..heads import RobertaForTask
 from .common import load_parent
 
@@ -70,7 +71,7 @@ def preflight(cfg: RunConfig) -> None:
     features, _ = _features(cfg, spec, meta)
     if not features:
         raise ConfigError(f"no English training examples for {spec.name} under {cfg.finetune.data_root}")
-    schedule(cfg, len(features), engine.global_batch(cfg))
+    schedule(cfg, len(features), ds_config.global_batch(cfg))
 
 
 @lru_cache(maxsize=2)
@@ -84,7 +85,7 @@ def build(cfg: RunConfig) -> Stage:
     mcfg.aux_head_layer = None  # MINIJOINT's primary model: the second head plays no part downstream
     features, collate = _features(cfg, spec, meta)
     n = len(features)
-    schedule(cfg, n, engine.global_batch(cfg))
+    schedule(cfg, n, ds_config.global_batch(cfg))
     cfg.model = mcfg
     torch.manual_seed(cfg.train.seed)
     model = RobertaForTask(mcfg, spec.kind, spec.num_labels)

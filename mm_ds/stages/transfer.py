@@ -4,23 +4,59 @@ Because Step 3 does not depend on Step 2, every Step-2 checkpoint of a language 
 language group into the finetuned models (one per seed) and averaging over seeds: whole training curves
 cost evaluations, not finetuning runs. A control swaps in the *untrained* target embeddings (the Step-2
 initialisation: overlap rows copied, the rest random), so the margin that Step 2 buys is visible.
+
+At the paper's scale that is 4 systems x 14 languages x ~29 checkpoints x 5 seeds over four test sets, so the
+work is cut into independent `Unit`s (one checkpoint, or the source language, or a control, with all its seeds)
+that the ranks of a launch share (`run_units`: unit i goes to rank i mod world), each on its rank's device.
+A unit's result is a file under OUT/eval/ keyed by a fingerprint of its inputs (manifests of the checkpoints,
+the task file): an interrupted evaluation resumes, and a finished one is not redone.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
+import time
+from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import sentencepiece as spm
 
 from .. import checkpoint, flops, surgery
 from ..config import ConfigError, model_config_from_dict
-from ..data.tasks import get_task, load_split
-from ..evaluate import evaluate
+from ..data.tasks import find_local, get_task, load_split
+from ..evaluate import evaluate, features_for
 from ..heads import RobertaForTask
 from .common import pieces
+
+SOURCE, ADAPTED, CONTROL = "source", "adapted", "control"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One evaluation: the finetuned models of one primary model (one per seed) on one task and language,
+    as they are (source), with one Step-2 checkpoint's language group (adapted), or with the untrained one
+    (control). Its result is one row per system label (MINIPOST shares BL_BASE's source-language rows)."""
+
+    task: str
+    lang: str
+    split: str
+    kind: str
+    systems: tuple[str, ...]
+    finetuned: tuple[str, ...]
+    adapted: str | None = None
+    """The Step-2 checkpoint (or run) whose language group is swapped in; for a control, the one whose
+    initialisation is rebuilt."""
+    limit: int | None = None
+    """Only the first N examples of the evaluation file (recipe key eval_examples)."""
+
+    @property
+    def name(self) -> str:
+        step = Path(self.adapted).name if self.adapted else "-"
+        return f"{self.task}.{self.lang}.{'+'.join(self.systems)}.{self.kind}.{step}"
 
 
 def load_finetuned(run: str | Path, task: str):
@@ -43,6 +79,19 @@ def adapted_checkpoints(adapted: str | Path, curve: bool) -> list[Path]:
     return [adapted]
 
 
+def units_for(task: str, lang: str, systems: list[str], finetuned: list[str], split: str,
+              adapted: str | None = None, curve: bool = False, control: bool = False,
+              limit: int | None = None) -> list[Unit]:
+    common = dict(task=task, lang=lang, split=split, systems=tuple(systems), finetuned=tuple(finetuned), limit=limit)
+    if adapted is None:
+        return [Unit(kind=SOURCE, **common)]
+    ckpts = adapted_checkpoints(adapted, curve)
+    units = [Unit(kind=ADAPTED, adapted=str(c), **common) for c in ckpts]
+    return units + ([Unit(kind=CONTROL, adapted=str(ckpts[-1]), **common)] if control else [])
+
+
+# ---------------------------------------------------------------- one unit
+
 def _primary_of(meta: dict) -> str | None:
     p = meta.get("primary")
     if not p:
@@ -51,7 +100,7 @@ def _primary_of(meta: dict) -> str | None:
     return str(p.parent if p.name == checkpoint.FINAL else p)
 
 
-def _check_same_primary(adapted: Path, adapt_meta: dict, ft_run: str, ft_meta: dict) -> None:
+def _check_same_primary(adapted: str, adapt_meta: dict, ft_run: str, ft_meta: dict) -> None:
     """Embeddings learnt over a mini-model only fit the primary model that mini-model was cut from."""
     a, f = _primary_of(adapt_meta), _primary_of(ft_meta)
     if a and f and a != f:
@@ -68,51 +117,146 @@ def control_group(adapt_meta: dict, seed: int) -> dict:
     return group
 
 
-def score_group(finetuned: list, group: dict | None, spec, examples, sp, lang: str, batch: int) -> list[float]:
-    scores = []
+@lru_cache(maxsize=1)  # units come sorted by task and primary model: consecutive ones share the seeds
+def _finetuned(runs: tuple[str, ...], task: str) -> list:
+    if not runs:
+        raise ConfigError("give at least one finetuned run (--finetuned)")
+    return [load_finetuned(r, task) for r in runs]
+
+
+@lru_cache(maxsize=2)
+def _examples(task: str, split: str, lang: str, data_root: str, limit: int | None):
+    examples, report = load_split(get_task(task), split, lang, data_root)
+    return examples[:limit] if limit else examples, sum(report.skipped.values())
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(path: str) -> spm.SentencePieceProcessor:
+    return spm.SentencePieceProcessor(model_file=path)
+
+
+def score(finetuned: list, group: dict | None, spec, examples, sp, lang: str, device, batch: int = 64) -> list[float]:
+    """One score per finetuned model (seed), with `group` swapped in (None: as it is)."""
+    scores, features = [], None
     for meta, cfg, sd in finetuned:
         if group is not None:
             cfg, sd = surgery.swap_embeddings(cfg, sd, group)
         model = RobertaForTask(cfg, meta["kind"], meta["num_labels"])
         model.load_state_dict(sd, strict=True)
-        scores.append(evaluate(model, spec, examples, sp, lang, batch_size=batch).score)
+        model.to(device)
+        if features is None:  # the seeds share the architecture and the tokenizer: encode once
+            features = features_for(cfg, spec, examples, sp)
+        scores.append(evaluate(model, spec, examples, sp, lang, batch_size=batch, features=features).score)
     return scores
 
 
-def transfer(task: str, lang: str, finetuned_runs: list[str], data_root: str, adapted: str | None = None,
-             split: str = "test", curve: bool = False, control: bool = False, batch: int = 64,
-             system: str | None = None) -> list[dict]:
-    spec = get_task(task)
-    finetuned = [load_finetuned(r, task) for r in finetuned_runs]
-    if not finetuned:
-        raise ConfigError("give at least one finetuned run (--finetuned)")
-    rows = []
-    base = {"task": task, "lang": lang, "split": split, "seeds": len(finetuned),
-            "system": system or finetuned[0][0].get("system")}
-    if adapted is None:  # source language: the finetuned models as they are
-        examples, report = load_split(spec, split, lang, data_root)
-        sp = spm.SentencePieceProcessor(model_file=finetuned[0][0]["tokenizer"])
-        s = score_group(finetuned, None, spec, examples, sp, lang, batch)
-        return [base | {"kind": "source", "step": 0, "flops": 0.0, "v100_days": 0.0,
-                        "score": statistics.mean(s), "per_seed": s, "skipped": sum(report.skipped.values())}]
-    examples, report = load_split(spec, split, lang, data_root)
-    for ck in adapted_checkpoints(adapted, curve):
-        meta, sd = checkpoint.load_final(ck)
+def run_unit(unit: Unit, data_root: str, device="cpu") -> list[dict]:
+    spec = get_task(unit.task)
+    finetuned = _finetuned(unit.finetuned, unit.task)
+    examples, skipped = _examples(unit.task, unit.split, unit.lang, str(data_root), unit.limit)
+    row = {"task": unit.task, "lang": unit.lang, "split": unit.split, "seeds": len(finetuned), "kind": unit.kind,
+           "examples": len(examples), "skipped": skipped}
+    if unit.kind == SOURCE:
+        sp = _tokenizer(finetuned[0][0]["tokenizer"])
+        s = score(finetuned, None, spec, examples, sp, unit.lang, device)
+        row |= {"step": 0, "flops": 0.0, "v100_days": 0.0}
+    else:
+        meta, sd = checkpoint.load_final(unit.adapted)
         if meta.get("stage") != "adapt":
-            raise ConfigError(f"{ck} is a {meta.get('stage')!r} checkpoint, not a Step-2 (adapt) run")
-        _check_same_primary(ck, meta, finetuned_runs[0], finetuned[0][0])
-        group = surgery.language_group(sd)
-        sp = spm.SentencePieceProcessor(model_file=meta["tokenizer"])
-        surgery.check_vocab(group, sp.get_piece_size())
-        s = score_group(finetuned, group, spec, examples, sp, lang, batch)
-        rows.append(base | {"kind": "adapted", "step": meta["step"], "flops": meta["flops"],
-                            "v100_days": flops.to_v100_days(meta["flops"]), "score": statistics.mean(s),
-                            "per_seed": s, "skipped": sum(report.skipped.values())})
-        if control and ck == adapted_checkpoints(adapted, curve)[-1]:
-            s = score_group(finetuned, control_group(meta, meta["run_config"]["train"]["seed"]), spec,
-                            examples, sp, lang, batch)
-            rows.append(base | {"kind": "control", "step": 0, "flops": 0.0, "v100_days": 0.0,
-                                "score": statistics.mean(s), "per_seed": s})
+            raise ConfigError(f"{unit.adapted} is a {meta.get('stage')!r} checkpoint, not a Step-2 (adapt) run")
+        _check_same_primary(unit.adapted, meta, unit.finetuned[0], finetuned[0][0])
+        sp = _tokenizer(meta["tokenizer"])
+        if unit.kind == ADAPTED:
+            group = surgery.language_group(sd)
+            surgery.check_vocab(group, sp.get_piece_size())
+            row |= {"step": meta["step"], "flops": meta["flops"], "v100_days": flops.to_v100_days(meta["flops"])}
+        else:
+            group = control_group(meta, meta["run_config"]["train"]["seed"])
+            row |= {"step": 0, "flops": 0.0, "v100_days": 0.0}
+        s = score(finetuned, group, spec, examples, sp, unit.lang, device)
+    row |= {"score": statistics.mean(s), "per_seed": s}
+    return [{"system": system} | row for system in unit.systems]
+
+
+# ---------------------------------------------------------------- many units, many ranks
+
+def fingerprint(unit: Unit, data_root: str, base: Path) -> str:
+    """Changes when any input of the unit changes: the manifests (sha256 of every weight file) of the
+    finetuned models and of the Step-2 checkpoint, and the task file's size and time. Paths count relative to
+    `base` (the run tree), so a run tree moved elsewhere keeps its results."""
+    base = base.resolve()
+
+    def rel(p) -> str:
+        p = Path(p).resolve()
+        return str(p.relative_to(base)) if p.is_relative_to(base) else str(p)
+
+    fields = asdict(unit) | {"finetuned": [rel(r) for r in unit.finetuned],
+                             "adapted": rel(unit.adapted) if unit.adapted else None}
+    h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
+    for run in (*unit.finetuned, *([unit.adapted] if unit.adapted else [])):
+        p = Path(run)
+        man = p / checkpoint.MANIFEST if (p / checkpoint.MANIFEST).is_file() else p / checkpoint.FINAL / checkpoint.MANIFEST
+        h.update(man.read_bytes() if man.is_file() else b"-")
+    f = find_local(get_task(unit.task), unit.split, unit.lang, data_root)
+    h.update(f"{rel(f)}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def _result_path(results: Path, unit: Unit) -> Path:
+    return results / f"{unit.name}.json"
+
+
+def cached(results: Path, unit: Unit, data_root: str) -> list[dict] | None:
+    path = _result_path(results, unit)
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return saved["rows"] if saved.get("fingerprint") == fingerprint(unit, data_root, results.parent) else None
+
+
+def run_units(units: list[Unit], data_root: str, results: Path, rank: int = 0, world: int = 1, device="cpu",
+              say=print) -> None:
+    """This rank's share of `units` (every world-th), each written to results/ unless its result is there."""
+    results.mkdir(parents=True, exist_ok=True)
+    t0, last = time.monotonic(), 0.0
+    mine = units[rank::world]
+    for i, unit in enumerate(mine):
+        if cached(results, unit, data_root) is None:
+            rows = run_unit(unit, data_root, device)
+            checkpoint.write_json_atomic(_result_path(results, unit),
+                                         {"fingerprint": fingerprint(unit, data_root, results.parent), "rows": rows})
+        if rank == 0 and (time.monotonic() - last > 10 or i + 1 == len(mine)):  # progress from the shared files
+            last = time.monotonic()
+            done = sum(_result_path(results, u).is_file() for u in units)
+            rate = (i + 1) / (last - t0)
+            eta = (len(mine) - i - 1) / rate if rate > 0 else 0.0
+            say(f"[mm-ds] evaluation: {done}/{len(units)} units done ({world} rank(s)), {last - t0:.0f} s, "
+                f"about {eta:.0f} s left")
+
+
+def collect(units: list[Unit], data_root: str, results: Path) -> list[dict]:
+    """Every unit's rows, in unit order; a unit without a current result is an error naming it."""
+    rows = []
+    for unit in units:
+        got = cached(results, unit, data_root)
+        if got is None:
+            raise ConfigError(f"evaluation {unit.name} has no current result in {results}; re-run the same "
+                              f"command (finished units are kept)")
+        rows += got
+    return rows
+
+
+def transfer(task: str, lang: str, finetuned_runs: list[str], data_root: str, adapted: str | None = None,
+             split: str = "test", curve: bool = False, control: bool = False, system: str | None = None,
+             device="cpu") -> list[dict]:
+    """Rows of one (task, language, primary model), in this process."""
+    if not finetuned_runs:
+        raise ConfigError("give at least one finetuned run (--finetuned)")
+    label = system or _finetuned(tuple(finetuned_runs), task)[0][0].get("system")
+    rows = []
+    for unit in units_for(task, lang, [label], list(finetuned_runs), split, adapted, curve, control):
+        rows += run_unit(unit, data_root, device)
     return rows
 
 
@@ -129,11 +273,39 @@ def main(argv: list[str]) -> int:
     p.add_argument("--system", help="label for the results (default: the finetuned model's system)")
     p.add_argument("--out", help="append result rows (JSON lines) to this file")
     a = p.parse_args(argv)
+    import torch
     rows = transfer(a.task, a.lang, a.finetuned, a.data_root, a.adapted, a.split, a.curve, a.control,
-                    system=a.system)
+                    system=a.system, device="cuda" if torch.cuda.is_available() else "cpu")
     for r in rows:
         print(json.dumps(r))
     if a.out:
         with open(a.out, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
+    return 0
+
+
+def run_eval_main(argv: list[str]) -> int:
+    """`mm-ds run`'s evaluation on every rank of a launch (internal): EVAL.json lists the units. Given
+    RECIPE.json and OUT as well (a one-job run, whose Step 2 has only just finished), rank 0 lists them first."""
+    from .. import dist
+
+    rank, _, world = dist.init()
+    if len(argv) == 3 and rank == 0:
+        from ..config import from_dict
+        from ..pipeline import Recipe, write_eval_spec
+        write_eval_spec(from_dict(Recipe, json.loads(Path(argv[1]).read_text())), Path(argv[2]))
+    dist.barrier()
+    spec = json.loads(Path(argv[0]).read_text())
+    units = [Unit(**{**u, "systems": tuple(u["systems"]), "finetuned": tuple(u["finetuned"])}) for u in spec["units"]]
+    device = dist.device()
+    if rank == 0:
+        print(f"[mm-ds] evaluation: {len(units)} units on {world} rank(s), {device}", flush=True)
+    error = None
+    try:
+        run_units(units, spec["data_root"], Path(spec["results"]), rank, world, device,
+                  say=lambda m: print(m, flush=True))
+    except Exception as e:  # noqa: BLE001  reported below, after every rank knows
+        error = f"rank {rank}: {type(e).__name__}: {e}"
+    if dist.any_rank(error is not None):  # every rank learns of a failure: none waits forever in a barrier
+        raise ConfigError(error or "evaluation failed on another rank; see its output above")
     return 0

@@ -1,0 +1,170 @@
+"""`mm-ds run RECIPE --check` and the same check before `mm-ds run` starts: every packaged recipe passes; what
+would fail after days of training fails first, naming the stage; tasks are evaluated in the languages they
+cover and leave gaps elsewhere; bad input stops before any data work with nothing written."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mm_ds import pipeline
+from mm_ds.check import check
+from mm_ds.config import ConfigError
+from mm_ds.pipeline import load_recipe, recipe_names
+
+PACKAGED = Path(pipeline.__file__).parent / "presets" / "recipes"
+
+
+def run(*argv):
+    """`mm-ds run ARGV` in a subprocess, as a user types it."""
+    return subprocess.run([sys.executable, "-m", "mm_ds.cli", "run", *argv], capture_output=True, text=True)
+
+
+def run_here(capsys, *argv) -> tuple[int, str, str]:
+    """The same in this process (the CLI's exit code and output, without a second interpreter's start-up)."""
+    from mm_ds import cli
+
+    rc = cli.main(["run", *argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_every_packaged_recipe_passes_the_check(name, tmp_path):
+    """At the recipe's own world size, engine configs through DeepSpeed's parser, no data needed."""
+    report = check(load_recipe(name), tmp_path / "out", strict=False)
+    assert not report.problems, report.format()
+    assert report.stages > 10
+
+
+def test_the_paper_recipe_checks_from_the_command_line(tmp_path):
+    proc = run("paper", "--check", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok: 121 stage runs can start" in proc.stdout
+    # PAWS-X, MLQA and XQuAD each cover only some of the paper's 14 languages: gaps, listed, not errors
+    assert "gaps" in proc.stdout and "pawsx: ar bg el hi ru sw th tr ur vi" in proc.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_old_finetuning_geometry_fails_the_check_naming_the_stage(tmp_path, capsys):
+    """paper/finetune used to say global batch 32 with micro batch 32: on the recipe's 8 ranks it cannot divide,
+    which `mm-ds run paper` found only at Step 3, after all of Steps 1, 1b and 2."""
+    recipe = yaml.safe_load((PACKAGED / "paper.yaml").read_text())
+    recipe.setdefault("overrides", {})["finetune"] = ["train.micro_batch=32"]
+    path = tmp_path / "paper.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    rc, stdout, _ = run_here(capsys, str(path), "--check", "--out", str(tmp_path / "out"))
+    assert rc == 1
+    assert "finetune/bl_base/xnli/seed1 (and 59 more like it): global batch 32 is not divisible by micro batch 32 " \
+           "x world size 8" in stdout
+
+
+def test_the_paper_checkpoints_bl_base_step2_every_1000_updates():
+    """Footnote 3: BL_BASE's Step 2 every 1000 updates, the other systems every 5000 (plus 1000-4000)."""
+    from mm_ds.cli import stage_config
+    from mm_ds.engine import is_checkpoint_step
+
+    nodes = {n.name: n for n in pipeline.plan(load_recipe("paper"), Path("/tmp/out"))}
+    for system, want in (("bl_base", 125), ("minipost", 29)):
+        node = nodes[f"adapt/adapt/{system}/de"]
+        _, cfg = stage_config(node.argv[0], node.argv[1:])
+        assert sum(is_checkpoint_step(s, cfg) for s in range(1, cfg.train.steps + 1)) == want, system
+
+
+def test_coverage_follows_the_task_table_and_the_recipe():
+    paper = load_recipe("paper")
+    assert paper.evaluated("xnli") == ["en", *paper.langs]
+    assert paper.evaluated("pawsx") == ["en", "de", "es", "fr", "zh"]
+    assert "sw" not in paper.evaluated("mlqa") and "sw" in paper.evaluated("xnli")
+    rehearsal = load_recipe("rehearsal")
+    assert rehearsal.evaluated("pawsx") == ["de"] and rehearsal.evaluated("xquad") == ["en", "de"]
+    assert load_recipe("tiny").evaluated("pawsx") == ["en", "t1", "t2"]  # the world has every task everywhere
+
+
+def _real(tmp_path, **change) -> Path:
+    """A copy of the rehearsal recipe with its data in `tmp_path/data` (task files faked, text real-shaped)."""
+    recipe = yaml.safe_load((PACKAGED / "rehearsal.yaml").read_text()) | change
+    recipe["data_root"] = str(tmp_path / "data")
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+@pytest.fixture
+def data(tmp_path, shared_data):
+    """The shared data's layout: links to its files, so that single files can be taken away."""
+    root = tmp_path / "data"
+    for f in shared_data.rglob("*"):
+        if f.is_file():
+            (root / f.relative_to(shared_data)).parent.mkdir(parents=True, exist_ok=True)
+            (root / f.relative_to(shared_data)).symlink_to(f)
+    return root
+
+
+def test_the_rehearsal_passes_the_strict_check_on_the_shared_data(tmp_path, data):
+    report = check(load_recipe(str(_real(tmp_path))), tmp_path / "out", strict=True)
+    assert not report.problems, report.format()
+    assert report.gaps == {"pawsx": ["en", "sw"], "mlqa": ["en", "sw"], "xquad": ["sw"]}
+
+
+@pytest.mark.parametrize("change,remove,needle", [
+    ({"langs": ["de", "ur"], "tasks": ["pawsx"], "coverage": {"pawsx": ["de"]},
+      "text": {"en": ["text/en.txt.xz"], "de": ["text/de.txt.xz"], "ur": ["text/ur.txt.xz"]}}, None,
+     "no task of the recipe is evaluated in 'ur'"),
+    ({}, "xnli/xnli.test.sw.tsv", "evaluate/xnli/sw: no xnli test file for 'sw'"),
+    ({}, "text/sw.txt.xz", "prepare/sw: text input"),
+    ({"eval_splits": {"xquad": "dev"}}, None, "xquad has no 'dev' split"),
+    ({}, "squad/dev-v1.1.json", "squad/dev-v1.1.json is missing"),
+])
+def test_bad_input_stops_mm_ds_run_before_any_data_work(tmp_path, data, capsys, change, remove, needle):
+    if remove:
+        (data / remove).unlink()
+    out = tmp_path / "out"
+    rc, _, err = run_here(capsys, str(_real(tmp_path, **change)), "--out", str(out))
+    assert rc == 2, err
+    assert "the recipe cannot run" in err and needle in err, err
+    assert not out.exists()  # nothing half-written: no world, no prepared data, no logs
+
+
+def test_launch_values_are_typed_before_any_data_work(tmp_path, capsys):
+    out = tmp_path / "out"
+    proc = run("tiny", "--out", str(out), "--launch", "ranks=x")
+    assert proc.returncode == 2 and "launch.ranks: expected an integer, got 'x'" in proc.stderr
+    rc, _, err = run_here(capsys, "tiny", "--out", str(out), "--launch", "launcher=torchrun")
+    assert rc == 2 and "launch.launcher='torchrun'" in err
+    assert not out.exists()
+    recipe = load_recipe("tiny", ["launch.ranks=4"])  # --launch ranks=4 is the number 4, not the text
+    assert recipe.launch["ranks"] == 4
+
+
+def test_an_unwritable_out_stops_before_any_data_work(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rc, _, err = run_here(capsys, "tiny", "--out", str(blocker / "out"))
+    assert rc == 2 and "--out:" in err and "is not a directory" in err
+    rc, _, err = run_here(capsys, "tiny", "--out", "/proc/mm-ds-out")  # not writable even for root
+    assert rc == 2 and "/proc/mm-ds-out cannot be written" in err
+
+
+def test_a_stage_config_problem_names_its_stage(tmp_path):
+    recipe = yaml.safe_load((PACKAGED / "tiny.yaml").read_text())
+    recipe["overrides"] = {"adapt/minijoint": ["data.seq_len=4096"], "build_mini": ["mini.layers=9"]}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    report = check(load_recipe(str(path)), tmp_path / "out", strict=False)
+    problems = dict(report.problems)
+    assert "data.seq_len=4096 exceeds model.max_positions" in problems["adapt/minijoint/t1"]
+    assert "mini.layers=9 must lie in [1, 6)" in problems["build_mini/minipost"]
+    assert "adapt/minipost/t1" not in problems
+
+
+def test_recipe_sets_and_their_errors(tmp_path):
+    assert load_recipe("tiny", ["seeds=[3]", "tasks=[xnli]"]).seeds == [3]
+    with pytest.raises(ConfigError, match="coverage.nerd is not a task"):
+        load_recipe("tiny", ["coverage={nerd: [t1]}"])
+    with pytest.raises(ConfigError, match="overrides.adapt/bl_huge names no stage"):
+        load_recipe("tiny", ["overrides={adapt/bl_huge: []}"])

@@ -1,0 +1,73 @@
+"""The real-data rehearsal (`make rehearsal`): `mm-ds run rehearsal` end to end on the public text and task files
+in ../shared/data, with the paper recipe's structure (the four systems, per-stage launches of 2 ranks under the
+deepspeed launcher, the paper presets and their bf16 engine config, four tasks over languages with holes in
+coverage, two finetuning seeds, training curves). It takes minutes of process start-ups, so `make test`
+leaves it out; CI runs it after the suite. It proves the path runs, not that a tiny model transfers."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mm_ds import checkpoint
+from mm_ds.pipeline import load_recipe, plan
+
+pytestmark = pytest.mark.rehearsal
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory, request):
+    shared = request.getfixturevalue("shared_data")
+    out = tmp_path_factory.mktemp("rehearsal") / "run"
+    cmd = [sys.executable, "-m", "mm_ds.cli", "run", "rehearsal", "--out", str(out), "--set", f"data_root={shared}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    print(proc.stdout)  # the results table and report, for the log
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return out, rows, proc.stdout, load_recipe("rehearsal", [f"data_root={shared}"])
+
+
+def test_every_stage_ran_on_its_own_launch_in_bf16(rehearsal):
+    out, _, stdout, recipe = rehearsal
+    nodes = plan(recipe, out)
+    assert len(nodes) == 3 + 2 + 4 * 2 + 3 * 4 * 2 == 37
+    for node in nodes:
+        log = (out / "logs" / f"{node.name.replace('/', '_')}.log").read_text()
+        meta = checkpoint.read_meta(node.out / "final")
+        if node.name != "build_mini/build_mini/minijoint":  # extraction: no engine
+            assert "zero=1 bf16; optimizer BF16_Optimizer over FusedAdam" in log, node.name
+            assert (meta["precision"], meta["world_size"]) == ("bf16", 2), node.name
+        assert f"$ mm-ds {node.argv[0]}" in stdout
+
+
+def test_tasks_are_evaluated_where_they_have_data_and_leave_gaps_elsewhere(rehearsal):
+    out, rows, _, recipe = rehearsal
+    seen = {(r["task"], r["lang"]) for r in rows}
+    assert seen == {("xnli", "en"), ("xnli", "de"), ("xnli", "sw"), ("pawsx", "de"), ("mlqa", "de"),
+                    ("xquad", "en"), ("xquad", "de")}
+    for r in rows:
+        assert r["seeds"] == 2 and len(r["per_seed"]) == 2 and 0.0 <= r["score"] <= 100.0
+        assert r["examples"] == min(200, r["examples"]) and r["split"] == ("dev" if r["task"] == "mlqa" else "test")
+    steps = sorted({r["step"] for r in rows if r["kind"] == "adapted" and r["system"] == "bl_base"})
+    assert steps == [5, 10]  # the curve
+    table = [[c.strip() for c in line.strip().strip("|").split("|")] for line in (out / "results.md").read_text().splitlines()]
+    head, bl_base = table[0], table[2]
+    assert bl_base[0] == "BL_BASE"
+    for col in ("pawsx en", "pawsx sw", "mlqa en", "mlqa sw", "xquad sw"):  # gaps, not errors
+        assert bl_base[head.index(col)] == "-", col
+    assert bl_base[head.index("xnli sw")] != "-"
+    assert (out / "report" / "report.json").is_file()
+
+
+def test_the_english_training_files_are_made_from_what_is_there(rehearsal):
+    out, *_ = rehearsal
+    made = json.loads((out / "tasks" / "tasks.json").read_text())
+    assert set(made["english_training"]) == {"mnli/multinli_1.0_train.jsonl", "squad/train-v1.1.json",
+                                             "paws-x/train.en.tsv"}
+    squad = json.loads((out / "tasks" / "squad" / "train-v1.1.json").read_text())
+    xquad = json.loads((out / "tasks" / "xquad" / "xquad.en.json").read_text())
+    contexts = {p["context"] for a in xquad["data"] for p in a["paragraphs"]}
+    assert not any(p["context"] in contexts for a in squad["data"] for p in a["paragraphs"])
+    assert sum(len(p["qas"]) for a in squad["data"] for p in a["paragraphs"]) == 9380
