@@ -240,7 +240,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
 def train_step(engine, stage: Stage, step: int, rank: int, geo: Geometry) -> tuple[dict[str, float], float]:
     """One optimizer update (geo.grad_accum micro steps): the summed per-micro-step logs, and the seconds
     spent fetching batches. `mm-ds bench` times this same function."""
-    step_logs: dict[str, float] = {}
+    sums: dict[str, torch.Tensor] = {}  # on the device: read once per update, not once per micro-step (a sync)
     data_time = 0.0
     for micro in range(geo.grad_accum):
         td = time.perf_counter()
@@ -255,8 +255,11 @@ def train_step(engine, stage: Stage, step: int, rank: int, geo: Geometry) -> tup
         engine.step()
         for k, v in out.items():
             if k.startswith(("loss", "correct", "masked", "examples")):
-                step_logs[k] = step_logs.get(k, 0.0) + float(v.detach())
-    return step_logs, data_time
+                v = v.detach().double()
+                sums[k] = sums[k] + v if k in sums else v
+    keys = sorted(sums)
+    values = torch.stack([sums[k] for k in keys]).tolist() if keys else []
+    return dict(zip(keys, values)), data_time
 
 
 def _reduce_logs(window: dict[str, float], n_micro: int) -> dict[str, float]:

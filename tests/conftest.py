@@ -19,7 +19,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "rehearsal: the real-data rehearsal (`make rehearsal`), minutes of per-stage runs")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # module fixtures (the rehearsal) use it
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data not found at {SHARED_DATA} (../shared/data beside the checkout); "
