@@ -16,8 +16,7 @@ from pathlib import Path
 
 import yaml
 
-STAGES = ("pretrain", "build_mini", "adapt", "finetune")
-SYSTEMS = ("bl_base", "bl_small", "minijoint", "minipost")
+from .systems import STAGES, SYSTEMS
 
 
 class ConfigError(ValueError):
@@ -93,6 +92,15 @@ class TrainConfig:
     max_nonfinite_steps: int = 10
     """Updates with a non-finite loss or gradients that are skipped (not applied, counted, resumed with the
     run) before training stops with a diagnostic. 0: stop at the first. fp16 loss-scale skips do not count."""
+
+    def is_checkpoint_step(self, step: int) -> bool:
+        """The checkpoint schedule: `checkpoint_steps`, every `checkpoint_every` updates, and the last one."""
+        return step == self.steps or step in self.checkpoint_steps or bool(
+            self.checkpoint_every and step % self.checkpoint_every == 0)
+
+    def checkpoints(self) -> int:
+        """How many engine checkpoints a run of `steps` updates writes."""
+        return sum(self.is_checkpoint_step(s) for s in range(1, self.steps + 1))
 
 
 @dataclass

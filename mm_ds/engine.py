@@ -48,8 +48,7 @@ class Stage:
 # ---------------------------------------------------------------- checkpoint schedule
 
 def is_checkpoint_step(step: int, cfg: RunConfig) -> bool:
-    t = cfg.train
-    return step == t.steps or step in t.checkpoint_steps or (t.checkpoint_every and step % t.checkpoint_every == 0)
+    return cfg.train.is_checkpoint_step(step)
 
 
 def _dropout_seed(seed: int, step: int, micro: int, rank: int) -> int:

@@ -27,21 +27,11 @@ from pathlib import Path
 from statistics import mean
 from typing import Iterable, Sequence
 
-from mm_ds.flops import EXA, V100_DAY_FLOPS
+from .flops import EXA
+from .records import Result, load_results
+from .systems import REFERENCE, SYSTEMS
 
-FIELDS = ("system", "task", "lang", "step", "flops", "v100_days", "score")
-PAPER_SYSTEM_ORDER = ("BL_BASE", "BL_SMALL", "MINIPOST", "MINIJOINT")
-
-
-@dataclass(frozen=True)
-class Result:
-    system: str
-    task: str
-    lang: str
-    step: int
-    flops: float
-    v100_days: float
-    score: float
+PAPER_SYSTEM_ORDER = tuple(s.label for s in sorted(SYSTEMS.values(), key=lambda s: s.order))
 
 
 @dataclass(frozen=True)
@@ -62,113 +52,6 @@ class Crossing:
     @property
     def reached(self) -> bool:
         return self.estimate is not None
-
-
-# --- Reading and checking records ------------------------------------------------------------------------------
-
-class _Problems:
-    """Groups per-record problems by message, so 1,000 bad rows make one warning, not 1,000."""
-
-    def __init__(self):
-        self.where: dict[str, list[str]] = defaultdict(list)
-
-    def add(self, msg: str, loc: str):
-        self.where[msg].append(loc)
-
-    def warnings(self) -> list[str]:
-        out = []
-        for msg, locs in self.where.items():
-            more = f" and {len(locs) - 3} more" if len(locs) > 3 else ""
-            out.append(f"{msg}: {len(locs)} record(s) skipped ({', '.join(locs[:3])}{more})")
-        return out
-
-
-def _number(v, cast):
-    if v is None or (isinstance(v, str) and not v.strip()):
-        return None
-    try:
-        x = cast(float(v))
-    except (TypeError, ValueError):
-        raise ValueError(f"not a number: {v!r}") from None
-    return None if isinstance(x, float) and math.isnan(x) else x
-
-
-def clean_records(raw: Iterable[dict], source: str = "records") -> tuple[list[Result], list[str]]:
-    """Dicts -> Results. Skips (and reports) records missing a name field, the step, the score, or both costs;
-    fills flops from v100_days or the reverse when only one is given."""
-    problems, results = _Problems(), []
-    for i, rec in enumerate(raw):
-        loc = f"{source}#{i + 1}"
-        if not isinstance(rec, dict):
-            problems.add("record is not an object/row", loc)
-            continue
-        if rec.get("kind", "adapted") != "adapted":  # mm-ds run also records source-language and control rows
-            continue
-        missing = [k for k in ("system", "task", "lang") if not str(rec.get(k) or "").strip()]
-        if missing:
-            problems.add(f"missing {'/'.join(missing)}", loc)
-            continue
-        try:
-            step = _number(rec.get("step"), int)
-            score = _number(rec.get("score"), float)
-            flops = _number(rec.get("flops"), float)
-            days = _number(rec.get("v100_days"), float)
-        except ValueError as e:
-            problems.add(f"bad value ({e})", loc)
-            continue
-        if step is None:
-            problems.add("missing step", loc)
-            continue
-        if score is None:
-            problems.add("missing score", loc)
-            continue
-        if flops is None and days is None:
-            problems.add("missing both flops and v100_days", loc)
-            continue
-        flops = days * V100_DAY_FLOPS if flops is None else flops
-        days = flops / V100_DAY_FLOPS if days is None else days
-        results.append(Result(str(rec["system"]).strip().upper(), str(rec["task"]).strip(), str(rec["lang"]).strip(),
-                              step, flops, days, score))
-    return results, problems.warnings()
-
-
-def read_records(path: str | Path) -> tuple[list[dict], list[str]]:
-    """Raw dicts from a .csv, .json or .jsonl file, plus warnings (a file that cannot be read is one)."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        return [], [f"cannot read results file {path}: {e}"]
-    try:
-        if path.suffix == ".csv":
-            reader = csv.DictReader(text.splitlines())
-            rows = list(reader)
-            absent = [f for f in FIELDS if f not in (reader.fieldnames or [])]
-            absent = [f for f in absent if f not in ("flops", "v100_days")] + (
-                ["flops and v100_days"] if {"flops", "v100_days"} <= set(absent) else [])
-            return rows, [f"{path}: no column {', '.join(absent)} (expected {', '.join(FIELDS)})"] if absent else []
-        if path.suffix == ".jsonl":
-            return [json.loads(line) for line in text.splitlines() if line.strip()], []
-        if path.suffix == ".json":
-            data = json.loads(text)
-            data = data.get("results", data) if isinstance(data, dict) else data
-            if not isinstance(data, list):
-                return [], [f"{path}: expected a list of records or {{\"results\": [...]}}"]
-            return data, []
-    except json.JSONDecodeError as e:
-        return [], [f"{path}: invalid JSON ({e})"]
-    return [], [f"{path}: unsupported file type {path.suffix!r}; use .csv, .json or .jsonl"]
-
-
-def load_results(paths: Sequence[str | Path]) -> tuple[list[Result], list[str]]:
-    results, warnings = [], []
-    for p in paths:
-        rows, w = read_records(p)
-        warnings += w
-        r, w = clean_records(rows, source=str(p))
-        results += r
-        warnings += w
-    return results, warnings
 
 
 # --- Curves, targets, time to target ---------------------------------------------------------------------------
@@ -242,7 +125,7 @@ def _system_order(systems: Iterable[str], reference: str) -> list[str]:
     return sorted(set(systems), key=lambda s: (rank.get(s, len(rank)), s))
 
 
-def build_report(results: Iterable[Result], reference: str = "BL_BASE", fraction: float = 0.95,
+def build_report(results: Iterable[Result], reference: str = SYSTEMS[REFERENCE].label, fraction: float = 0.95,
                  warnings: Sequence[str] = ()) -> Report:
     warnings = list(warnings)
     curves = group_curves(results, warnings)
@@ -404,16 +287,18 @@ def _days_cell(days, bounds=None) -> str:
     return _cost(days) + (f" ({_cost(bounds[0])}-{_cost(bounds[1])})" if bounds else "")
 
 
-def format_tables(report: Report, bounds: bool = False) -> str:
-    """Markdown tables; with bounds, Table 3 cells carry Table A4's (lower-upper) checkpoint bracket."""
+def format_tables(report: Report, bounds: bool = False, table2s: bool = True) -> str:
+    """Markdown tables; with bounds, Table 3 cells carry Table A4's (lower-upper) checkpoint bracket; without
+    table2s, Tables 3 and the speedups only (`mm-ds run` prints its own Table 2, with the controls)."""
     parts = []
     t2, t3 = table2(report), table3(report)
     for t in report.tasks:
         L = report.langs[t]
-        parts.append(f"## {t}: performance at training completion (Table 2)")
-        parts.append(_md(["system", "EFLOPs", "days"] + L + ["avg"], [
-            [r["system"], _cost(r["eflops"]), _cost(r["v100_days"])] + [_fmt(r["scores"][l]) for l in L]
-            + [_fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in t2[t]]))
+        if table2s:
+            parts.append(f"## {t}: performance at training completion (Table 2)")
+            parts.append(_md(["system", "EFLOPs", "days"] + L + ["avg"], [
+                [r["system"], _cost(r["eflops"]), _cost(r["v100_days"])] + [_fmt(r["scores"][l]) for l in L]
+                + [_fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in t2[t]]))
         if t3[t]:
             parts.append(f"## {t}: V100-days to {report.fraction:.0%} of {report.reference}'s final score (Table 3)")
             parts.append(_md(["system"] + L + ["avg"], [
@@ -456,90 +341,6 @@ def _crossing_rows(report: Report) -> list[dict]:
     return rows
 
 
-def _mean_curve(report: Report, task: str, system: str) -> list[tuple[float, float]]:
-    """(days, score) averaged over the system's languages, at the steps every one of them was evaluated."""
-    cs = [report.curves[(task, l, system)] for l in report.langs[task] if (task, l, system) in report.curves]
-    if not cs:
-        return []
-    common = set.intersection(*({r.step for r in c} for c in cs))
-    return [(mean(r.v100_days for c in cs for r in c if r.step == st), mean(r.score for c in cs for r in c
-                                                                            if r.step == st)) for st in sorted(common)]
-
-
-def write_plots(report: Report, out: Path, xmax_days: float | None = None) -> list[Path]:
-    """Figure 3 (score vs V100-days, averaged over languages and per language) and Figure 1 (speedups)."""
-    from matplotlib.figure import Figure  # no pyplot: no global state, no display backend needed
-
-    color = {s: f"C{i}" for i, s in enumerate(report.systems)}  # one colour per system in every figure
-    written = []
-    n = len(report.tasks)
-    fig = Figure(figsize=(5 * max(n, 1), 4))
-    for ax, t in zip(fig.subplots(1, n, squeeze=False)[0], report.tasks):
-        for s in report.systems:
-            pts = _mean_curve(report, t, s)
-            if pts:
-                ax.plot(*zip(*pts), marker=".", label=s, c=color[s])
-        tg = [v for (tt, _), v in report.targets.items() if tt == t]
-        if tg:
-            ax.axhline(mean(tg), ls="--", c="grey", lw=1, label="target (mean over langs)")
-        ax.set(title=f"{t} (mean over languages)", xlabel="V100-days (Step 2)", ylabel="score")
-        if xmax_days:
-            ax.set_xlim(0, xmax_days)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "curves_avg.png", dpi=120)
-    written.append(out / "curves_avg.png")
-
-    for t in report.tasks:
-        L = report.langs[t]
-        cols = min(4, len(L))
-        rows = math.ceil(len(L) / cols)
-        fig = Figure(figsize=(4 * cols, 3 * rows))
-        axes = fig.subplots(rows, cols, squeeze=False).ravel()
-        for ax, l in zip(axes, L):
-            for s in report.systems:
-                c = report.curves.get((t, l, s))
-                if c:
-                    ax.plot([r.v100_days for r in c], [r.score for r in c], marker=".", label=s, c=color[s])
-            if (t, l) in report.targets:
-                ax.axhline(report.targets[(t, l)], ls="--", c="grey", lw=1)
-            ax.set(title=f"{t} {l}", xlabel="V100-days", ylabel="score")
-            if xmax_days:
-                ax.set_xlim(0, xmax_days)
-        for ax in axes[len(L):]:
-            ax.set_visible(False)
-        axes[0].legend(fontsize=7)
-        fig.tight_layout()
-        path = out / f"curves_{t}.png"
-        fig.savefig(path, dpi=120)
-        written.append(path)
-
-    summ = [r for r in report.speedup_summary if r["mean_speedup"] is not None]
-    if summ:
-        groups = list(dict.fromkeys(r["task"] for r in summ))
-        systems = list(dict.fromkeys(r["system"] for r in summ))
-        fig = Figure(figsize=(1.5 + 1.2 * len(groups) * max(len(systems), 1) / 2, 4))
-        ax = fig.subplots()
-        width = 0.8 / len(systems)
-        for j, s in enumerate(systems):
-            xs, ys = [], []
-            for i, g in enumerate(groups):
-                v = next((r["mean_speedup"] for r in summ if r["task"] == g and r["system"] == s), None)
-                if v is not None:
-                    xs.append(i + j * width)
-                    ys.append(v)
-            bars = ax.bar(xs, ys, width, label=s, color=color[s])
-            ax.bar_label(bars, fmt="%.1fx", fontsize=7)
-        ax.axhline(1, c="grey", lw=1)
-        ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(groups))], groups)
-        ax.set(ylabel=f"speedup over {report.reference}", title="Speedup to near-maximal performance")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "speedup.png", dpi=120)
-        written.append(out / "speedup.png")
-    return written
-
-
 def write_report(report: Report, out_dir: str | Path, plots: bool = True, xmax_days: float | None = None
                  ) -> list[Path]:
     """Writes tables.md, *.csv, report.json and (with matplotlib) PNGs; returns the paths written."""
@@ -567,6 +368,7 @@ def write_report(report: Report, out_dir: str | Path, plots: bool = True, xmax_d
                speedup_summary=report.speedup_summary, curves=curve_rows)
     if plots:
         try:
+            from .plots import write_plots
             written += write_plots(report, out, xmax_days)
         except Exception as e:  # a plot failure must not cost the numbers
             report.warnings.append(f"plots not written: {type(e).__name__}: {e}")
@@ -581,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "curves (Figure 3) from evaluated Step-2 checkpoints.")
     ap.add_argument("results", nargs="+", help="CSV/JSON/JSONL with system,task,lang,step,flops,v100_days,score")
     ap.add_argument("--out", required=True, help="directory for tables.md, *.csv, report.json, *.png")
-    ap.add_argument("--reference", default="BL_BASE", help="system whose final score sets the target")
+    ap.add_argument("--reference", default=SYSTEMS[REFERENCE].label, help="system whose final score sets the target")
     ap.add_argument("--fraction", type=float, default=0.95, help="target = fraction × reference final score")
     ap.add_argument("--xmax-days", type=float, help="clip curve plots at this many V100-days (paper: 7)")
     ap.add_argument("--bounds", action="store_true", help="print Table A4's (lower-upper) days in Table 3")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mm_ds import checkpoint, config, ds_config, launch, pipeline
+from mm_ds import recipe as recipe_mod
 from mm_ds.config import ConfigError, LaunchConfig
 from mm_ds.data import tasks
 from mm_ds.data.corpus import prepare
@@ -87,13 +88,13 @@ def _recipe(tmp_path, **kw):
 ])
 def test_recipes(tmp_path, change, message):
     with pytest.raises(ConfigError) as e:
-        pipeline.load_recipe(_recipe(tmp_path, **change))
+        recipe_mod.load_recipe(_recipe(tmp_path, **change))
     assert message in str(e.value)
 
 
 def test_unknown_recipe_name():
     with pytest.raises(ConfigError, match="recipe 'tinyy' is neither a file nor a packaged recipe"):
-        pipeline.load_recipe("tinyy")
+        recipe_mod.load_recipe("tinyy")
 
 
 def test_incomplete_world_is_not_trusted(tmp_path):

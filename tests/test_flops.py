@@ -3,6 +3,9 @@ import json
 import pytest
 
 from mm_ds import flops as F
+from mm_ds.recipe import load_recipe
+from mm_ds.tools import costs
+from mm_ds.tools.costs import recipe_costs
 
 # The paper's setting (§3, A.1).
 PAPER = dict(h=768, V=50_000, s=512, p=0.15, B=2048, U=125_000)
@@ -121,37 +124,35 @@ def test_stage_flops_errors_name_the_problem():
 
 
 def test_paper_recipe_costs():
-    costs = {(r.system, r.stage): r for r in F.recipe_costs(F.PAPER_RECIPE)}
+    """The paper recipe is presets/recipes/paper.yaml and its presets: its costs are the paper's."""
+    costs = {(r.system, r.stage): r for r in recipe_costs(load_recipe("paper"))}
     assert round(costs[("BL_BASE", "step2")].flops / F.EXA, 1) == 54.1
     assert round(costs[("MINIPOST", "step1b")].flops / F.EXA, 1) == 21.6
     assert round(costs[("MINIPOST", "step2")].v100_days, 1) == 11.3
     assert round(costs[("MINIJOINT", "step1")].v100_days, 1) == 32.2
+    assert [c.kind for c in costs.values()] == ["pretrain", "adapt", "pretrain", "adapt", "pretrain_dual", "adapt",
+                                                "pretrain", "build_mini", "adapt"]  # the systems table's formulas
 
 
-def test_recipe_from_dict_and_stage_overrides():
-    r = F.recipe_from_dict({"geometry": {"hidden": 2, "vocab": 3, "seq_len": 4, "mask_prob": 0.5,
-                                         "global_batch": 1, "steps": 10},
-                            "systems": {"X": [{"name": "step2", "kind": "adapt", "layers": 1},
-                                              {"name": "step3", "kind": "finetune", "layers": 1, "steps": 2}]}})
-    a, ft = F.recipe_costs(r)
-    assert (a.steps, a.flops) == (10, 11280)
-    assert (ft.steps, ft.flops) == (2, 3072)
-    with pytest.raises(ValueError, match="unknown kind 'pretrian'"):
-        F.recipe_from_dict({"systems": {"X": [{"name": "s", "kind": "pretrian", "layers": 1}]}})
-    with pytest.raises(ValueError, match="unknown keys"):
-        F.recipe_from_dict({"stages": []})
+def test_changes_apply_to_every_stage():
+    rows = recipe_costs(load_recipe("paper"), ["BL_BASE"], steps=10, global_batch=1, hidden=2, vocab=3, seq_len=4,
+                        mask_prob=0.5)
+    assert [(r.stage, r.steps, r.flops) for r in rows] == [("step1", 10, F.pretrain_flops(2, 3, 12, 4, 0.5, 1, 10)),
+                                                           ("step2", 10, F.adapt_flops(2, 3, 12, 4, 0.5, 1, 10))]
+    with pytest.raises(ValueError, match="cannot change layers"):
+        recipe_costs(load_recipe("paper"), layers=3)
 
 
 def test_main_prints_every_stage(capsys):
-    assert F.main([]) == 0
+    assert costs.main([]) == 0
     out = capsys.readouterr().out
     assert "| MINIPOST | step1b | build_mini | 6 | 2 | 125,000 | 2048 | 512 | 21.6 | 8.34 |" in out
     assert "| BL_BASE | step2 | adapt | 12 |  | 125,000 | 2048 | 512 | 54.1 | 20.9 |" in out
 
 
 def test_the_paper_run_recipe_costs_what_the_paper_says(capsys):
-    """`mm-ds flops --recipe paper` reads the stage presets `mm-ds run paper` would use."""
-    assert F.main(["--recipe", "paper", "--json"]) == 0
+    """`mm-ds flops paper` reads the stage presets `mm-ds run paper` would use."""
+    assert costs.main(["paper", "--json"]) == 0
     rows = {(r["system"], r["stage"]): r for r in json.loads(capsys.readouterr().out)["stages"]}
     # Table 2's Step-2 costs and A4's 21.6 for MINIPOST's Step 1b, from the presets themselves.
     expect = {("BL_BASE", "step2"): 54.1, ("BL_SMALL", "step2"): 21.1, ("MINIJOINT", "step2"): 21.1,
@@ -161,9 +162,9 @@ def test_the_paper_run_recipe_costs_what_the_paper_says(capsys):
 
 
 def test_main_overrides_and_json(capsys):
-    assert F.main(["--system", "MINIPOST", "--steps", "10000", "--json"]) == 0
+    assert costs.main(["--system", "MINIPOST", "--steps", "10000", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     step2 = [r for r in doc["stages"] if r["stage"] == "step2"][0]
-    assert round(step2["flops"] / F.EXA, 2) == 2.35 and doc["geometry"]["steps"] == 10000
-    assert F.main(["--system", "NOPE"]) == 2
+    assert round(step2["flops"] / F.EXA, 2) == 2.35 and {r["steps"] for r in doc["stages"]} == {10000}
+    assert costs.main(["--system", "NOPE"]) == 2
     assert "--system NOPE not in the recipe" in capsys.readouterr().err

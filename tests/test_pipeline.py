@@ -20,7 +20,7 @@ import yaml
 from mm_ds import checkpoint, surgery
 from mm_ds.config import ConfigError, model_config_from_dict
 from mm_ds.model import LANGUAGE_PARAMS
-from mm_ds.pipeline import load_recipe
+from mm_ds.recipe import load_recipe
 
 SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.ffn_size=64"]
 MICRO = ["train.micro_batch=8"]  # 32 sequences on 2 ranks: 2 micro-steps, accumulated in fp32
@@ -103,7 +103,7 @@ def test_every_stage_kind_trained_in_bf16_under_each_zero_stage(finished):
         weights = checkpoint.load_final(out / run)[1]
         assert all(v.dtype == torch.float32 for v in weights.values()), run
     assert "evaluation: " in job and "units on 2 rank(s)" in job  # Step 4 shared by the job's ranks
-    from mm_ds.plan import Cluster, plan_evaluation
+    from mm_ds.tools.plan import Cluster, plan_evaluation
     units = json.loads((out / "logs" / "eval.json").read_text())["units"]
     assert plan_evaluation(load_recipe(str(finished[0])), Cluster()).units == len(units)  # `mm-ds plan` counts them
 
@@ -277,12 +277,12 @@ def test_recipe_errors(tmp_path, bad, needle):
 
 
 def test_task_overrides_reach_only_that_tasks_finetuning(tmp_path):
-    from mm_ds.pipeline import plan
+    from mm_ds.recipe import stage_runs
 
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(RECIPE | {"overrides": {"finetune": ["finetune.lr=1e-4"],
                                                            "finetune/xquad": ["finetune.epochs=20"]}}))
-    nodes = [n for n in plan(load_recipe(str(path)), tmp_path / "run") if n.name.startswith("finetune/")]
+    nodes = [n for n in stage_runs(load_recipe(str(path)), tmp_path / "run") if n.name.startswith("finetune/")]
     assert nodes
     for n in nodes:
         qa = "finetune.task=xquad" in n.argv

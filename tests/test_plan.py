@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mm_ds import flops as F
-from mm_ds import plan
+from mm_ds.recipe import load_recipe
+from mm_ds.tools import plan
+from mm_ds.tools.costs import recipe_costs
 from mm_ds.config import ModelConfig
 from mm_ds.model import LANGUAGE_PARAMS, RobertaMLM
 
@@ -44,10 +45,10 @@ def test_step2_communicates_the_embedding_group_only():
 
 def test_paper_plan_numbers():
     c = plan.Cluster(nodes=4, gpus_per_node=8, peak_tflops=989, mfu=0.45)
-    rows = {(r.system, r.stage): r for r in plan.plan_recipe(F.PAPER_RECIPE, c)}
+    rows = {(r.system, r.stage): r for r in plan.plan_stages(recipe_costs(load_recipe("paper")), c)}
     r = rows[("BL_BASE", "step1")]
     assert r.compute_s == pytest.approx(r.flops_per_step / (32 * 989e12 * 0.45))
-    assert r.grad_accum == 2 and r.checkpoints == 29 == plan.checkpoints_in(125_000)
+    assert r.grad_accum == 2 and r.checkpoints == 29  # steps 1000-4000, every 5000, the last
     assert r.hours == pytest.approx(r.step_s * 125_000 / 3600) and r.gpu_hours == pytest.approx(32 * r.hours)
     # MINIJOINT's Step 2 over 4 layers costs what BL_SMALL's does, and far less than BL_BASE's.
     assert rows[("MINIJOINT", "step2")].step_s == pytest.approx(rows[("BL_SMALL", "step2")].step_s)
@@ -55,7 +56,7 @@ def test_paper_plan_numbers():
     # Checkpoint: bf16 weights of everything + fp32 master and two moments of what trains.
     s2 = rows[("BL_BASE", "step2")]
     assert s2.ckpt_bytes == s2.params * 2 + s2.trainable * 12 and s2.final_bytes == s2.params * 4
-    one_node = {(r.system, r.stage): r for r in plan.plan_recipe(F.PAPER_RECIPE, plan.Cluster(nodes=1))}
+    one_node = {(r.system, r.stage): r for r in plan.plan_stages(recipe_costs(load_recipe("paper")), plan.Cluster(nodes=1))}
     assert one_node[("BL_BASE", "step1")].comm_s < r.comm_s  # NVLink instead of the network
 
 
@@ -111,8 +112,6 @@ def test_compute_model_against_bench_output(tmp_path, capsys):
 def test_the_paper_evaluation_estimate():
     """Units by hand: per task 3 source-language units (one per primary model) and per target language it covers
     BL_BASE's 125 Step-2 checkpoints (every 1000 updates) + a control, and 29 + 1 for each other system."""
-    from mm_ds.pipeline import load_recipe
-
     e = plan.plan_evaluation(load_recipe("paper"), plan.Cluster())
     targets = {"xnli": 14, "pawsx": 4, "mlqa": 6, "xquad": 10}
     assert e.units == sum(3 + t * (126 + 3 * 30) for t in targets.values()) == 7356

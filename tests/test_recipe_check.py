@@ -2,8 +2,6 @@
 would fail after days of training fails first, naming the stage; tasks are evaluated in the languages they
 cover and leave gaps elsewhere; bad input stops before any data work with nothing written."""
 
-import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +10,10 @@ import pytest
 import yaml
 
 from mm_ds import pipeline
+from mm_ds import recipe as recipe_mod
 from mm_ds.check import check
 from mm_ds.config import ConfigError
-from mm_ds.pipeline import load_recipe, recipe_names
+from mm_ds.recipe import load_recipe, recipe_names
 
 PACKAGED = Path(pipeline.__file__).parent / "presets" / "recipes"
 
@@ -68,7 +67,7 @@ def test_the_paper_checkpoints_bl_base_step2_every_1000_updates():
     from mm_ds.cli import stage_config
     from mm_ds.engine import is_checkpoint_step
 
-    nodes = {n.name: n for n in pipeline.plan(load_recipe("paper"), Path("/tmp/out"))}
+    nodes = {n.name: n for n in recipe_mod.stage_runs(load_recipe("paper"), Path("/tmp/out"))}
     for system, want in (("bl_base", 125), ("minipost", 29)):
         node = nodes[f"adapt/adapt/{system}/de"]
         _, cfg = stage_config(node.argv[0], node.argv[1:])

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from mm_ds import checkpoint
-from mm_ds.pipeline import load_recipe, plan
+from mm_ds.recipe import load_recipe, stage_runs
 
 pytestmark = pytest.mark.rehearsal
 
@@ -31,7 +31,7 @@ def rehearsal(tmp_path_factory, request):
 
 def test_every_stage_ran_on_its_own_launch_in_bf16(rehearsal):
     out, _, stdout, recipe = rehearsal
-    nodes = plan(recipe, out)
+    nodes = stage_runs(recipe, out)
     assert len(nodes) == 3 + 2 + 4 * 2 + 3 * 4 * 2 == 37
     for node in nodes:
         log = (out / "logs" / f"{node.name.replace('/', '_')}.log").read_text()

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from mm_ds import records
 from mm_ds import report as R
 from mm_ds.flops import EXA, V100_DAY_FLOPS, stage_flops_per_step
 
@@ -10,7 +11,7 @@ from mm_ds.flops import EXA, V100_DAY_FLOPS, stage_flops_per_step
 def curve(scores, steps=None, system="S", task="xnli", lang="ar", days_per_step=1e-4):
     """A curve with days proportional to steps (as for a fixed-cost Step 2)."""
     steps = steps or [5000 * (i + 1) for i in range(len(scores))]
-    return [R.Result(system, task, lang, st, st * days_per_step * V100_DAY_FLOPS, st * days_per_step, sc)
+    return [records.Result(system, task, lang, st, st * days_per_step * V100_DAY_FLOPS, st * days_per_step, sc)
             for st, sc in zip(steps, scores)]
 
 
@@ -28,7 +29,7 @@ def test_paper_section3_example_with_the_paper_costs():
     # MINIPOST (A3, 6 layers): 48 at 5,000 (~1.17 EFLOPs) and 52 at 10,000 (~2.34) -> 50 at 7,500 (~1.76).
     per_step = stage_flops_per_step("adapt", hidden=768, vocab=50_000, layers=6, seq_len=512, mask_prob=0.15,
                                     global_batch=2048)
-    pts = [R.Result("MINIPOST", "xnli", "ar", st, st * per_step, st * per_step / V100_DAY_FLOPS, sc)
+    pts = [records.Result("MINIPOST", "xnli", "ar", st, st * per_step, st * per_step / V100_DAY_FLOPS, sc)
            for st, sc in [(5000, 48), (10000, 52)]]
     c = R.time_to_target(pts, 50)
     assert c.estimate.step == pytest.approx(7500)
@@ -128,7 +129,7 @@ def test_bad_records_are_skipped_with_named_reasons():
            {**good, "step": "ten"},
            {**good, "flops": None, "v100_days": None},
            {**good, "step": 10000, "flops": None, "v100_days": 2.0, "score": 71}]
-    res, warns = R.clean_records(raw, source="r.json")
+    res, warns = records.clean_records(raw, source="r.json")
     assert len(res) == 2
     assert res[0].v100_days == pytest.approx(1e18 / V100_DAY_FLOPS)  # filled from flops
     assert res[1].flops == pytest.approx(2.0 * V100_DAY_FLOPS)  # filled from days
@@ -167,7 +168,7 @@ def test_unreadable_and_malformed_files(tmp_path):
     (tmp_path / "a.csv").write_text("system,task,lang,step,score\nBL_BASE,xnli,ar,5000,70\n")
     (tmp_path / "b.json").write_text("{not json")
     (tmp_path / "c.txt").write_text("")
-    res, warns = R.load_results([tmp_path / n for n in ("a.csv", "b.json", "c.txt", "missing.csv")])
+    res, warns = records.load_results([tmp_path / n for n in ("a.csv", "b.json", "c.txt", "missing.csv")])
     text = "\n".join(warns)
     assert "a.csv: no column flops and v100_days" in text
     assert "b.json: invalid JSON" in text and "unsupported file type '.txt'" in text
@@ -180,7 +181,7 @@ def test_unreadable_and_malformed_files(tmp_path):
 
 def write_results(path, results):
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=R.FIELDS)
+        w = csv.DictWriter(f, fieldnames=records.FIELDS)
         w.writeheader()
         for r in results:
             w.writerow(r.__dict__)

@@ -14,14 +14,13 @@ from .. import surgery
 from ..config import ConfigError, RunConfig
 from ..engine import Stage
 from ..model import LANGUAGE_PARAMS, RobertaMLM
+from ..systems import SYSTEMS
 from .common import load_parent, mlm_batches, open_corpus, pieces, stage_flops
-
-PARENT_STAGE = {"bl_base": "pretrain", "bl_small": "pretrain", "minijoint": "build_mini", "minipost": "build_mini"}
 
 
 def _target_model(cfg: RunConfig):
     meta, mcfg, sd = load_parent(cfg)
-    want = PARENT_STAGE[cfg.system]
+    want = SYSTEMS[cfg.system].adapts_over
     if meta.get("stage") != want:
         raise ConfigError(f"{cfg.system} adapts over a {want} checkpoint, but parent={cfg.parent} is "
                           f"{meta.get('stage')!r}" + ("; run build-mini first" if want == "build_mini" else ""))

@@ -30,6 +30,8 @@ from ..config import ConfigError, model_config_from_dict
 from ..data.tasks import find_local, get_task, load_split
 from ..evaluate import evaluate, features_for
 from ..heads import RobertaForTask
+from ..recipe import primaries, task_root
+from ..systems import SYSTEMS
 from .common import pieces
 
 SOURCE, ADAPTED, CONTROL = "source", "adapted", "control"
@@ -284,6 +286,33 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def eval_units(recipe, out: Path) -> list[Unit]:
+    """Every Step-4 evaluation of the recipe, sorted by task and primary model: the languages each task
+    covers, every Step-2 checkpoint (curve) or the final one, a control per language, all seeds per unit."""
+    units = []
+    for task in recipe.tasks:
+        split, langs = recipe.split(task), recipe.evaluated(task)
+        for p in primaries(recipe):
+            ft = [str(out / "finetune" / p / task / f"seed{seed}") for seed in recipe.seeds]
+            systems = [s for s in recipe.systems if SYSTEMS[s].primary == p]
+            if recipe.source_lang in langs:  # one evaluation for every system sharing the primary model
+                units += units_for(task, recipe.source_lang, systems, ft, split, limit=recipe.eval_examples)
+            for s in systems:
+                for lang in (lang for lang in langs if lang != recipe.source_lang):
+                    units += units_for(task, lang, [s], ft, split, str(out / "adapt" / s / lang),
+                                       curve=recipe.curve, control=True, limit=recipe.eval_examples)
+    return units
+
+
+def write_eval_spec(recipe, out: Path) -> Path:
+    """OUT/logs/eval.json: the units and where their results go, for `mm-ds run-eval` on every rank."""
+    path = out / "logs" / "eval.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.write_json_atomic(path, {"data_root": str(task_root(recipe, out)), "results": str(out / "eval"),
+                                        "units": [asdict(u) for u in eval_units(recipe, out)]})
+    return path
+
+
 def run_eval_main(argv: list[str]) -> int:
     """`mm-ds run`'s evaluation on every rank of a launch (internal): EVAL.json lists the units. Given
     RECIPE.json and OUT as well (a one-job run, whose Step 2 has only just finished), rank 0 lists them first."""
@@ -292,7 +321,7 @@ def run_eval_main(argv: list[str]) -> int:
     rank, _, world = dist.init()
     if len(argv) == 3 and rank == 0:
         from ..config import from_dict
-        from ..pipeline import Recipe, write_eval_spec
+        from ..recipe import Recipe
         write_eval_spec(from_dict(Recipe, json.loads(Path(argv[1]).read_text())), Path(argv[2]))
     dist.barrier()
     spec = json.loads(Path(argv[0]).read_text())

@@ -18,7 +18,7 @@ comm      data-parallel gradient traffic per GPU from the ZeRO stage and the *tr
           that share of it behind the backward pass (0 = none, the conservative default).
 disk      an engine checkpoint holds the weights in the training dtype plus, for trainable parameters,
           fp32 master weights and two Adam moments (12 bytes each); final/ holds fp32 weights. The
-          checkpoint schedule is mm-ds's default (steps 1000-4000, every 5000, the last).
+          checkpoint schedule is each stage's (train.checkpoint_steps, every train.checkpoint_every, the last).
 
 Parameter counts follow mm_ds.model (FFN 4h, positions s+2, tied output projection, a bias of V per head).
 
@@ -35,11 +35,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import flops as F
-from .config import TrainConfig
+from .. import flops as F
+from .costs import StageCost, add_recipe_args, costs_from_args
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -146,13 +146,6 @@ def comm_bytes_per_step(zero: int, n: int, trainable: int, total: int, grad_accu
     return grad_accum * (share * trainable * b + 2 * share * total * b)
 
 
-def checkpoints_in(steps: int) -> int:
-    """Engine checkpoints mm-ds writes for `steps` updates under the default schedule (engine.is_checkpoint_step)."""
-    t = TrainConfig()
-    return sum(1 for s in range(1, steps + 1)
-               if s == steps or s in t.checkpoint_steps or s % t.checkpoint_every == 0)
-
-
 @dataclass(frozen=True)
 class StagePlan:
     system: str
@@ -177,20 +170,17 @@ class StagePlan:
     checkpoints: int
 
 
-def plan_recipe(recipe: F.Recipe, cluster: Cluster) -> list[StagePlan]:
+def plan_stages(costs: list[StageCost], cluster: Cluster) -> list[StagePlan]:
     cluster.check()
-    g = recipe.geometry
     rows = []
-    for cost in F.recipe_costs(recipe):
-        st = next(s for s in recipe.systems[cost.system] if s.name == cost.stage)
-        B = st.global_batch or g.global_batch
-        s = st.seq_len or g.seq_len
+    for cost in costs:
+        B, s = cost.global_batch, cost.seq_len
         n = cluster.gpus
         if B % (cluster.micro_batch * n):
             raise ValueError(f"{cost.system} {cost.stage}: global batch {B} is not divisible by micro batch "
                              f"{cluster.micro_batch} x {n} GPUs; change --micro-batch or the cluster size")
         accum = B // (cluster.micro_batch * n)
-        pc = stage_params(st.kind, g.hidden, g.vocab, st.layers, s, st.trainable_layers)
+        pc = stage_params(cost.kind, cost.hidden, cost.vocab, cost.layers, s, cost.trainable_layers)
         compute = cost.flops_per_step / (n * cluster.peak_tflops * 1e12 * cluster.mfu)
         vol = comm_bytes_per_step(cluster.zero, n, pc.trainable, pc.total, accum, cluster.dtype)
         comm = vol / cluster.busbw
@@ -199,10 +189,10 @@ def plan_recipe(recipe: F.Recipe, cluster: Cluster) -> list[StagePlan]:
         gpu_hours = hours * n
         w = BYTES[cluster.dtype]
         rows.append(StagePlan(
-            cost.system, cost.stage, st.kind, st.layers, cost.steps, B, accum, pc.total, pc.trainable,
+            cost.system, cost.stage, cost.kind, cost.layers, cost.steps, B, accum, pc.total, pc.trainable,
             cost.flops_per_step, compute, vol, comm, step, hours, gpu_hours,
             gpu_hours * cluster.usd_per_gpu_hour if cluster.usd_per_gpu_hour else None,
-            pc.total * w + pc.trainable * 12, pc.total * 4, checkpoints_in(cost.steps)))
+            pc.total * w + pc.trainable * 12, pc.total * 4, cost.checkpoints))
     return rows
 
 
@@ -226,9 +216,9 @@ def plan_evaluation(recipe, cluster: Cluster) -> EvalPlan:
     checkpoint schedule) plus a control, and the source language once per primary model, each scored by every
     seed's finetuned model on the official test set's size (mm_ds/data/tasks.py) at the task's full sequence
     length (an upper bound: evaluation batches by length). Forward passes only, at the plan's MFU."""
-    from .data.tasks import get_task
-    from .engine import is_checkpoint_step
-    from .pipeline import PRIMARY, primaries, stage_configs
+    from ..data.tasks import get_task
+    from ..recipe import primaries, stage_configs
+    from ..systems import SYSTEMS
 
     cfgs = stage_configs(recipe)
     units = runs = sequences = 0
@@ -245,10 +235,8 @@ def plan_evaluation(recipe, cluster: Cluster) -> EvalPlan:
             seq = min(spec.max_length, m.max_positions)
             per_run = n * m.num_layers * F.flop_layer(seq, m.hidden_size)
             count = 1 if recipe.source_lang in langs else 0
-            for system in (s for s in recipe.systems if PRIMARY[s] == p):
-                t = cfgs[f"adapt/{system}/{recipe.langs[0]}"].train
-                ckpts = sum(is_checkpoint_step(step, cfgs[f"adapt/{system}/{recipe.langs[0]}"])
-                            for step in range(1, t.steps + 1)) if recipe.curve else 1
+            for system in (s for s in recipe.systems if SYSTEMS[s].primary == p):
+                ckpts = cfgs[f"adapt/{system}/{recipe.langs[0]}"].train.checkpoints() if recipe.curve else 1
                 count += len(targets) * (ckpts + 1)  # + the control
             units += count
             runs += count * seeds
@@ -376,9 +364,7 @@ def measured_check(rows: list[StagePlan], c: Cluster, tflops: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mm-ds plan", description="estimate time, GPU-hours and disk of each stage "
                                  "of a recipe on a GPU cluster (see the module docstring for the model)")
-    ap.add_argument("recipe", nargs="?", default="paper",
-                    help="an `mm-ds run` recipe (paper, the default; rehearsal, tiny, quick, or a YAML file): its "
-                         "training stages and its evaluation; or a JSON recipe as for `mm-ds flops --recipe`")
+    add_recipe_args(ap)
     d = Cluster()
     ap.add_argument("--nodes", type=int, default=d.nodes)
     ap.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node)
@@ -393,34 +379,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=d.micro_batch, help="sequences per GPU per forward")
     ap.add_argument("--overlap", type=float, default=d.overlap, help="share of communication hidden (0-1)")
     ap.add_argument("--usd-per-gpu-hour", type=float, help="print cost in USD at this price")
-    ap.add_argument("--system", action="append", help="only this system (repeatable)")
-    ap.add_argument("--steps", type=int, help="updates per stage (paper: 125000)")
-    ap.add_argument("--batch", type=int, help="global batch in sequences (paper: 2048)")
-    ap.add_argument("--seq", type=int, help="sequence length (paper: 512)")
     ap.add_argument("--measured-tflops", type=float, help="measured per-GPU TFLOP/s: print step times at it")
     ap.add_argument("--bench", help="`mm-ds bench --json` output: check the compute model against it")
     ap.add_argument("--json", action="store_true", help="print JSON rows instead of tables")
     a = ap.parse_args(argv)
     try:
-        run_recipe = None
-        if a.recipe.endswith(".json"):
-            with open(a.recipe) as f:
-                recipe = F.recipe_from_dict(json.load(f))
-        else:  # what `mm-ds run RECIPE` would run: the same stage configs
-            from .pipeline import flops_recipe, load_recipe
-            run_recipe = load_recipe(a.recipe)
-            recipe = flops_recipe(run_recipe)
-        over = {k: v for k, v in dict(steps=a.steps, global_batch=a.batch, seq_len=a.seq).items() if v is not None}
-        recipe = replace(recipe, geometry=replace(recipe.geometry, **over))
-        if a.system:
-            missing = [s for s in a.system if s not in recipe.systems]
-            if missing:
-                raise ValueError(f"--system {', '.join(missing)} not in the recipe (it has {', '.join(recipe.systems)})")
-            recipe = replace(recipe, systems={s: recipe.systems[s] for s in a.system})
+        from ..recipe import load_recipe
+        costs = costs_from_args(a)
         cluster = Cluster(a.nodes, a.gpus_per_node, a.peak_tflops, a.mfu, a.intra_gbps, a.inter_gbps, a.zero,
                           a.dtype, a.micro_batch, a.overlap, a.usd_per_gpu_hour)
-        rows = plan_recipe(recipe, cluster)
-        evaluation = plan_evaluation(run_recipe, cluster) if run_recipe is not None else None
+        rows = plan_stages(costs, cluster)
+        evaluation = plan_evaluation(load_recipe(a.recipe, a.set), cluster)
         bench = read_bench(a.bench) if a.bench else None
         if a.measured_tflops is not None and a.measured_tflops <= 0:
             raise ValueError(f"--measured-tflops must be positive, got {a.measured_tflops}")
@@ -428,18 +397,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mm-ds plan: error: {e}", file=sys.stderr)
         return 2
     if a.json:
-        out = {"geometry": asdict(recipe.geometry), "cluster": asdict(cluster), "stages": [asdict(r) for r in rows]}
-        if evaluation is not None:
-            out["evaluation"] = asdict(evaluation)
+        out = {"recipe": a.recipe, "cluster": asdict(cluster), "stages": [asdict(r) for r in rows],
+               "evaluation": asdict(evaluation)}
         if bench:
             out["bench"] = {"peak_flops": bench[0], "stages": bench[1]}
         print(json.dumps(out, indent=2))
         return 0
-    g = recipe.geometry
-    print(f"recipe {a.recipe}: h={g.hidden} V={g.vocab} s={g.seq_len} p={g.mask_prob} B={g.global_batch} U={g.steps}")
+    shapes = sorted({(c.hidden, c.vocab, c.seq_len, c.mask_prob) for c in costs})
+    print(f"recipe {a.recipe}: " + "; ".join(f"h={h} V={v} s={sq} p={p}" for h, v, sq, p in shapes) +
+          "; per stage: its steps U and global batch B")
     print(format_plan(rows, cluster))
-    if evaluation is not None:
-        print(format_evaluation(evaluation, cluster))
+    print(format_evaluation(evaluation, cluster))
     if a.measured_tflops:
         print()
         print(measured_check(rows, cluster, a.measured_tflops))

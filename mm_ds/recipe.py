@@ -1,0 +1,225 @@
+"""A recipe: what `mm-ds run` runs (systems, target languages, tasks, seeds, data, a preset per stage), and the
+stage runs it makes, in dependency order.
+
+A recipe is a packaged `presets/recipes/NAME.yaml` or a YAML file. Its stage runs are `mm-ds <stage>` command
+lines; `stage_configs` parses them exactly as the stages would, so the recipe check, `mm-ds flops` and
+`mm-ds plan` see what a run would run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from .config import ConfigError, from_dict
+from .data.tasks import TASKS
+from .systems import STAGES, SYSTEMS
+
+
+@dataclass
+class Recipe:
+    """What to run. Stage presets may use {system}; overrides are key=value lists per stage."""
+
+    systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
+    langs: list[str] = field(default_factory=list)
+    """Target languages."""
+    tasks: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [1])
+    """Finetuning seeds (paper: 5); scores are averaged over them."""
+    source_lang: str = "en"
+    world: dict | None = None
+    """Generate the synthetic world first (keyword arguments of mm_ds.data.world.generate_world)."""
+    text: dict = field(default_factory=dict)
+    """lang -> list of input files/globs for `mm-ds prepare` (real data). The world provides its own."""
+    task_root: str = ""
+    """Directory with the task files in the official layout (the world's, when generated)."""
+    data_root: str = ""
+    """Where relative `text` inputs and `task_root` start (default: the working directory)."""
+    rehearsal: bool = False
+    """Make the task files from the public data under data_root (../shared/data's layout), English training
+    sets included (mm_ds/data/rehearsal.py): the real-data rehearsal of the paper recipe."""
+    eval_examples: int | None = None
+    """Evaluate on the first N examples of each evaluation file only (quick runs; the paper: all)."""
+    prepare: dict = field(default_factory=dict)
+    """Options of `mm-ds prepare` (vocab_size, model_type, sample_sentences)."""
+    presets: dict = field(default_factory=dict)
+    """stage -> preset name: pretrain, build_mini, adapt, finetune."""
+    overrides: dict = field(default_factory=dict)
+    """stage -> list of key=value applied after the preset. `<stage>/<system>` keys apply to one system's runs
+    of that stage after the stage's (e.g. adapt/bl_base: the paper checkpoints BL_BASE's Step 2 more often);
+    `finetune/<task>` keys to one task's finetuning, last (tasks differ in how many updates they need)."""
+    launch: dict = field(default_factory=dict)
+    """launch.* overrides for every training stage (ranks, launcher, master_port)."""
+    mode: str = "per_stage"
+    """per_stage: each stage its own launch (clusters: per-stage resources, logs, retries); one_job: a
+    single launch whose ranks run every stage in order (small runs, where start-up would dominate)."""
+    curve: bool = False
+    """Score every Step-2 checkpoint (training curves), not only the final one."""
+    eval_split: str = "test"
+    eval_splits: dict = field(default_factory=dict)
+    """task -> evaluation split, over eval_split (e.g. {mlqa: dev} where only MLQA's dev files are at hand)."""
+    coverage: dict = field(default_factory=dict)
+    """task -> the languages it is evaluated in (source language included). Default: the languages the task
+    table gives the official data set (mm_ds/data/tasks.py), or every language of a generated world. A task
+    is not evaluated in a recipe language it does not cover: the results show a gap, not an error."""
+
+    def evaluated(self, task: str) -> list[str]:
+        """The recipe's languages (source first) that `task` is evaluated in."""
+        langs = [self.source_lang, *self.langs]
+        if task in self.coverage:
+            return [lang for lang in langs if lang in self.coverage[task]]
+        if self.world is not None:
+            return langs
+        return [lang for lang in langs if lang in TASKS[task].languages]
+
+    def split(self, task: str) -> str:
+        return self.eval_splits.get(task, self.eval_split)
+
+    def check(self, where: str) -> None:
+        bad = [s for s in self.systems if s not in SYSTEMS]
+        if bad:
+            raise ConfigError(f"{where}: unknown system(s) {bad}; choose from {', '.join(SYSTEMS)}")
+        bad = [t for t in self.tasks if t not in TASKS]
+        if bad:
+            raise ConfigError(f"{where}: unknown task(s) {bad}; choose from {', '.join(TASKS)}")
+        if not self.langs or not self.tasks:
+            raise ConfigError(f"{where}: a recipe needs at least one target language (langs) and one task")
+        if self.world is None:
+            missing = [lang for lang in [self.source_lang, *self.langs] if lang not in self.text]
+            if missing:
+                raise ConfigError(f"{where}: no text inputs for language(s) {missing}; add them under text:")
+            if not self.task_root and not self.rehearsal:
+                raise ConfigError(f"{where}: task_root is unset (the directory with the task files)")
+        else:
+            from .data.world import PRESETS
+            bad = [lang for lang in self.langs if lang not in PRESETS]
+            if bad:
+                raise ConfigError(f"{where}: language(s) {bad} are not generated-world languages "
+                                  f"({', '.join(PRESETS)})")
+            if self.rehearsal:
+                raise ConfigError(f"{where}: world (generated data) and rehearsal (real data) exclude each other")
+        if self.eval_examples is not None and self.eval_examples < 1:
+            raise ConfigError(f"{where}: eval_examples must be positive (or null: every example)")
+        for key in ("coverage", "eval_splits"):
+            bad = [t for t in getattr(self, key) if t not in TASKS]
+            if bad:
+                raise ConfigError(f"{where}: {key}.{bad[0]} is not a task; choose from {', '.join(TASKS)}")
+        for task, langs in self.coverage.items():
+            if not isinstance(langs, list):
+                raise ConfigError(f"{where}: coverage.{task} must be a list of languages, got {langs!r}")
+        from .config import LaunchConfig
+        launch = from_dict(LaunchConfig, self.launch, prefix="launch.")  # types, before any data work
+        launch.check()
+        self.launch = {k: getattr(launch, k) for k in self.launch}
+        if self.mode not in ("per_stage", "one_job"):
+            raise ConfigError(f"{where}: mode={self.mode!r}; use per_stage or one_job")
+        for stage in ("pretrain", "adapt", "finetune"):
+            if stage not in self.presets:
+                raise ConfigError(f"{where}: presets.{stage} is unset")
+        for k in self.overrides:
+            stage, _, which = k.partition("/")
+            if stage not in STAGES or which and not (which in SYSTEMS or stage == "finetune" and which in TASKS):
+                raise ConfigError(f"{where}: overrides.{k} names no stage; use {', '.join(STAGES)}, "
+                                  f"<stage>/<system> with a system of {', '.join(SYSTEMS)}, or finetune/<task> "
+                                  f"with a task of {', '.join(TASKS)}")
+            if not isinstance(self.overrides[k], list):
+                raise ConfigError(f"{where}: overrides.{k} must be a list of key=value strings")
+
+
+def recipe_names() -> list[str]:
+    root = resources.files("mm_ds") / "presets" / "recipes"
+    return sorted(f.name[:-5] for f in root.iterdir() if f.name.endswith(".yaml"))
+
+
+def load_recipe(name: str, sets: list[str] = ()) -> Recipe:
+    """A packaged recipe or a YAML file, with `key=value` changes (`mm-ds run --set`, `--launch`) applied."""
+    from .config import apply_overrides
+
+    path = Path(name)
+    if not path.is_file():
+        packaged = resources.files("mm_ds") / "presets" / "recipes" / f"{name}.yaml"
+        if not packaged.is_file():
+            raise ConfigError(f"recipe {name!r} is neither a file nor a packaged recipe ({', '.join(recipe_names())})")
+        path = Path(str(packaged))
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {path} must hold a mapping of keys, got {type(data).__name__}")
+    recipe = from_dict(Recipe, apply_overrides(data, list(sets)))
+    recipe.check(str(path) + (f" with {' '.join(sets)}" if sets else ""))
+    return recipe
+
+
+@dataclass
+class StageRun:
+    """One run of a training stage: its name (`stage/run dir under OUT`), run directory and command line."""
+    name: str
+    out: Path
+    argv: list[str]
+    """mm-ds arguments; run as `python -m mm_ds.cli ARGV`."""
+
+
+def stage_runs(recipe: Recipe, out: Path) -> list[StageRun]:
+    """Every training stage in dependency order (each node's parents come before it)."""
+    data = out / "data"
+    launch = [f"launch.{k}={v}" for k, v in recipe.launch.items()]
+    runs: list[StageRun] = []
+
+    def stage(kind: str, run: Path, system: str, lang: str, parent: Path | None, extra: list[str]) -> None:
+        preset = recipe.presets.get(kind, "").format(system=system)
+        argv = [kind.replace("_", "-"), "--preset", preset, "--out", str(run), f"system={system}", f"lang={lang}",
+                *launch, *recipe.overrides.get(kind, []), *recipe.overrides.get(f"{kind}/{system}", []), *extra]
+        if parent is not None:
+            argv.append(f"parent={parent}")
+        runs.append(StageRun(f"{kind}/{run.relative_to(out)}", run, argv))
+
+    for p in primaries(recipe):
+        stage("pretrain", out / "pretrain" / p, p, recipe.source_lang, None, [f"data.corpus={data / recipe.source_lang}"])
+    for s in recipe.systems:
+        if SYSTEMS[s].mini:
+            stage("build_mini", out / "build_mini" / s, s, recipe.source_lang, out / "pretrain" / SYSTEMS[s].primary,
+                  [f"data.corpus={data / recipe.source_lang}"])
+    for s in recipe.systems:
+        parent = out / "build_mini" / s if SYSTEMS[s].mini else out / "pretrain" / SYSTEMS[s].primary
+        for lang in recipe.langs:
+            stage("adapt", out / "adapt" / s / lang, s, lang, parent, [f"data.corpus={data / lang}"])
+    for p in primaries(recipe):
+        for task in recipe.tasks:
+            for seed in recipe.seeds:
+                stage("finetune", out / "finetune" / p / task / f"seed{seed}", p, recipe.source_lang,
+                      out / "pretrain" / p, [f"finetune.task={task}", f"train.seed={seed}",
+                                             f"finetune.data_root={task_root(recipe, out)}",
+                                             *recipe.overrides.get(f"finetune/{task}", [])])
+    return runs
+
+
+def primaries(recipe: Recipe) -> list[str]:
+    return sorted({SYSTEMS[s].primary for s in recipe.systems}, key=list(SYSTEMS).index)
+
+
+def task_root(recipe: Recipe, out: Path) -> Path:
+    if recipe.world is not None:
+        return out / "world"
+    return out / "tasks" if recipe.rehearsal else data_path(recipe, recipe.task_root)
+
+
+def data_path(recipe: Recipe, path: str) -> Path:
+    """A path of the recipe's data: relative ones start at data_root."""
+    return Path(recipe.data_root or ".") / path if not Path(path).is_absolute() else Path(path)
+
+
+def text_inputs(recipe: Recipe, lang: str) -> list[str]:
+    return [i if i.startswith("hf:") else str(data_path(recipe, i)) for i in recipe.text.get(lang, [])]
+
+
+def stage_configs(recipe: Recipe, out: Path = Path("OUT")) -> dict[str, object]:
+    """Each planned stage run's effective RunConfig (preset, stage, system and task overrides), parsed from the
+    very command line `mm-ds run` would launch, keyed by the run directory under `out`."""
+    from .cli import stage_config
+
+    return {n.name.split("/", 1)[1]: stage_config(n.argv[0], n.argv[1:])[1] for n in stage_runs(recipe, out)}

@@ -1,0 +1,133 @@
+"""Evaluation records in: one per evaluated checkpoint, {system, task, lang, step, flops, v100_days, score}, the
+score already averaged over finetuning seeds, from CSV, JSON (a list, or {"results": [...]}) or JSONL (as
+`mm-ds run` writes results.jsonl). What is wrong with a record is collected as a warning, never raised."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from .flops import V100_DAY_FLOPS
+
+FIELDS = ("system", "task", "lang", "step", "flops", "v100_days", "score")
+
+
+@dataclass(frozen=True)
+class Result:
+    system: str
+    task: str
+    lang: str
+    step: int
+    flops: float
+    v100_days: float
+    score: float
+
+
+
+class _Problems:
+    """Groups per-record problems by message, so 1,000 bad rows make one warning, not 1,000."""
+
+    def __init__(self):
+        self.where: dict[str, list[str]] = defaultdict(list)
+
+    def add(self, msg: str, loc: str):
+        self.where[msg].append(loc)
+
+    def warnings(self) -> list[str]:
+        out = []
+        for msg, locs in self.where.items():
+            more = f" and {len(locs) - 3} more" if len(locs) > 3 else ""
+            out.append(f"{msg}: {len(locs)} record(s) skipped ({', '.join(locs[:3])}{more})")
+        return out
+
+
+def _number(v, cast):
+    if v is None or (isinstance(v, str) and not v.strip()):
+        return None
+    try:
+        x = cast(float(v))
+    except (TypeError, ValueError):
+        raise ValueError(f"not a number: {v!r}") from None
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def clean_records(raw: Iterable[dict], source: str = "records") -> tuple[list[Result], list[str]]:
+    """Dicts -> Results. Skips (and reports) records missing a name field, the step, the score, or both costs;
+    fills flops from v100_days or the reverse when only one is given."""
+    problems, results = _Problems(), []
+    for i, rec in enumerate(raw):
+        loc = f"{source}#{i + 1}"
+        if not isinstance(rec, dict):
+            problems.add("record is not an object/row", loc)
+            continue
+        if rec.get("kind", "adapted") != "adapted":  # mm-ds run also records source-language and control rows
+            continue
+        missing = [k for k in ("system", "task", "lang") if not str(rec.get(k) or "").strip()]
+        if missing:
+            problems.add(f"missing {'/'.join(missing)}", loc)
+            continue
+        try:
+            step = _number(rec.get("step"), int)
+            score = _number(rec.get("score"), float)
+            flops = _number(rec.get("flops"), float)
+            days = _number(rec.get("v100_days"), float)
+        except ValueError as e:
+            problems.add(f"bad value ({e})", loc)
+            continue
+        if step is None:
+            problems.add("missing step", loc)
+            continue
+        if score is None:
+            problems.add("missing score", loc)
+            continue
+        if flops is None and days is None:
+            problems.add("missing both flops and v100_days", loc)
+            continue
+        flops = days * V100_DAY_FLOPS if flops is None else flops
+        days = flops / V100_DAY_FLOPS if days is None else days
+        results.append(Result(str(rec["system"]).strip().upper(), str(rec["task"]).strip(), str(rec["lang"]).strip(),
+                              step, flops, days, score))
+    return results, problems.warnings()
+
+
+def read_records(path: str | Path) -> tuple[list[dict], list[str]]:
+    """Raw dicts from a .csv, .json or .jsonl file, plus warnings (a file that cannot be read is one)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        return [], [f"cannot read results file {path}: {e}"]
+    try:
+        if path.suffix == ".csv":
+            reader = csv.DictReader(text.splitlines())
+            rows = list(reader)
+            absent = [f for f in FIELDS if f not in (reader.fieldnames or [])]
+            absent = [f for f in absent if f not in ("flops", "v100_days")] + (
+                ["flops and v100_days"] if {"flops", "v100_days"} <= set(absent) else [])
+            return rows, [f"{path}: no column {', '.join(absent)} (expected {', '.join(FIELDS)})"] if absent else []
+        if path.suffix == ".jsonl":
+            return [json.loads(line) for line in text.splitlines() if line.strip()], []
+        if path.suffix == ".json":
+            data = json.loads(text)
+            data = data.get("results", data) if isinstance(data, dict) else data
+            if not isinstance(data, list):
+                return [], [f"{path}: expected a list of records or {{\"results\": [...]}}"]
+            return data, []
+    except json.JSONDecodeError as e:
+        return [], [f"{path}: invalid JSON ({e})"]
+    return [], [f"{path}: unsupported file type {path.suffix!r}; use .csv, .json or .jsonl"]
+
+
+def load_results(paths: Sequence[str | Path]) -> tuple[list[Result], list[str]]:
+    results, warnings = [], []
+    for p in paths:
+        rows, w = read_records(p)
+        warnings += w
+        r, w = clean_records(rows, source=str(p))
+        results += r
+        warnings += w
+    return results, warnings

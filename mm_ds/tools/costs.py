@@ -1,0 +1,156 @@
+"""`mm-ds flops`: the analytic training cost (paper appendix A.1) of every stage of a recipe.
+
+The stages are read from the recipe the way `mm-ds run` would run them (each stage's effective config), and
+each system's row of the systems table says which formula each of its stages costs: the paper recipe is
+`presets/recipes/paper.yaml` and its presets, nothing else. Table 2 counts Step 2 only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, replace
+
+from .. import flops
+from ..systems import SYSTEMS
+
+
+@dataclass(frozen=True)
+class StageCost:
+    system: str
+    """The paper's name (BL_BASE, ...)."""
+    stage: str
+    """The paper's step: step1, step1b, step2."""
+    kind: str
+    """The formula (flops.FORMULAS)."""
+    layers: int
+    """Layers the stage runs through (for build_mini: the whole mini-model, N + trainable)."""
+    trainable_layers: int | None
+    steps: int
+    global_batch: int
+    seq_len: int
+    hidden: int
+    vocab: int
+    mask_prob: float
+    checkpoints: int
+    """Engine checkpoints the stage writes (its config's schedule)."""
+
+    @property
+    def flops_per_step(self) -> float:
+        return flops.stage_flops_per_step(self.kind, hidden=self.hidden, vocab=self.vocab, layers=self.layers,
+                                          seq_len=self.seq_len, mask_prob=self.mask_prob,
+                                          global_batch=self.global_batch, trainable_layers=self.trainable_layers)
+
+    @property
+    def flops(self) -> float:
+        return self.flops_per_step * self.steps
+
+    @property
+    def v100_days(self) -> float:
+        return flops.to_v100_days(self.flops)
+
+    def row(self) -> dict:
+        return asdict(self) | {"flops_per_step": self.flops_per_step, "flops": self.flops, "v100_days": self.v100_days}
+
+
+CHANGES = ("steps", "global_batch", "seq_len", "hidden", "vocab", "mask_prob")
+"""What a cost estimate may change in every stage (`--steps`, `--batch`, ...)."""
+
+
+def recipe_costs(recipe, systems: list[str] | None = None, **changes) -> list[StageCost]:
+    """Steps 1, 1b and 2 of each system (label or config name) of an `mm-ds run` recipe, from its stage configs
+    (the first target language's Step 2 stands for every language's), with `changes` applied to every stage."""
+    from ..ds_config import global_batch
+    from ..recipe import stage_configs
+
+    bad = [k for k in changes if k not in CHANGES]
+    if bad:
+        raise ValueError(f"cannot change {', '.join(bad)}; only {', '.join(CHANGES)}")
+    names = {s.label: n for n, s in SYSTEMS.items()}
+    chosen = [names.get(s, s) for s in systems] if systems else list(recipe.systems)
+    missing = [s for s, n in zip(systems or chosen, chosen) if n not in recipe.systems]
+    if missing:
+        raise ValueError(f"--system {', '.join(missing)} not in the recipe (it has "
+                         f"{', '.join(SYSTEMS[s].label for s in recipe.systems)})")
+    cfgs = stage_configs(recipe)
+    vocab = int(recipe.prepare.get("vocab_size", 50_000))
+    rows = []
+    for name in chosen:
+        system = SYSTEMS[name]
+        pre = cfgs[f"pretrain/{system.primary}"]
+        model = pre.model
+
+        def cost(stage, kind, cfg, layers, trainable=None):
+            row = StageCost(system.label, stage, kind, layers, trainable, cfg.train.steps, global_batch(cfg),
+                            cfg.data.seq_len, model.hidden_size, model.vocab_size or vocab, cfg.data.mask_prob,
+                            cfg.train.checkpoints())
+            return replace(row, **changes)
+
+        rows.append(cost("step1", system.step1, pre, model.num_layers))
+        mini = None
+        if system.mini == "build":
+            b = cfgs[f"build_mini/{name}"]
+            mini = b.mini
+            rows.append(cost("step1b", "build_mini", b, system.adapted_layers(model, mini), mini.new_layers))
+        rows.append(cost("step2", "adapt", cfgs[f"adapt/{name}/{recipe.langs[0]}"], system.adapted_layers(model, mini)))
+    return rows
+
+
+def format_costs(rows: list[StageCost]) -> str:
+    head = "| system | stage | kind | layers | trainable | steps | batch | seq | EFLOPs | V100-days |"
+    lines = [head, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.system} | {r.stage} | {r.kind} | {r.layers} | {r.trainable_layers or ''} | "
+                     f"{r.steps:,} | {r.global_batch} | {r.seq_len} | {r.flops / flops.EXA:.3g} | {r.v100_days:.3g} |")
+    return "\n".join(lines)
+
+
+def add_recipe_args(ap: argparse.ArgumentParser) -> None:
+    """The recipe and what an estimate may change in it (shared with `mm-ds plan`)."""
+    ap.add_argument("recipe", nargs="?", default="paper",
+                    help="an `mm-ds run` recipe: packaged (paper, the default; rehearsal, tiny, quick) or a YAML file")
+    ap.add_argument("--system", action="append", help="only this system (repeatable), e.g. BL_BASE or bl_base")
+    ap.add_argument("--steps", type=int, help="updates of every stage (paper: 125000)")
+    ap.add_argument("--batch", type=int, help="global batch in sequences of every stage (paper: 2048)")
+    ap.add_argument("--seq", type=int, help="sequence length (paper: 512)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="change a recipe key (repeatable), as `mm-ds run --set`")
+
+
+def costs_from_args(a: argparse.Namespace, **extra) -> list[StageCost]:
+    from ..recipe import load_recipe
+
+    changes = {k: v for k, v in dict(steps=a.steps, global_batch=a.batch, seq_len=a.seq, **extra).items()
+               if v is not None}
+    return recipe_costs(load_recipe(a.recipe, a.set), a.system, **changes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mm-ds flops", description="Analytic training cost of every stage of a recipe "
+                                 "(paper appendix A.1; 1 V100-day = 2.592 EFLOPs). Table 2 counts step2 only.")
+    add_recipe_args(ap)
+    ap.add_argument("--recipe", dest="recipe_opt", help=argparse.SUPPRESS)  # the positional's earlier spelling
+    ap.add_argument("--hidden", type=int, help="hidden size (paper: 768)")
+    ap.add_argument("--vocab", type=int, help="vocabulary size (paper: 50000)")
+    ap.add_argument("--mask-prob", type=float, help="MLM mask probability (paper: 0.15)")
+    ap.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    args = ap.parse_args(argv)
+    args.recipe = args.recipe_opt or args.recipe
+    try:
+        rows = costs_from_args(args, hidden=args.hidden, vocab=args.vocab, mask_prob=args.mask_prob)
+    except (OSError, ValueError) as e:  # ConfigError is a ValueError
+        print(f"mm-ds flops: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"recipe": args.recipe, "stages": [r.row() for r in rows]}, indent=2))
+    else:
+        shapes = sorted({(r.hidden, r.vocab, r.mask_prob) for r in rows})
+        print(f"recipe {args.recipe}: " + "; ".join(f"h={h} V={v} p={p}" for h, v, p in shapes) +
+              "; per stage: U steps, B sequences of s tokens")
+        print(format_costs(rows))
+        print("Table 2 and the speedups count step2 only (paid per new language); step1/step1b are paid once.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
