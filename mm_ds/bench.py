@@ -1,5 +1,5 @@
 """`mm-ds bench`: time every stage kind through the real training step, against a same-run matmul peak
-and a Hugging Face `transformers` peer, and check the CPU speed targets (issue 6).
+and a Hugging Face `transformers` peer, and check the CPU speed targets.
 
     mm-ds bench --preset base --micro-batch 2 --json bench.json
     mm-ds bench --preset tiny --steps 2 --no-peer
@@ -84,7 +84,7 @@ STAGE_TITLES = {
     "finetune": "Step 3, finetune (cls)",
 }
 
-# Speed targets at the base shape (issue 6), as (key, description, threshold).
+# Speed targets at the base shape, as (key, description, threshold).
 TARGETS = (
     ("a3_speedup", "Step 2 mini vs full: speedup >= 90% of analytic A3 ratio", 0.90),
     ("peer_pretrain", "pretrain tokens/s >= 1.25x transformers", 1.25),

@@ -76,3 +76,33 @@ def test_mm_ds_lines_name_real_commands_presets_and_recipes(where, argv):
         assert name in config.preset_names(), f"{where}: no preset {name!r}"
     if argv[0] == "run" and len(argv) > 1 and not argv[1].startswith("-") and not argv[1].endswith((".yaml", ".yml")):
         assert argv[1] in recipe_names(), f"{where}: no recipe {argv[1]!r}"
+
+
+MANUALS = [ROOT / "README.md", ROOT / "docs" / "results.md"]
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors (lower case, punctuation dropped, spaces to hyphens); code blocks skipped."""
+    found, fenced = set(), False
+    for line in path.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        if line.startswith("#") and not fenced:
+            found.add(re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-"))
+    return found
+
+
+def test_the_readme_is_a_manual_not_a_notebook():
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines < 400, f"README.md has {lines} lines: keep it a user's manual; dated measurements go to docs/results.md"
+
+
+@pytest.mark.parametrize("path", MANUALS, ids=[p.name for p in MANUALS])
+def test_relative_links_resolve(path):
+    for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+        if re.match(r"^[a-z]+:", target):
+            continue  # http:, https:, mailto:
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        assert dest.exists(), f"{path.relative_to(ROOT)}: link to {target!r}: no file {dest}"
+        if anchor:
+            assert anchor in anchors(dest), f"{path.relative_to(ROOT)}: link to {target!r}: no such heading in {dest.name}"

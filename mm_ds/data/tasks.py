@@ -88,7 +88,7 @@ class Source:
     """One of `READERS`: xnli_tsv, mnli_jsonl, pawsx_tsv, squad_json."""
     files: tuple[str, ...]
     """Paths under a data root, `{split}`/`{lang}` filled in; the first that exists is used. The first
-    pattern is the layout of /work/shared/data, the others the official distributions' layouts."""
+    pattern is the layout of the rehearsal's data (../shared/data), the others the official distributions'."""
     hub: str
     """`datasets.load_dataset` name, used only when asked to (`load_split(..., hub=True)`)."""
     hub_config: str | None
