@@ -25,7 +25,7 @@ def test_parse_hosts_comments_and_blank_lines():
     ("node0 slots=2\nnode1\n", ["line 2", "no slots", "node1 slots=N"]),
     ("node0 slots=two\n", ["line 1", "malformed", "slots=two"]),
     ("node0 slots=0\n", ["line 1", "positive integer"]),
-    ("node0 slots=2 extra\n", ["line 1", "3 fields"]),
+    ("node0 max_slots=2 slots=2\n", ["line 1", "malformed", "max_slots=2"]),
     ("node0 slots=2\nnode1 slots=2\nnode0 slots=4\n", ["line 3", "already listed on line 1"]),
     ("# nothing here\n\n", ["no hosts"]),
 ])
@@ -34,6 +34,31 @@ def test_bad_lines_name_the_line(text, words):
         hostfile.parse(text, "hosts")
     for w in words:
         assert w in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("text", [
+    "node1 slots=8 max_slots=8\n",  # OpenMPI's cap on oversubscription
+    "node1 slots=8\n  node2   slots=8   # two spaces, a comment\n",
+    "user@node1 slots=2\nnode-2.cluster.local slots=2\n",
+    "node1 slots=8 max_slots=8\nnode1 slots=8\n",
+    "node1 slots=two\n",
+    "node1 max_slots=8 slots=8\n",
+    "node1\n",
+    "slots=8\n",
+    "# only a comment\n",
+])
+def test_accepts_exactly_what_deepspeeds_launcher_accepts(text):
+    from deepspeed.launcher.runner import _parse_hostfile
+
+    try:
+        want = list(_parse_hostfile(text.splitlines()).items())
+    except ValueError:
+        want = None
+    try:
+        got = [(h.name, h.slots) for h in hostfile.parse(text)]
+    except ConfigError:
+        got = None
+    assert got == want
 
 
 def test_more_nodes_or_ranks_than_the_hostfile_offers():
