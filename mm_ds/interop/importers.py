@@ -23,8 +23,9 @@ import torch
 
 from .. import checkpoint, surgery
 from ..config import ConfigError, ModelConfig, to_dict
-from ..model import LANGUAGE_PARAMS
+from ..model import LANGUAGE_PARAMS, param_shapes
 from ..tokens import PAD
+from . import hf
 from . import spm as spm_io
 from .spm import InteropError
 
@@ -151,7 +152,7 @@ def import_hf(src: str | Path, out: str | Path, tokenizer: str | Path | None = N
     hf_sd, wfile = read_hf_weights(src)
     hf_sd, dtypes = _to_fp32(hf_sd)
     try:
-        cfg, sd = surgery.from_hf_roberta(hf_cfg, hf_sd)
+        cfg, sd = hf.from_hf_roberta(hf_cfg, hf_sd)
     except (surgery.SurgeryError, ConfigError) as e:
         raise InteropError(f"{wfile} with {cfg_path}: {e}") from e
     spm_src = _find_tokenizer(src, tokenizer, no_tokenizer, "--from hf")
@@ -294,7 +295,7 @@ def from_fairseq(args: dict, fs_sd: dict, where: str) -> tuple[ModelConfig, dict
         cfg.check()
     except ConfigError as e:
         raise InteropError(f"{where}: the model arguments do not give a valid model: {e}") from e
-    want = surgery.expected_shapes(cfg)
+    want = param_shapes(cfg)
     rows = []
     for ours, fs in FAIRSEQ_KEYS:
         for i in (range(cfg.num_layers) if "{i}" in ours else (None,)):
@@ -305,7 +306,7 @@ def from_fairseq(args: dict, fs_sd: dict, where: str) -> tuple[ModelConfig, dict
     extra = sorted(set(sd) - known)
     if missing or extra:
         raise InteropError(f"{where}: keys do not match a fairseq RoBERTa with encoder_layers={cfg.num_layers}: "
-                           f"missing {surgery._few(missing)}; unexpected {surgery._few(extra)}")
+                           f"missing {surgery.few_keys(missing)}; unexpected {surgery.few_keys(extra)}")
     out = {}
     for o, names in rows:
         s = want[o] if len(names) == 1 else (want[o][0] // len(names), *want[o][1:])
