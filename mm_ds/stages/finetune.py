@@ -17,7 +17,8 @@ import torch
 from .. import ds_config, flops
 from ..config import ConfigError, RunConfig
 from ..data import features as feats
-from ..data.tasks import EXTRACTIVE_QA, get_task, load_split
+from ..data.task_files import load_split
+from ..data.tasks import EXTRACTIVE_QA, get_task
 from ..ds_config import Geometry
 from ..engine import Stage
 from ..heads import RobertaForTask
