@@ -10,6 +10,9 @@ State-dict keys read like the architecture:
     layers.{i}.attn_norm, layers.{i}.ffn.fc1, layers.{i}.ffn.fc2, layers.{i}.ffn_norm
     head.dense, head.norm, head.bias       (bias: V, language-specific)
     aux_head.dense, aux_head.norm, aux_head.bias   (MINIJOINT only)
+
+`param_shapes(cfg)` lists these keys and shapes without building the model; `param_count(cfg, select)` is
+the one parameter count (surgery's checks, `mm-ds plan`).
 """
 
 from __future__ import annotations
