@@ -25,6 +25,7 @@ import torch
 
 from .. import checkpoint, surgery
 from ..config import ModelConfig, model_config_from_dict
+from ..data.tokenizer import has_our_ids
 from ..model import param_shapes
 from ..tokens import SPECIAL_IDS, SPECIAL_PIECES
 from . import hf
@@ -97,7 +98,7 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
             raise InteropError(f"tokenizer {spm_path} does not exist (recorded in the checkpoint's meta or "
                                f"given by --tokenizer)")
         sp = spm_io.load(spm_path)
-        if not spm_io.is_ours(sp):
+        if not has_our_ids(sp):
             raise InteropError(f"tokenizer {spm_path}: special ids are not <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4")
         if sp.get_piece_size() != cfg.vocab_size:
             raise InteropError(f"tokenizer {spm_path} has {sp.get_piece_size()} pieces but {surgery.TOKENS} has "

@@ -23,6 +23,7 @@ import torch
 
 from .. import checkpoint, surgery
 from ..config import ConfigError, ModelConfig, to_dict
+from ..data.tokenizer import has_our_ids, pieces
 from ..model import LANGUAGE_PARAMS, param_shapes
 from ..tokens import PAD
 from . import hf
@@ -57,7 +58,7 @@ def _finish(final: Path, cfg: ModelConfig, sd: dict, meta: dict, spm_src: Path |
     converted = None
     if rows is not None:
         perm = spm_io.our_layout(rows, str(spm_src))
-        if perm != list(range(len(rows))) or rows != _pieces(spm_src):
+        if perm != list(range(len(rows))) or rows != pieces(spm_src):
             idx = torch.tensor(perm)
             for k in LANGUAGE_PARAMS:
                 if k in sd:
@@ -76,11 +77,6 @@ def _finish(final: Path, cfg: ModelConfig, sd: dict, meta: dict, spm_src: Path |
         checkpoint.write_meta(final, meta)
         checkpoint.write_manifest(final)  # now covering spm.model too
     return meta
-
-
-def _pieces(path: Path) -> list[str]:
-    sp = spm_io.load(path)
-    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
 
 
 def _to_fp32(sd: dict) -> tuple[dict, str]:
@@ -352,7 +348,7 @@ def import_fairseq(src: str | Path, out: str | Path, tokenizer: str | Path | Non
                                    f"another model")
         else:  # no dictionary: only a tokenizer whose ids already are the rows will do
             rows = spm_io.rows_of(spm_src, cfg.vocab_size, f"{pt.name} {FS_EMBED}")
-            if not spm_io.is_ours(spm_io.load(spm_src)):
+            if not has_our_ids(spm_io.load(spm_src)):
                 raise InteropError(f"{home}: no dict.txt; fairseq's row order comes from it (or pass --tokenizer "
                                    f"with a model whose ids equal the rows)")
     source = {"format": "fairseq", "path": str(pt.resolve()), "dtype": dtypes,

@@ -12,9 +12,10 @@ import torch
 
 from .. import surgery
 from ..config import ConfigError, RunConfig
+from ..data.tokenizer import pieces
 from ..engine import Stage
 from ..model import LANGUAGE_PARAMS, RobertaMLM
-from .common import load_parent, mlm_batches, open_corpus, pieces, stage_flops
+from .common import load_parent, mlm_batches, open_corpus, stage_flops
 
 PARENT_STAGE = {"bl_base": "pretrain", "bl_small": "pretrain", "minijoint": "build_mini", "minipost": "build_mini"}
 

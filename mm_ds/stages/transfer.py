@@ -29,9 +29,9 @@ from .. import checkpoint, flops, surgery
 from ..config import ConfigError, model_config_from_dict
 from ..data.task_files import load_split
 from ..data.tasks import find_local, get_task
+from ..data.tokenizer import pieces
 from ..evaluate import evaluate, features_for
 from ..heads import RobertaForTask
-from .common import pieces
 
 SOURCE, ADAPTED, CONTROL = "source", "adapted", "control"
 
