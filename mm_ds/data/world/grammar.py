@@ -15,7 +15,7 @@ from dataclasses import dataclass
 # ------------------------------------------------------------------------------------------ the lexicon
 
 # Noun classes. Their sizes are deliberately unequal: with equal classes, Step 2 once converged to a
-# permuted class mapping (notes/generated-world-findings.md). "word:plural" gives irregular plurals.
+# permuted class mapping. "word:plural" gives irregular plurals.
 NOUNS = {
     "person": """man:men woman:women boy girl child:children teacher doctor farmer baker driver nurse soldier
         pilot singer painter dancer student lawyer king queen guard sailor miner hunter cook waiter judge clerk

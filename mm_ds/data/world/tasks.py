@@ -1,7 +1,7 @@
 """The world's labelled tasks, decided by the generator's semantics (labels never follow from word presence).
 
 A ~1M-parameter model learned single-sentence semantic properties ("is the agent plural / animate?", half
-of the sentences passive) but not subject/object-swap paraphrase pairs (notes/generated-world-findings.md).
+of the sentences passive) but not subject/object-swap paraphrase pairs.
 A first design here that checked a second sentence's claim against the first (an XOR of two readings,
 with template words absent from the pretraining text) stayed at chance after 600 finetuning updates at any
 learning rate. So both pair tasks ask for the class of the DOER (agent) of sentence 1, which needs its
