@@ -58,7 +58,7 @@ def _finish(final: Path, cfg: ModelConfig, sd: dict, meta: dict, spm_src: Path |
     converted = None
     if rows is not None:
         perm = spm_io.our_layout(rows, str(spm_src))
-        if perm != list(range(len(rows))) or rows != pieces(spm_src):
+        if perm != list(range(len(rows))) or rows != pieces(spm_io.load(spm_src)):
             idx = torch.tensor(perm)
             for k in LANGUAGE_PARAMS:
                 if k in sd:
