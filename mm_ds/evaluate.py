@@ -13,15 +13,13 @@ import torch
 
 from . import metrics
 from .data import features as feats
-from .data.tasks import EXTRACTIVE_QA, TaskSpec
-
-# MLQA's normalisation branches by language; generated-world languages (no articles, space-separated
-# words) are scored with the whitespace branch that has no article list.
-_MLQA_LANGS = {"en", "es", "de", "vi", "ar", "hi", "zh"}
+from .data.tasks import EXTRACTIVE_QA, TASKS, TaskSpec
 
 
 def metric_lang(lang: str) -> str:
-    return lang if lang in _MLQA_LANGS else "hi"
+    """MLQA's normalisation branches by language (one per MLQA language); generated-world languages (no
+    articles, space-separated words) are scored with the whitespace branch that has no article list."""
+    return lang if lang in TASKS["mlqa"].languages else "hi"
 
 
 @dataclass

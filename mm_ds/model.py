@@ -10,6 +10,9 @@ State-dict keys read like the architecture:
     layers.{i}.attn_norm, layers.{i}.ffn.fc1, layers.{i}.ffn.fc2, layers.{i}.ffn_norm
     head.dense, head.norm, head.bias       (bias: V, language-specific)
     aux_head.dense, aux_head.norm, aux_head.bias   (MINIJOINT only)
+
+`param_shapes(cfg)` lists these keys and shapes without building the model; `param_count(cfg, select)` is
+the one parameter count (surgery's checks, `mm-ds plan`).
 """
 
 from __future__ import annotations
@@ -230,6 +233,52 @@ class RobertaMLM(Encoder):
             losses.append(loss)
         out["loss"] = torch.stack(losses).mean()
         return out
+
+
+# ---------------------------------------------------------------- shapes and parameter counts
+
+def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Parameter suffixes of one transformer layer (`layers.{i}.<suffix>`), in module order."""
+    h, f = cfg.hidden_size, cfg.ffn_size
+    return {
+        "attn.qkv.weight": (3 * h, h), "attn.qkv.bias": (3 * h,),
+        "attn.out.weight": (h, h), "attn.out.bias": (h,),
+        "attn_norm.weight": (h,), "attn_norm.bias": (h,),
+        "ffn.fc1.weight": (f, h), "ffn.fc1.bias": (f,),
+        "ffn.fc2.weight": (h, f), "ffn.fc2.bias": (h,),
+        "ffn_norm.weight": (h,), "ffn_norm.bias": (h,),
+    }
+
+
+def _head_shapes(prefix: str, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    h = cfg.hidden_size  # the output projection is the token embeddings (tied): not counted again
+    return {f"{prefix}.dense.weight": (h, h), f"{prefix}.dense.bias": (h,),
+            f"{prefix}.norm.weight": (h,), f"{prefix}.norm.bias": (h,), f"{prefix}.bias": (cfg.vocab_size,)}
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every key of `RobertaMLM(cfg).state_dict()` and its shape, computed without building the model."""
+    if cfg.vocab_size is None:
+        raise ValueError("model.vocab_size is unset: resolve it from the tokenizer first")
+    h = cfg.hidden_size
+    out: dict[str, tuple[int, ...]] = {
+        "embed.tokens.weight": (cfg.vocab_size, h),
+        "embed.positions.weight": (cfg.max_positions + PAD + 1, h),
+        "embed.norm.weight": (h,), "embed.norm.bias": (h,),
+    }
+    for i in range(cfg.num_layers):
+        out |= {f"layers.{i}.{k}": s for k, s in layer_shapes(cfg).items()}
+    out |= _head_shapes("head", cfg)
+    if cfg.aux_head_layer is not None:
+        out |= _head_shapes("aux_head", cfg)
+    return out
+
+
+def param_count(cfg: ModelConfig, select=None) -> int:
+    """Parameters of `RobertaMLM(cfg)` (= its `num_params()`), or of the keys `select(key)` accepts, e.g.
+    `lambda k: k in LANGUAGE_PARAMS` (the language group) or `lambda k: not k.startswith("head.")` (the body
+    a downstream model keeps). Needs no model and no memory: plans count the paper's shapes with it."""
+    return sum(math.prod(s) for k, s in param_shapes(cfg).items() if select is None or select(k))
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

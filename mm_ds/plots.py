@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from statistics import mean
+from typing import TYPE_CHECKING
 
-from .report import Report
+if TYPE_CHECKING:  # report.py imports this module when it writes figures
+    from .report import Report
 
 
 def _mean_curve(report: Report, task: str, system: str) -> list[tuple[float, float]]:

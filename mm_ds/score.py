@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from mm_ds.data.tasks import (EXTRACTIVE_QA, TASKS, PairExample, QAExample, TaskDataError, TaskSpec, get_task,
-                              load_file)
+from mm_ds.data.task_files import PairExample, QAExample, load_file
+from mm_ds.data.tasks import EXTRACTIVE_QA, TASKS, TaskDataError, TaskSpec, get_task
 from mm_ds.metrics import accuracy, normalizer, qa_scores
 
 

@@ -15,8 +15,9 @@ the expected and the actual shape, or the config field that does not match.
     swap_embeddings          put a language group into any model of the same hidden size
     check_vocab              a language group against a tokenizer's size
     check_compatible         a mini-model against the primary model it should belong to
-    to_hf_roberta, from_hf_roberta, hf_config   HF `RobertaForMaskedLM` key map (one table: HF_KEYS;
-                             task heads: HF_TASK_KEYS, used by mm_ds.interop)
+    check_state_dict         a state dict against the keys and shapes of its config (model.param_shapes)
+
+The Hugging Face key maps, pure functions of the same kind, are mm_ds.interop.hf.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Callable, Mapping
 import torch
 
 from .config import ModelConfig
-from .model import LANGUAGE_PARAMS
+from .model import LANGUAGE_PARAMS, layer_shapes, param_shapes
 from .tokens import PAD, SPECIAL_IDS
 
 StateDict = Mapping[str, torch.Tensor]
@@ -40,44 +41,7 @@ class SurgeryError(ValueError):
     """A state dict or config that does not fit the surgery asked for; the message says what differs."""
 
 
-# ---------------------------------------------------------------- expected keys and shapes
-
-def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Parameter suffixes of one transformer layer (`layers.{i}.<suffix>`), in module order."""
-    h, f = cfg.hidden_size, cfg.ffn_size
-    return {
-        "attn.qkv.weight": (3 * h, h), "attn.qkv.bias": (3 * h,),
-        "attn.out.weight": (h, h), "attn.out.bias": (h,),
-        "attn_norm.weight": (h,), "attn_norm.bias": (h,),
-        "ffn.fc1.weight": (f, h), "ffn.fc1.bias": (f,),
-        "ffn.fc2.weight": (h, f), "ffn.fc2.bias": (h,),
-        "ffn_norm.weight": (h,), "ffn_norm.bias": (h,),
-    }
-
-
-def _head_shapes(prefix: str, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    h = cfg.hidden_size
-    return {f"{prefix}.dense.weight": (h, h), f"{prefix}.dense.bias": (h,),
-            f"{prefix}.norm.weight": (h,), f"{prefix}.norm.bias": (h,), f"{prefix}.bias": (cfg.vocab_size,)}
-
-
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every key of `RobertaMLM(cfg).state_dict()` and its shape, computed without building the model."""
-    if cfg.vocab_size is None:
-        raise SurgeryError("model.vocab_size is unset: resolve it from the tokenizer before surgery")
-    h = cfg.hidden_size
-    out: dict[str, tuple[int, ...]] = {
-        TOKENS: (cfg.vocab_size, h),
-        "embed.positions.weight": (cfg.max_positions + PAD + 1, h),
-        "embed.norm.weight": (h,), "embed.norm.bias": (h,),
-    }
-    for i in range(cfg.num_layers):
-        out |= {f"layers.{i}.{k}": s for k, s in layer_shapes(cfg).items()}
-    out |= _head_shapes("head", cfg)
-    if cfg.aux_head_layer is not None:
-        out |= _head_shapes("aux_head", cfg)
-    return out
-
+# ---------------------------------------------------------------- key and shape checks
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
@@ -85,7 +49,9 @@ def _shape(t: torch.Tensor) -> tuple[int, ...]:
 
 def check_state_dict(cfg: ModelConfig, sd: StateDict, what: str = "state dict") -> None:
     """Raise SurgeryError unless `sd` has exactly the keys and shapes of `RobertaMLM(cfg)`."""
-    want = expected_shapes(cfg)
+    if cfg.vocab_size is None:
+        raise SurgeryError("model.vocab_size is unset: resolve it from the tokenizer before surgery")
+    want = param_shapes(cfg)
     missing = [k for k in want if k not in sd]
     extra = sorted(k for k in sd if k not in want)
     if missing or extra:
@@ -95,7 +61,7 @@ def check_state_dict(cfg: ModelConfig, sd: StateDict, what: str = "state dict") 
         elif any(k.startswith("layers.") for k in missing + extra):
             hint = f" (model.num_layers={cfg.num_layers})"
         raise SurgeryError(f"{what} does not match its config{hint}: "
-                           f"missing {_few(missing)}; unexpected {_few(extra)}")
+                           f"missing {few_keys(missing)}; unexpected {few_keys(extra)}")
     for k, s in want.items():
         if _shape(sd[k]) != s:
             raise SurgeryError(f"{what}: {k} has shape {_shape(sd[k])}, expected {s} from its config "
@@ -103,7 +69,7 @@ def check_state_dict(cfg: ModelConfig, sd: StateDict, what: str = "state dict") 
                                f"ffn_size={cfg.ffn_size}, max_positions={cfg.max_positions})")
 
 
-def _few(keys: list[str], n: int = 6) -> str:
+def few_keys(keys: list[str], n: int = 6) -> str:
     if not keys:
         return "none"
     return ", ".join(keys[:n]) + (f" (+{len(keys) - n} more)" if len(keys) > n else "")
@@ -200,7 +166,7 @@ def minipost_trainable(mini_cfg: ModelConfig, n_layers: int) -> Callable[[str], 
 def language_group(sd: StateDict) -> dict[str, torch.Tensor]:
     """The language-specific tensors (token embeddings and the MLM heads' output biases), cloned."""
     if TOKENS not in sd:
-        raise SurgeryError(f"state dict has no {TOKENS}; keys start with {_few(sorted(sd), 4)}")
+        raise SurgeryError(f"state dict has no {TOKENS}; keys start with {few_keys(sorted(sd), 4)}")
     return {k: _clone(sd[k]) for k in LANGUAGE_PARAMS if k in sd}
 
 
@@ -208,7 +174,7 @@ def _check_group(lang_sd: StateDict) -> tuple[int, int]:
     """(vocab, hidden) of a language group, after checking its keys and that its shapes agree."""
     extra = sorted(k for k in lang_sd if k not in LANGUAGE_PARAMS)
     if extra:
-        raise SurgeryError(f"language group has non-language keys {_few(extra)}; it may only hold "
+        raise SurgeryError(f"language group has non-language keys {few_keys(extra)}; it may only hold "
                            f"{', '.join(LANGUAGE_PARAMS)} (use language_group(sd) to take them)")
     if TOKENS not in lang_sd:
         raise SurgeryError(f"language group has no {TOKENS}")
@@ -242,7 +208,7 @@ def swap_embeddings(cfg: ModelConfig, sd: StateDict,
     other tensors are body: copied unchanged."""
     V, h = _check_group(lang_sd)
     if TOKENS not in sd:
-        raise SurgeryError(f"target model has no {TOKENS}; keys start with {_few(sorted(sd), 4)}")
+        raise SurgeryError(f"target model has no {TOKENS}; keys start with {few_keys(sorted(sd), 4)}")
     if h != cfg.hidden_size:
         raise SurgeryError(f"language group has hidden size {h} ({TOKENS} {_shape(lang_sd[TOKENS])}) but the "
                            f"target model has model.hidden_size={cfg.hidden_size}")
@@ -352,160 +318,3 @@ def check_compatible(primary_cfg: ModelConfig, primary_sd: StateDict, mini_cfg: 
                 hint = " (for a MINIPOST mini-model pass shared_layers=N: its top layers are new)"
             raise SurgeryError(f"mini-model does not belong to this primary model: {k} differs "
                                f"(dtype {b.dtype} vs {a.dtype}, max abs diff {diff:.3g}){hint}")
-
-
-# ---------------------------------------------------------------- HF RobertaForMaskedLM key map
-
-# The one table between our keys and HF `RobertaForMaskedLM`'s. A tuple on the HF side is concatenated
-# along dim 0 (our fused q/k/v; the rows of each part are head-major in both). "{i}" is a layer index.
-HF_KEYS: tuple[tuple[str, str | tuple[str, ...]], ...] = (
-    ("embed.tokens.weight", "roberta.embeddings.word_embeddings.weight"),
-    ("embed.positions.weight", "roberta.embeddings.position_embeddings.weight"),  # + token type row: see below
-    ("embed.norm.weight", "roberta.embeddings.LayerNorm.weight"),
-    ("embed.norm.bias", "roberta.embeddings.LayerNorm.bias"),
-    ("layers.{i}.attn.qkv.weight", tuple(f"roberta.encoder.layer.{{i}}.attention.self.{p}.weight"
-                                         for p in ("query", "key", "value"))),
-    ("layers.{i}.attn.qkv.bias", tuple(f"roberta.encoder.layer.{{i}}.attention.self.{p}.bias"
-                                       for p in ("query", "key", "value"))),
-    ("layers.{i}.attn.out.weight", "roberta.encoder.layer.{i}.attention.output.dense.weight"),
-    ("layers.{i}.attn.out.bias", "roberta.encoder.layer.{i}.attention.output.dense.bias"),
-    ("layers.{i}.attn_norm.weight", "roberta.encoder.layer.{i}.attention.output.LayerNorm.weight"),
-    ("layers.{i}.attn_norm.bias", "roberta.encoder.layer.{i}.attention.output.LayerNorm.bias"),
-    ("layers.{i}.ffn.fc1.weight", "roberta.encoder.layer.{i}.intermediate.dense.weight"),
-    ("layers.{i}.ffn.fc1.bias", "roberta.encoder.layer.{i}.intermediate.dense.bias"),
-    ("layers.{i}.ffn.fc2.weight", "roberta.encoder.layer.{i}.output.dense.weight"),
-    ("layers.{i}.ffn.fc2.bias", "roberta.encoder.layer.{i}.output.dense.bias"),
-    ("layers.{i}.ffn_norm.weight", "roberta.encoder.layer.{i}.output.LayerNorm.weight"),
-    ("layers.{i}.ffn_norm.bias", "roberta.encoder.layer.{i}.output.LayerNorm.bias"),
-    ("head.dense.weight", "lm_head.dense.weight"),
-    ("head.dense.bias", "lm_head.dense.bias"),
-    ("head.norm.weight", "lm_head.layer_norm.weight"),
-    ("head.norm.bias", "lm_head.layer_norm.bias"),
-    ("head.bias", "lm_head.bias"),
-)
-# Downstream heads (mm_ds.heads, `task_head.*`) <-> HF RobertaForSequenceClassification / ...ForQuestionAnswering,
-# by task kind (mm_ds.data.tasks); their body is HF_KEYS without the MLM head rows.
-HF_TASK_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
-    "pair_classification": (("task_head.dense.weight", "classifier.dense.weight"),
-                            ("task_head.dense.bias", "classifier.dense.bias"),
-                            ("task_head.out_proj.weight", "classifier.out_proj.weight"),
-                            ("task_head.out_proj.bias", "classifier.out_proj.bias")),
-    "extractive_qa": (("task_head.qa_outputs.weight", "qa_outputs.weight"),
-                      ("task_head.qa_outputs.bias", "qa_outputs.bias")),
-}
-# HF keeps tied copies of the output projection: written on export, checked equal on import.
-HF_TIED = {"lm_head.decoder.weight": "embed.tokens.weight", "lm_head.decoder.bias": "head.bias"}
-# RoBERTa's single token-type row is added to every token: folded into our positions (import), zeros (export).
-HF_TOKEN_TYPE = "roberta.embeddings.token_type_embeddings.weight"
-# Present in some HF state dicts, unused by an MLM: ignored on import.
-HF_IGNORED_PREFIXES = ("roberta.embeddings.position_ids", "roberta.embeddings.token_type_ids", "roberta.pooler.")
-
-
-def _hf_rows(cfg: ModelConfig):
-    for ours, hf in HF_KEYS:
-        if "{i}" in ours:
-            for i in range(cfg.num_layers):
-                yield ours.format(i=i), (tuple(x.format(i=i) for x in hf) if isinstance(hf, tuple)
-                                         else hf.format(i=i))
-        else:
-            yield ours, hf
-
-
-def hf_config(cfg: ModelConfig) -> dict:
-    """`RobertaConfig(**hf_config(cfg))` describes the model `to_hf_roberta` exports."""
-    return {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.ffn_size, "hidden_act": "gelu",
-            "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout,
-            "max_position_embeddings": cfg.max_positions + PAD + 1, "type_vocab_size": 1,
-            "initializer_range": cfg.init_std, "layer_norm_eps": cfg.layer_norm_eps,
-            "pad_token_id": PAD, "bos_token_id": SPECIAL_IDS[0], "eos_token_id": SPECIAL_IDS[2],
-            "tie_word_embeddings": True, "model_type": "roberta"}
-
-
-def to_hf_roberta(cfg: ModelConfig, sd: StateDict, drop_aux_head: bool = False) -> dict[str, torch.Tensor]:
-    """Our MLM as an HF `RobertaForMaskedLM` state dict (config: `hf_config(cfg)`). The token-type table is
-    one row of zeros (our positions already hold anything folded in on import). HF has no second head:
-    a MINIJOINT model needs `drop_aux_head=True` (or `extract_minijoint` first)."""
-    check_state_dict(cfg, sd, "model")
-    if cfg.aux_head_layer is not None and not drop_aux_head:
-        raise SurgeryError(f"model.aux_head_layer={cfg.aux_head_layer}: HF RobertaForMaskedLM has no second "
-                           f"head; pass drop_aux_head=True to export the main head only")
-    out: dict[str, torch.Tensor] = {}
-    for ours, hf in _hf_rows(cfg):
-        t = sd[ours]
-        if isinstance(hf, tuple):
-            for name, part in zip(hf, t.chunk(len(hf), dim=0)):
-                out[name] = _clone(part)
-        else:
-            out[hf] = _clone(t)
-    for hf, ours in HF_TIED.items():
-        out[hf] = _clone(sd[ours])
-    out[HF_TOKEN_TYPE] = torch.zeros(1, cfg.hidden_size, dtype=sd[TOKENS].dtype)
-    return out
-
-
-def from_hf_roberta(hf_cfg: Mapping, hf_sd: StateDict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """An HF `RobertaForMaskedLM` (config as a dict, e.g. `config.to_dict()`, and state dict) as our
-    (ModelConfig, state dict). The single token-type row is added to every row of our position table:
-    HF adds it to every token, so the forward pass is the same up to float rounding. Needs pad_token_id=1,
-    hidden_act=gelu, absolute positions, type_vocab_size=1 and tied output embeddings."""
-    def need(key, ok, want):
-        if key in hf_cfg and not ok(hf_cfg[key]):
-            raise SurgeryError(f"HF config {key}={hf_cfg[key]!r} is not supported: our model needs {key}={want}")
-
-    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "max_position_embeddings"):
-        if key not in hf_cfg:
-            raise SurgeryError(f"HF config has no {key}")
-    need("pad_token_id", lambda v: v == PAD, PAD)
-    need("hidden_act", lambda v: v == "gelu", "'gelu'")
-    need("position_embedding_type", lambda v: v == "absolute", "'absolute'")
-    need("type_vocab_size", lambda v: v == 1, 1)
-    need("tie_word_embeddings", lambda v: v is True, True)
-    need("is_decoder", lambda v: v is False, False)
-    if hf_cfg["max_position_embeddings"] <= PAD + 1:
-        raise SurgeryError(f"HF config max_position_embeddings={hf_cfg['max_position_embeddings']} leaves no "
-                           f"position for a token (RoBERTa offsets positions by pad_token_id+1={PAD + 1})")
-    cfg = ModelConfig(vocab_size=hf_cfg["vocab_size"], hidden_size=hf_cfg["hidden_size"],
-                      num_layers=hf_cfg["num_hidden_layers"], num_heads=hf_cfg["num_attention_heads"],
-                      ffn_size=hf_cfg["intermediate_size"],
-                      max_positions=hf_cfg["max_position_embeddings"] - PAD - 1,
-                      dropout=hf_cfg.get("hidden_dropout_prob", ModelConfig.dropout),
-                      layer_norm_eps=hf_cfg.get("layer_norm_eps", ModelConfig.layer_norm_eps),
-                      init_std=hf_cfg.get("initializer_range", ModelConfig.init_std))
-    try:
-        cfg.check()
-    except ValueError as e:
-        raise SurgeryError(f"HF config does not give a valid model: {e}") from e
-
-    rows = list(_hf_rows(cfg))
-    known = {n for _, hf in rows for n in (hf if isinstance(hf, tuple) else (hf,))} | set(HF_TIED) | {HF_TOKEN_TYPE}
-    present = {k for k in hf_sd if not k.startswith(HF_IGNORED_PREFIXES)}
-    missing = sorted(known - present - set(HF_TIED))
-    extra = sorted(present - known)
-    if missing or extra:
-        raise SurgeryError(f"HF state dict does not match RobertaForMaskedLM with num_hidden_layers="
-                           f"{cfg.num_layers}: missing {_few(missing)}; unexpected {_few(extra)}")
-    want = expected_shapes(cfg)
-    for ours, hf in rows:
-        for n in (hf if isinstance(hf, tuple) else (hf,)):
-            s = want[ours] if not isinstance(hf, tuple) else (want[ours][0] // len(hf), *want[ours][1:])
-            if _shape(hf_sd[n]) != s:
-                raise SurgeryError(f"HF {n} has shape {_shape(hf_sd[n])}, expected {s} from the HF config "
-                                   f"(vocab_size, hidden_size, intermediate_size, max_position_embeddings)")
-    sd: dict[str, torch.Tensor] = {}
-    for ours, hf in rows:
-        if isinstance(hf, tuple):
-            sd[ours] = torch.cat([hf_sd[n].detach() for n in hf], dim=0)
-        else:
-            sd[ours] = _clone(hf_sd[hf])
-    tt = hf_sd[HF_TOKEN_TYPE]
-    if _shape(tt) != (1, cfg.hidden_size):
-        raise SurgeryError(f"HF {HF_TOKEN_TYPE} has shape {_shape(tt)}, expected (1, {cfg.hidden_size})")
-    sd["embed.positions.weight"] = sd["embed.positions.weight"] + tt.detach().to(sd["embed.positions.weight"].dtype)
-    check_state_dict(cfg, sd, "imported HF model")
-    for hf, ours in HF_TIED.items():
-        if hf in hf_sd and not torch.equal(hf_sd[hf], sd[ours]):
-            raise SurgeryError(f"HF {hf} is not tied to {dict(_hf_rows(cfg))[ours]}: our model ties the "
-                               f"output projection to the token embeddings")
-    return cfg, sd

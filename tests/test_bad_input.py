@@ -14,7 +14,7 @@ import pytest
 from mm_ds import checkpoint, config, ds_config, launch, pipeline
 from mm_ds import recipe as recipe_mod
 from mm_ds.config import ConfigError, LaunchConfig
-from mm_ds.data import tasks
+from mm_ds.data import task_files, tasks
 from mm_ds.data.corpus import prepare
 from mm_ds.data.shards import TokenCorpus
 from textgen import write_corpus
@@ -173,23 +173,23 @@ def test_corpus_without_meta_is_not_a_corpus(tmp_path):
 def test_task_files(tmp_path):
     spec = tasks.get_task("xnli")
     with pytest.raises(tasks.TaskDataError, match=r"nope.tsv: file not found"):
-        tasks.load_file(spec, "test", tmp_path / "nope.tsv")
+        task_files.load_file(spec, "test", tmp_path / "nope.tsv")
     (tmp_path / "cols.tsv").write_text("label\tpremise\n1\tx\n")
     with pytest.raises(tasks.TaskDataError, match=r"cols.tsv: missing column\(s\) gold_label"):
-        tasks.load_file(spec, "test", tmp_path / "cols.tsv")
+        task_files.load_file(spec, "test", tmp_path / "cols.tsv")
     (tmp_path / "bin.tsv").write_bytes(b"\xff\xfe\x00bad")
     with pytest.raises(tasks.TaskDataError, match="bin.tsv: not UTF-8 text"):
-        tasks.load_file(spec, "test", tmp_path / "bin.tsv")
+        task_files.load_file(spec, "test", tmp_path / "bin.tsv")
     # Bad rows are counted and skipped, never trained on or scored.
     (tmp_path / "mixed.tsv").write_text("gold_label\tsentence1\tsentence2\n"
                                         "entailment\ta cat\ta pet\nmaybe\tx\ty\nneutral\t\t\ncontradiction\tu\tv\n")
-    examples, report = tasks.load_file(spec, "test", tmp_path / "mixed.tsv")
+    examples, report = task_files.load_file(spec, "test", tmp_path / "mixed.tsv")
     assert len(examples) == 2
     assert report.skipped["label_not_in_set"] == 1 and report.skipped["empty_text"] == 1
     assert "2 skipped" not in report.summary() and "label_not_in_set" in report.summary()
     (tmp_path / "all_bad.tsv").write_text("gold_label\tsentence1\tsentence2\nmaybe\tx\ty\n")
     with pytest.raises(tasks.TaskDataError, match="all_bad.tsv: nothing usable in it"):
-        tasks.load_file(spec, "test", tmp_path / "all_bad.tsv")
+        task_files.load_file(spec, "test", tmp_path / "all_bad.tsv")
     with pytest.raises(tasks.TaskDataError, match="unknown task 'xnlii'"):
         tasks.get_task("xnlii")
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from mm_ds.config import ModelConfig
-from mm_ds.data.tasks import TASKS, load_split
+from mm_ds.data.task_files import load_split
+from mm_ds.data.tasks import TASKS
 from mm_ds.data.world import generate_world
 from mm_ds.evaluate import evaluate, length_batches, predict
 from mm_ds.heads import RobertaForTask

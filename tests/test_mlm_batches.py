@@ -10,6 +10,7 @@ from mm_ds import tokens
 from mm_ds.data import mlm as mlm_mod
 from mm_ds.data.corpus import prepare
 from mm_ds.data.mlm import MLMBatches, pack_shard
+from mm_ds.data.order import sample_ids
 from mm_ds.data.shards import TokenCorpus
 
 SEQ = 32
@@ -93,7 +94,7 @@ def test_batch_layout(corpus):
     assert att is not None and att.dtype == torch.bool
     assert torch.equal(att, ids != tokens.PAD)
     # Unmasked content equals the packed block: <s> + its tokens, then PAD.
-    for row, blk in enumerate(m.blocks_of(m.sample_ids(0, 0, 0, 1, 16))):
+    for row, blk in enumerate(m.blocks_of(sample_ids(0, 0, 0, 1, 16))):
         a, z = m.spans[blk]
         orig = np.full(SEQ, tokens.PAD)
         orig[0] = tokens.BOS
@@ -147,10 +148,10 @@ def test_determinism(corpus):
 def test_ranks_and_world_sizes(corpus):
     m = MLMBatches(corpus, SEQ, seed=2, vocab_size=VOCAB)
     B, GB, step = 4, 16, 3
-    per_rank = [np.concatenate([m.sample_ids(step, k, r, 4, B, 1)]) for r, k in
+    per_rank = [np.concatenate([sample_ids(step, k, r, 4, B, 1)]) for r, k in
                 [(r, 0) for r in range(4)]]
     assert len(set(np.concatenate(per_rank).tolist())) == GB  # disjoint
-    layouts = {ws: np.concatenate([m.sample_ids(step, k, r, ws, B, GB // (B * ws))
+    layouts = {ws: np.concatenate([sample_ids(step, k, r, ws, B, GB // (B * ws))
                                    for k in range(GB // (B * ws)) for r in range(ws)]) for ws in (1, 2, 4)}
     for ws in (1, 2, 4):
         assert sorted(layouts[ws].tolist()) == list(range(step * GB, (step + 1) * GB))

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from mm_ds.config import ModelConfig
-from mm_ds.model import LANGUAGE_PARAMS, RobertaMLM, param_groups
+from mm_ds.model import LANGUAGE_PARAMS, RobertaMLM, param_count, param_groups, param_shapes
 from mm_ds.tokens import IGNORE_INDEX, MASK, PAD
 
 V = 97
@@ -108,3 +108,37 @@ def test_param_groups_exclude_frozen_and_exempt_norms_and_biases():
     no_decay = {id(p) for g in groups if g["weight_decay"] == 0 for p in g["params"]}
     assert id(m.layers[1].attn_norm.weight) in no_decay and id(m.head.bias) in no_decay
     assert id(m.layers[1].attn.qkv.weight) not in no_decay
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(aux_head_layer=2), dict(num_layers=6, hidden_size=48, ffn_size=100),
+                                dict(num_layers=1, max_positions=7, aux_head_layer=1)])
+def test_param_shapes_and_count_match_a_built_model(kw):
+    """`param_count` is what `mm-ds plan` and surgery count with: it must be the built model's, with the
+    secondary head (aux_head_layer) and with any layer count (MINIPOST: N kept + 2 bridge layers)."""
+    cfg = ModelConfig(**(dict(vocab_size=V, hidden_size=32, num_layers=4, num_heads=4, ffn_size=64,
+                              max_positions=40) | kw))
+    model = RobertaMLM(cfg)
+    assert param_shapes(cfg) == {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert param_count(cfg) == sum(p.numel() for p in model.parameters()) == model.num_params()
+    named = dict(model.named_parameters())
+    for select in (lambda k: k in LANGUAGE_PARAMS, lambda k: k.startswith("layers.3.") or k.startswith("layers.4."),
+                   lambda k: not k.startswith(("head.", "aux_head."))):
+        assert param_count(cfg, select) == sum(p.numel() for k, p in named.items() if select(k))
+
+
+def test_param_count_of_minipost_and_minijoint_mini_models():
+    """The mini-models surgery makes: MINIPOST's (N kept + 2 bridge layers), MINIJOINT's (N layers + the
+    secondary head promoted); and the paper's BL_BASE size."""
+    from mm_ds.surgery import build_minipost, extract_minijoint
+
+    base = tiny().cfg
+    post_cfg, post_sd = build_minipost(base, tiny().state_dict(), n_layers=2, new_layers=2)
+    assert post_cfg.num_layers == 4 and param_count(post_cfg) == sum(t.numel() for t in post_sd.values())
+    assert param_count(post_cfg, lambda k: k.startswith(("layers.2.", "layers.3."))) == \
+        sum(p.numel() for k, p in RobertaMLM(post_cfg).named_parameters() if k.startswith(("layers.2.", "layers.3.")))
+    joint = tiny(aux_head_layer=2)
+    mini_cfg, mini_sd = extract_minijoint(joint.cfg, joint.state_dict())
+    assert param_count(mini_cfg) == sum(t.numel() for t in mini_sd.values()) == RobertaMLM(mini_cfg).num_params()
+    paper = ModelConfig(vocab_size=50_000, max_positions=512)
+    assert param_count(paper, lambda k: k in LANGUAGE_PARAMS) == 50_000 * 768 + 50_000
+    assert 124e6 < param_count(paper) < 126e6

@@ -13,6 +13,7 @@ import sentencepiece as spm
 
 from mm_ds import tokens
 from mm_ds.data import corpus as corpus_mod
+from mm_ds.data import inputs as inputs_mod
 from mm_ds.data.corpus import decode_shard_lines, prepare
 from mm_ds.data.shards import TokenCorpus, shard_dtype
 from mm_ds.interop.spm import _varint as _pb_varint  # protobuf wire encoding, as the importer writes it
@@ -54,7 +55,7 @@ def leftovers(tmp_path: Path, out: Path) -> list[str]:
 
 def test_round_trip_with_documents_and_shards(tmp_path, monkeypatch):
     # Tiny chunks and shards: document boundaries must survive chunk and shard cuts.
-    monkeypatch.setattr(corpus_mod, "CHUNK_BYTES", 300)
+    monkeypatch.setattr(inputs_mod, "CHUNK_BYTES", 300)
     docs = make_docs(120)
     (tmp_path / "a.txt").write_text(cc100(docs[:70]))
     (tmp_path / "b.txt").write_text(cc100(docs[70:]).rstrip("\n"))  # no final newline: still a line
@@ -83,7 +84,7 @@ def test_special_ids_are_fixed(tmp_path):
 
 
 def test_parallel_compressed_inputs_match_serial(tmp_path, monkeypatch):
-    monkeypatch.setattr(corpus_mod, "CHUNK_BYTES", 500)
+    monkeypatch.setattr(inputs_mod, "CHUNK_BYTES", 500)
     docs = make_docs(90, seed=1)
     text = cc100(docs[:30]), cc100(docs[30:60]), cc100(docs[60:])
     (tmp_path / "a.txt").write_text(text[0])
@@ -174,9 +175,9 @@ def test_hf_disk_dataset_rows_are_documents(tmp_path):
 
 
 def test_hf_specs_parse_without_network():
-    (src,) = corpus_mod._resolve_inputs(["hf:cc100:de::content"])
+    (src,) = inputs_mod.resolve_inputs(["hf:cc100:de::content"])
     assert (src.kind, src.path, src.config, src.split, src.column) == ("hf", "cc100", "de", "train", "content")
-    (src,) = corpus_mod._resolve_inputs(["hf:wikitext"])
+    (src,) = inputs_mod.resolve_inputs(["hf:wikitext"])
     assert (src.config, src.split, src.column) == (None, "train", "text")
 
 

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from mm_ds.data.tasks import TASKS, TaskDataError, load_split, read_squad_json
+from mm_ds.data.task_files import load_split, read_squad_json
+from mm_ds.data.tasks import TASKS, TaskDataError
 from mm_ds.score import main, score
 
 

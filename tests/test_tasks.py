@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mm_ds.data.tasks import (EXTRACTIVE_QA, PAIR_CLASSIFICATION, TASKS, PairExample, QAExample, TaskDataError,
-                              examples_from_hub, find_local, load_file, load_split, read_squad_json)
+from mm_ds.data.task_files import PairExample, QAExample, examples_from_hub, load_file, load_split, read_squad_json
+from mm_ds.data.tasks import EXTRACTIVE_QA, PAIR_CLASSIFICATION, TASKS, TaskDataError, find_local
 
 XNLI, PAWSX, MLQA, XQUAD = (TASKS[n] for n in ("xnli", "pawsx", "mlqa", "xquad"))
 
@@ -244,3 +244,8 @@ def test_fitted_spec_keeps_windows_in_proportion():
     small = xquad.fitted(128)
     assert (small.max_length, small.doc_stride, small.max_query_length) == (128, 64, 32)
     assert small.max_answer_length == xquad.max_answer_length and small.lr == xquad.lr
+
+
+def test_mlqa_languages_are_the_ones_the_official_normalisation_knows():
+    from mm_ds.metrics import MLQA_LANGUAGES
+    assert set(MLQA_LANGUAGES) == set(MLQA.languages)

@@ -1,6 +1,6 @@
 """`mm-ds prepare`: stream raw text, train a SentencePiece unigram model, encode into token shards.
 
-Inputs (`inputs=`), any mix of:
+Inputs (`inputs=`, read by mm_ds.data.inputs), any mix of:
   * file paths or glob patterns of UTF-8 text, optionally `.gz`, `.xz` or `.bz2` compressed, in CC-100
     layout: one paragraph/sentence per line, a blank line between documents. Every input file also starts a
     new document.
@@ -12,7 +12,7 @@ Inputs (`inputs=`), any mix of:
 Steps, all streaming (the corpus is never held in memory):
   1. Sample: one pass draws a deterministic reservoir sample of `sample_sentences` non-blank lines
      (vectorised Algorithm R, seeded by `seed`), skipped when `spm_model=` reuses a model.
-  2. Train SentencePiece on the sample: unigram (as XLM-R), nmt_nfkc normalisation, ids fixed by
+  2. Train SentencePiece on the sample (mm_ds.data.tokenizer): unigram (as XLM-R), nmt_nfkc normalisation, ids fixed by
      mm_ds.tokens (<s>=0 <pad>=1 </s>=2 <unk>=3, user-defined <mask>=4) so special ids line up across
      languages. The vocabulary size is an upper bound (hard_vocab_limit=False): a corpus too small to
      reach it gets the largest vocabulary SentencePiece can build, with a warning; meta.json records the
@@ -33,11 +33,7 @@ is documented in mm_ds.data.shards.
 
 from __future__ import annotations
 
-import bz2
-import glob
-import gzip
 import json
-import lzma
 import multiprocessing as mp
 import os
 import shutil
@@ -53,215 +49,10 @@ import sentencepiece as spm
 from tqdm import tqdm
 
 from mm_ds import tokens
+from mm_ds.data.inputs import InputSource, chunks, resolve_inputs, split_lines, total_bytes
 from mm_ds.data.shards import (FORMAT_VERSION, META_FILE, SPM_MODEL_FILE, SPM_VOCAB_FILE, TokenCorpus,
                                shard_dtype, shard_files)
-
-CHUNK_BYTES = 1 << 20  # per worker task: large enough to amortise IPC, small enough to keep 2 cores busy
-MAX_SAMPLE_LINE_BYTES = 8192  # also SentencePiece's max_sentence_length: longer lines are not sampled
-_DECOMPRESSORS = {".gz": lambda f: gzip.GzipFile(fileobj=f, mode="rb"), ".xz": lzma.LZMAFile,
-                  ".bz2": bz2.BZ2File}  # each wraps an open binary file, so progress can follow raw.tell()
-
-
-# ----------------------------------------------------------------------------------------------- inputs
-
-@dataclass(frozen=True)
-class _Source:
-    """One resolved input: a local file, or a `datasets` spec (kind 'hf' / 'hf-disk')."""
-    kind: str  # "file" | "hf" | "hf-disk"
-    path: str  # file path, dataset name or dataset directory
-    config: str | None = None
-    split: str = "train"
-    column: str = "text"
-
-    def describe(self) -> str:
-        if self.kind == "file":
-            return self.path
-        return f"{self.kind}:{self.path}:{self.config or ''}:{self.split}:{self.column}"
-
-    def size(self) -> int:
-        return os.path.getsize(self.path) if self.kind == "file" else 0
-
-def _resolve_inputs(inputs: list[str]) -> list[_Source]:
-    """Expand globs and parse dataset specs; fail on anything missing or empty before work starts."""
-    if not inputs:
-        raise ValueError("no inputs given; pass --input with text files, globs or hf:NAME specs")
-    sources: list[_Source] = []
-    for spec in inputs:
-        if spec.startswith("hf:"):
-            name, config, split, column = (spec[3:].split(":") + ["", "", ""])[:4]
-            if not name:
-                raise ValueError(f"input {spec!r}: expected hf:NAME[:CONFIG][:SPLIT][:COLUMN]")
-            sources.append(_Source("hf", name, config or None, split or "train", column or "text"))
-        elif spec.startswith("hf-disk:"):
-            path, split, column = (spec[8:].split(":") + ["", ""])[:3]
-            if not os.path.isdir(path):
-                raise FileNotFoundError(f"input {spec!r}: {path} is not a directory saved with "
-                                        "datasets' save_to_disk")
-            sources.append(_Source("hf-disk", path, None, split or "train", column or "text"))
-        else:
-            paths = sorted(glob.glob(os.path.expanduser(spec))) if glob.has_magic(spec) else [spec]
-            if not paths:
-                raise FileNotFoundError(f"input pattern {spec!r} matches no file; check --input")
-            for p in paths:
-                if not os.path.isfile(p):
-                    raise FileNotFoundError(f"input file {p} does not exist; check --input")
-                if os.path.getsize(p) == 0:
-                    raise ValueError(f"input file {p} is empty; remove it from --input")
-                sources.append(_Source("file", os.path.abspath(p)))
-    return sources
-
-
-def _file_chunks(path: str, chunk_bytes: int) -> Iterator[tuple[bytes, bool, int]]:
-    """(block of whole lines, starts a new input, compressed bytes consumed) for one file."""
-    opener = _DECOMPRESSORS.get(Path(path).suffix)
-    with open(path, "rb") as raw:
-        stream = opener(raw) if opener else raw
-        first, pos = True, 0
-        try:
-            while block := stream.read(chunk_bytes):
-                if not block.endswith(b"\n"):
-                    block += stream.readline()  # never cut a line between two chunks
-                new_pos = raw.tell()
-                yield block, first, new_pos - pos
-                first, pos = False, new_pos
-        except (EOFError, OSError, lzma.LZMAError) as e:
-            raise ValueError(f"input file {path} cannot be read/decompressed ({e}); "
-                             "fix or remove it from --input") from e
-
-
-def _dataset_rows(src: _Source) -> Iterator[str]:
-    import datasets  # only needed for hf inputs; keeps `mm-ds prepare` on files import-light
-
-    if src.kind == "hf-disk":
-        ds = datasets.load_from_disk(src.path)
-        if isinstance(ds, datasets.DatasetDict):
-            if src.split not in ds:
-                raise ValueError(f"{src.describe()}: split {src.split!r} not in {list(ds)}")
-            ds = ds[src.split]
-    else:
-        try:
-            ds = datasets.load_dataset(src.path, src.config, split=src.split, streaming=True)
-        except Exception as e:  # datasets raises many types (network, missing config, bad split)
-            raise ValueError(f"input {src.describe()}: cannot load it ({type(e).__name__}: {e}); hf: inputs "
-                             "need network access, or save the dataset and pass hf-disk:PATH") from e
-    columns = ds.column_names
-    if columns is not None and src.column not in columns:
-        raise ValueError(f"{src.describe()}: no column {src.column!r} (columns: {columns}); "
-                         "name it as the last field of the spec")
-    for row in ds:
-        yield row[src.column] or ""
-
-
-def _dataset_chunks(src: _Source, chunk_bytes: int) -> Iterator[tuple[bytes, bool, int]]:
-    """Rows become documents in CC-100 layout (row lines, then a blank line), batched into blocks."""
-    parts: list[bytes] = []
-    size, first = 0, True
-    for text in _dataset_rows(src):
-        data = text.strip("\n").encode("utf-8", "surrogatepass") + b"\n\n"
-        parts.append(data)
-        size += len(data)
-        if size >= chunk_bytes:
-            yield b"".join(parts), first, size
-            parts, size, first = [], 0, False
-    if parts:
-        yield b"".join(parts), first, size
-
-
-def _total_bytes(sources: list[_Source]) -> int | None:
-    """Progress-bar total: input file bytes (compressed, as read); unknown with `datasets` sources."""
-    return sum(s.size() for s in sources) if all(s.kind == "file" for s in sources) else None
-
-
-def _chunks(sources: list[_Source], chunk_bytes: int) -> Iterator[tuple[bytes, bool, int]]:
-    for src in sources:
-        yield from (_file_chunks(src.path, chunk_bytes) if src.kind == "file"
-                    else _dataset_chunks(src, chunk_bytes))
-
-
-def _split_lines(block: bytes) -> tuple[list[str], int]:
-    """Lines of a block, unstripped; undecodable lines are dropped and counted."""
-    if block.endswith(b"\n"):
-        block = block[:-1]  # the final newline terminates the last line, it does not open a blank one
-    try:
-        return block.decode("utf-8").split("\n"), 0
-    except UnicodeDecodeError:
-        lines, bad = [], 0
-        for raw in block.split(b"\n"):
-            try:
-                lines.append(raw.decode("utf-8"))
-            except UnicodeDecodeError:
-                bad += 1
-        return lines, bad
-
-
-# ----------------------------------------------------------------------------------------------- sample
-
-def _sample_sentences(sources: list[_Source], k: int, seed: int, progress: bool) -> tuple[list[str], int]:
-    """Deterministic reservoir sample (Algorithm R, vectorised per chunk) of non-blank lines.
-
-    Returns (sample in corpus order of acceptance, number of non-blank lines seen)."""
-    rng = np.random.default_rng([seed, 0x5A3])
-    reservoir: list[bytes] = []
-    seen = 0
-    total = _total_bytes(sources)
-    with tqdm(total=total, unit="B", unit_scale=True, desc="sample", disable=not progress,
-              file=sys.stderr) as bar:
-        for block, _, consumed in _chunks(sources, CHUNK_BYTES):
-            lines = [ln for ln in block.split(b"\n") if ln.strip() and len(ln) <= MAX_SAMPLE_LINE_BYTES]
-            fill = min(max(k - len(reservoir), 0), len(lines))
-            reservoir.extend(lines[:fill])
-            rest = len(lines) - fill
-            if rest:
-                t = np.arange(seen + fill + 1, seen + len(lines) + 1, dtype=np.float64)
-                j = (rng.random(rest) * t).astype(np.int64)  # uniform in [0, t): replace slot j if j < k
-                for idx in np.flatnonzero(j < k):
-                    reservoir[j[idx]] = lines[fill + idx]
-            seen += len(lines)
-            bar.update(consumed)
-    sample = []
-    for line in reservoir:
-        try:
-            sample.append(line.decode("utf-8").strip())
-        except UnicodeDecodeError:
-            pass  # counted during encoding, where every line is looked at
-    return sample, seen
-
-
-MODEL_TYPES = ("unigram", "bpe")
-
-
-def _train_spm(sample: list[str], prefix: Path, vocab_size: int, character_coverage: float,
-               threads: int, seed: int, model_type: str = "unigram") -> None:
-    # The sample is already bounded and random: SentencePiece must use all of it, in order.
-    kwargs = dict(
-        model_prefix=str(prefix), model_type=model_type, vocab_size=vocab_size,
-        character_coverage=character_coverage, bos_id=tokens.BOS, pad_id=tokens.PAD, eos_id=tokens.EOS,
-        unk_id=tokens.UNK, bos_piece="<s>", pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>",
-        user_defined_symbols=["<mask>"], input_sentence_size=0, shuffle_input_sentence=False,
-        max_sentence_length=MAX_SAMPLE_LINE_BYTES, num_threads=threads, hard_vocab_limit=False,
-        minloglevel=2)
-    spm.set_random_generator_seed(seed)
-    try:
-        spm.SentencePieceTrainer.train(sentence_iterator=iter(sample), **kwargs)
-    except RuntimeError as e:
-        raise ValueError(f"SentencePiece training on {len(sample)} sampled lines failed ({e}); check "
-                         "--vocab-size and --character-coverage") from e
-
-
-def _check_spm(path: Path) -> int:
-    """Vocabulary size of a model whose special ids match mm_ds.tokens; a clear error otherwise."""
-    try:
-        sp = spm.SentencePieceProcessor(model_file=str(path))
-    except (OSError, RuntimeError) as e:
-        raise ValueError(f"SentencePiece model {path} is unreadable ({e}); pass a valid --spm-model") from e
-    got = {"<s>": sp.bos_id(), "<pad>": sp.pad_id(), "</s>": sp.eos_id(), "<unk>": sp.unk_id(),
-           "<mask>": sp.piece_to_id("<mask>")}
-    want = dict(zip(tokens.SPECIAL_PIECES, tokens.SPECIAL_IDS))
-    if got != want:
-        raise ValueError(f"SentencePiece model {path} has special ids {got}, this project needs {want} "
-                         "(train with bos_id=0 pad_id=1 eos_id=2 unk_id=3 user_defined_symbols=<mask>), "
-                         "or omit --spm-model to let prepare train one")
-    return sp.get_piece_size()
+from mm_ds.data.tokenizer import MODEL_TYPES, check_spm, reservoir_sample, train_spm
 
 
 # ----------------------------------------------------------------------------------------------- encode
@@ -284,7 +75,7 @@ class _Encoder:
         self.dtype = np.dtype(dtype)
 
     def __call__(self, block: bytes) -> _Encoded:
-        lines, skipped = _split_lines(block)
+        lines, skipped = split_lines(block)
         # One batched call; one thread per process, the pool provides the parallelism. SentencePiece
         # strips surrounding whitespace, so a line is blank exactly when it encodes to no token.
         ids = self.sp.encode(lines, out_type=int, num_threads=1)
@@ -317,12 +108,12 @@ def _encode_in_worker(block: bytes) -> _Encoded:
     return _WORKER(block)
 
 
-def _encoded_chunks(sources: list[_Source], model_path: str, dtype: np.dtype,
+def _encoded_chunks(sources: list[InputSource], model_path: str, dtype: np.dtype,
                     workers: int) -> Iterator[tuple[_Encoded, bool]]:
     """(encoded chunk, starts a new input) in corpus order, using `workers` processes."""
     if workers <= 1:
         enc = _Encoder(model_path, dtype.str)
-        for block, first, consumed in _chunks(sources, CHUNK_BYTES):
+        for block, first, consumed in chunks(sources):
             r = enc(block)
             r.source_bytes = consumed
             yield r, first
@@ -333,7 +124,7 @@ def _encoded_chunks(sources: list[_Source], model_path: str, dtype: np.dtype,
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     with ctx.Pool(workers, initializer=_init_worker, initargs=(model_path, dtype.str)) as pool:
         pending: deque = deque()
-        for block, first, consumed in _chunks(sources, CHUNK_BYTES):
+        for block, first, consumed in chunks(sources):
             pending.append((pool.apply_async(_encode_in_worker, (block,)), first, consumed))
             if len(pending) >= 3 * workers:
                 yield _collect(pending.popleft())
@@ -459,9 +250,9 @@ def prepare(lang: str, inputs: list[str], out_dir: str, *, vocab_size: int = 500
         if not os.path.isfile(spm_model):
             raise FileNotFoundError(f"--spm-model {spm_model} does not exist")
         spm_model = os.path.abspath(spm_model)
-        vocab_size = _check_spm(Path(spm_model))
+        vocab_size = check_spm(Path(spm_model))
     dtype = shard_dtype(vocab_size)  # raises before any work when no shard dtype can hold the ids
-    sources = _resolve_inputs(inputs)
+    sources = resolve_inputs(inputs)
     workers = max(1, workers if workers is not None else len(os.sched_getaffinity(0)))
     out = Path(os.path.abspath(out_dir))
     settings = {"lang": lang, "inputs": [s.describe() for s in sources], "vocab_size": vocab_size,
@@ -488,7 +279,7 @@ def prepare(lang: str, inputs: list[str], out_dir: str, *, vocab_size: int = 500
     return meta
 
 
-def _prepare_into(tmp: Path, lang: str, sources: list[_Source], settings: dict, dtype: np.dtype,
+def _prepare_into(tmp: Path, lang: str, sources: list[InputSource], settings: dict, dtype: np.dtype,
                   vocab_size: int, character_coverage: float, sample_sentences: int, workers: int,
                   shard_tokens: int, seed: int, spm_model: str | None, progress: bool) -> dict:
     model_path = tmp / SPM_MODEL_FILE
@@ -499,15 +290,15 @@ def _prepare_into(tmp: Path, lang: str, sources: list[_Source], settings: dict, 
         if vocab_src.is_file():
             shutil.copyfile(vocab_src, tmp / SPM_VOCAB_FILE)
     else:
-        sample, seen = _sample_sentences(sources, sample_sentences, seed, progress)
+        sample, seen = reservoir_sample(sources, sample_sentences, seed, progress)
         if not sample:
             raise ValueError(f"inputs {settings['inputs']} contain no non-blank UTF-8 line; nothing to "
                              "prepare, check --input")
         _log(progress, f"training SentencePiece ({vocab_size} pieces) on {len(sample)} of {seen} lines")
-        _train_spm(sample, tmp / "spm", vocab_size, character_coverage, workers, seed, settings["model_type"])
+        train_spm(sample, tmp / "spm", vocab_size, character_coverage, workers, seed, settings["model_type"])
         sampled = len(sample)
         del sample
-        reached = _check_spm(model_path)
+        reached = check_spm(model_path)
         if reached < vocab_size:
             print(f"warning: the {lang} corpus supports only {reached} of the {vocab_size} pieces asked for "
                   "(--vocab-size); using the smaller vocabulary, recorded in meta.json", file=sys.stderr)
@@ -515,7 +306,7 @@ def _prepare_into(tmp: Path, lang: str, sources: list[_Source], settings: dict, 
 
     writer = _ShardWriter(tmp, dtype, shard_tokens)
     skipped, new_doc = 0, True
-    total = _total_bytes(sources)
+    total = total_bytes(sources)
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"encode {lang}", disable=not progress,
               file=sys.stderr) as bar:
         for r, first in _encoded_chunks(sources, str(model_path), dtype, workers):

@@ -15,7 +15,8 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-from mm_ds.data.tasks import PairExample, QAExample, TaskSpec
+from mm_ds.data.task_files import PairExample, QAExample
+from mm_ds.data.tasks import TaskSpec
 from mm_ds.tokens import BOS, EOS, PAD
 
 PAIR_SPECIALS = 4  # <s> A </s></s> B </s>

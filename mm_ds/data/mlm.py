@@ -8,12 +8,8 @@ The rest of a block is PAD. Block spans are computed once per `seq_len` and cach
 directory as `blocks_v1_s{seq_len}.npy` (int64 (num_blocks, 2): global token [start, stop), BOS excluded;
 v = PACKING_VERSION).
 
-Order. Sample ids are global: in optimizer step `step`, micro step `m` of rank `r`,
-    g = step * global_batch + (m * world_size + r) * micro_batch + j,   j < micro_batch,
-with global_batch = micro_batch * grad_accum * world_size. The samples of one step are therefore
-[step * global_batch, (step + 1) * global_batch) whatever the world size: a run resumed on another number
-of ranks with the same global batch sees exactly the same data. Sample g is block
-permutation_e[g % num_blocks] of epoch e = g // num_blocks, the permutation seeded by (seed, e).
+Order. Sample ids are global (mm_ds.data.order: a step's samples are the same whatever the world size);
+sample g is block permutation_e[g % num_blocks] of epoch e = g // num_blocks, the permutation seeded by (seed, e).
 
 Masking. Redrawn every time a block is drawn, from a counter-based hash of (seed, g, position), so a
 sample's masks depend on nothing else (rank, batch layout, what was drawn before). Of the non-special
@@ -32,6 +28,7 @@ import numpy as np
 import torch
 
 from mm_ds import tokens
+from mm_ds.data.order import sample_ids
 from mm_ds.data.shards import TokenCorpus
 
 N_SPECIAL = len(tokens.SPECIAL_IDS)
@@ -165,25 +162,10 @@ class MLMBatches:
             self._perms[epoch] = perm
         return perm
 
-    @staticmethod
-    def sample_ids(step: int, micro_step: int, rank: int, world_size: int, micro_batch: int,
-                   grad_accum: int = 1) -> np.ndarray:
-        """Global sample ids of one micro batch (see the module docstring)."""
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
-        if not 0 <= micro_step < grad_accum:
-            raise ValueError(f"micro_step={micro_step} must be in [0, grad_accum={grad_accum}); pass the "
-                             "run's gradient accumulation steps as grad_accum")
-        if step < 0 or micro_batch < 1:
-            raise ValueError(f"need step >= 0 and micro_batch >= 1, got step={step} micro_batch={micro_batch}")
-        global_batch = micro_batch * grad_accum * world_size
-        first = step * global_batch + (micro_step * world_size + rank) * micro_batch
-        return np.arange(first, first + micro_batch, dtype=np.int64)
-
     def batch(self, step: int, micro_step: int, rank: int, world_size: int, micro_batch: int,
               grad_accum: int = 1) -> dict:
         """The micro batch `micro_step` of optimizer step `step` for `rank`."""
-        return self.samples(self.sample_ids(step, micro_step, rank, world_size, micro_batch, grad_accum))
+        return self.samples(sample_ids(step, micro_step, rank, world_size, micro_batch, grad_accum))
 
     def blocks_of(self, g: np.ndarray) -> np.ndarray:
         """Block index of each global sample id."""

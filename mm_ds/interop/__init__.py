@@ -8,7 +8,7 @@ starts from an existing pretrained model).
 
 An import writes `RUN/final/` (model.safetensors, mm_ds.json with stage "pretrain", step 0, FLOPs 0 and
 `imported_from`, spm.model): `parent=RUN` for build-mini (MINIPOST) and adapt (BL_BASE). Key tables:
-surgery.HF_KEYS / HF_TASK_KEYS (HF), importers.FAIRSEQ_KEYS (fairseq). Tokenizer layouts: interop.spm.
+interop.hf (HF_KEYS, HF_TASK_KEYS), importers.FAIRSEQ_KEYS (fairseq). Tokenizer layouts: interop.spm.
 """
 
 from __future__ import annotations

@@ -25,7 +25,10 @@ import torch
 
 from .. import checkpoint, surgery
 from ..config import ModelConfig, model_config_from_dict
+from ..data.tokenizer import has_our_ids
+from ..model import param_shapes
 from ..tokens import SPECIAL_IDS, SPECIAL_PIECES
+from . import hf
 from . import spm as spm_io
 from .spm import InteropError
 
@@ -34,31 +37,21 @@ ARCHS = {None: "RobertaForMaskedLM", "pair_classification": "RobertaForSequenceC
 
 
 def task_to_hf(cfg: ModelConfig, kind: str, sd: dict) -> dict[str, torch.Tensor]:
-    """A `RobertaForTask` state dict as HF's: body by surgery.HF_KEYS (no MLM head), head by HF_TASK_KEYS."""
-    if kind not in surgery.HF_TASK_KEYS:
-        raise InteropError(f"task kind {kind!r} has no HF architecture; kinds: {', '.join(surgery.HF_TASK_KEYS)}")
-    body = {k: s for k, s in surgery.expected_shapes(dataclasses.replace(cfg, aux_head_layer=None)).items()
+    """A `RobertaForTask` state dict as HF's: body by hf.HF_KEYS (no MLM head), head by hf.HF_TASK_KEYS."""
+    if kind not in hf.HF_TASK_KEYS:
+        raise InteropError(f"task kind {kind!r} has no HF architecture; kinds: {', '.join(hf.HF_TASK_KEYS)}")
+    body = {k: s for k, s in param_shapes(dataclasses.replace(cfg, aux_head_layer=None)).items()
             if not k.startswith("head.")}
-    head = dict(surgery.HF_TASK_KEYS[kind])
+    head = dict(hf.HF_TASK_KEYS[kind])
     missing = sorted(set(body) - set(sd)) + sorted(set(head) - set(sd))
     extra = sorted(set(sd) - set(body) - set(head))
     if missing or extra:
-        raise InteropError(f"{kind} model does not match its config: missing {surgery._few(missing)}; "
-                           f"unexpected {surgery._few(extra)}")
+        raise InteropError(f"{kind} model does not match its config: missing {surgery.few_keys(missing)}; "
+                           f"unexpected {surgery.few_keys(extra)}")
     for k, s in body.items():
         if tuple(sd[k].shape) != s:
             raise InteropError(f"{kind} model: {k} has shape {tuple(sd[k].shape)}, expected {s} from its config")
-    out: dict[str, torch.Tensor] = {}
-    for ours, hf in surgery._hf_rows(cfg):
-        if ours.startswith("head."):
-            continue
-        if isinstance(hf, tuple):
-            out |= {n: p.clone() for n, p in zip(hf, sd[ours].chunk(len(hf), dim=0))}
-        else:
-            out[hf] = sd[ours].clone()
-    out |= {hf: sd[ours].clone() for ours, hf in head.items()}
-    out[surgery.HF_TOKEN_TYPE] = torch.zeros(1, cfg.hidden_size, dtype=sd[surgery.TOKENS].dtype)
-    return out
+    return hf.to_hf_keys(cfg, sd, mlm_head=False) | {name: sd[ours].clone() for ours, name in head.items()}
 
 
 def _labels(meta: dict, kind: str, n: int) -> list[str]:
@@ -105,7 +98,7 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
             raise InteropError(f"tokenizer {spm_path} does not exist (recorded in the checkpoint's meta or "
                                f"given by --tokenizer)")
         sp = spm_io.load(spm_path)
-        if not spm_io.is_ours(sp):
+        if not has_our_ids(sp):
             raise InteropError(f"tokenizer {spm_path}: special ids are not <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4")
         if sp.get_piece_size() != cfg.vocab_size:
             raise InteropError(f"tokenizer {spm_path} has {sp.get_piece_size()} pieces but {surgery.TOKENS} has "
@@ -114,9 +107,9 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
     else:
         notes.append("no tokenizer recorded: exported without one")
 
-    hf_cfg = surgery.hf_config(cfg) | {"architectures": [ARCHS[kind]]}
+    hf_cfg = hf.hf_config(cfg) | {"architectures": [ARCHS[kind]]}
     if kind is None:
-        hf_sd = surgery.to_hf_roberta(cfg, sd)
+        hf_sd = hf.to_hf_roberta(cfg, sd)
     else:
         hf_sd = task_to_hf(cfg, kind, sd)
         n = int(meta.get("num_labels") or (2 if kind == "extractive_qa" else 0))

@@ -23,8 +23,10 @@ import torch
 
 from .. import checkpoint, surgery
 from ..config import ConfigError, ModelConfig, to_dict
-from ..model import LANGUAGE_PARAMS
+from ..data.tokenizer import has_our_ids, pieces
+from ..model import LANGUAGE_PARAMS, param_shapes
 from ..tokens import PAD
+from . import hf
 from . import spm as spm_io
 from .spm import InteropError
 
@@ -56,7 +58,7 @@ def _finish(final: Path, cfg: ModelConfig, sd: dict, meta: dict, spm_src: Path |
     converted = None
     if rows is not None:
         perm = spm_io.our_layout(rows, str(spm_src))
-        if perm != list(range(len(rows))) or rows != _pieces(spm_src):
+        if perm != list(range(len(rows))) or rows != pieces(spm_io.load(spm_src)):
             idx = torch.tensor(perm)
             for k in LANGUAGE_PARAMS:
                 if k in sd:
@@ -75,11 +77,6 @@ def _finish(final: Path, cfg: ModelConfig, sd: dict, meta: dict, spm_src: Path |
         checkpoint.write_meta(final, meta)
         checkpoint.write_manifest(final)  # now covering spm.model too
     return meta
-
-
-def _pieces(path: Path) -> list[str]:
-    sp = spm_io.load(path)
-    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
 
 
 def _to_fp32(sd: dict) -> tuple[dict, str]:
@@ -151,7 +148,7 @@ def import_hf(src: str | Path, out: str | Path, tokenizer: str | Path | None = N
     hf_sd, wfile = read_hf_weights(src)
     hf_sd, dtypes = _to_fp32(hf_sd)
     try:
-        cfg, sd = surgery.from_hf_roberta(hf_cfg, hf_sd)
+        cfg, sd = hf.from_hf_roberta(hf_cfg, hf_sd)
     except (surgery.SurgeryError, ConfigError) as e:
         raise InteropError(f"{wfile} with {cfg_path}: {e}") from e
     spm_src = _find_tokenizer(src, tokenizer, no_tokenizer, "--from hf")
@@ -294,7 +291,7 @@ def from_fairseq(args: dict, fs_sd: dict, where: str) -> tuple[ModelConfig, dict
         cfg.check()
     except ConfigError as e:
         raise InteropError(f"{where}: the model arguments do not give a valid model: {e}") from e
-    want = surgery.expected_shapes(cfg)
+    want = param_shapes(cfg)
     rows = []
     for ours, fs in FAIRSEQ_KEYS:
         for i in (range(cfg.num_layers) if "{i}" in ours else (None,)):
@@ -305,7 +302,7 @@ def from_fairseq(args: dict, fs_sd: dict, where: str) -> tuple[ModelConfig, dict
     extra = sorted(set(sd) - known)
     if missing or extra:
         raise InteropError(f"{where}: keys do not match a fairseq RoBERTa with encoder_layers={cfg.num_layers}: "
-                           f"missing {surgery._few(missing)}; unexpected {surgery._few(extra)}")
+                           f"missing {surgery.few_keys(missing)}; unexpected {surgery.few_keys(extra)}")
     out = {}
     for o, names in rows:
         s = want[o] if len(names) == 1 else (want[o][0] // len(names), *want[o][1:])
@@ -351,7 +348,7 @@ def import_fairseq(src: str | Path, out: str | Path, tokenizer: str | Path | Non
                                    f"another model")
         else:  # no dictionary: only a tokenizer whose ids already are the rows will do
             rows = spm_io.rows_of(spm_src, cfg.vocab_size, f"{pt.name} {FS_EMBED}")
-            if not spm_io.is_ours(spm_io.load(spm_src)):
+            if not has_our_ids(spm_io.load(spm_src)):
                 raise InteropError(f"{home}: no dict.txt; fairseq's row order comes from it (or pass --tokenizer "
                                    f"with a model whose ids equal the rows)")
     source = {"format": "fairseq", "path": str(pt.resolve()), "dtype": dtypes,

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from ..tokens import SPECIAL_IDS, SPECIAL_PIECES
+from ..data.tokenizer import has_our_ids, pieces
+from ..tokens import SPECIAL_PIECES
 
 
 class InteropError(ValueError):
@@ -123,18 +124,13 @@ def load(path: str | Path) -> spm.SentencePieceProcessor:
         raise InteropError(f"{path} is not a readable SentencePiece model: {e}") from e
 
 
-def is_ours(sp: spm.SentencePieceProcessor) -> bool:
-    got = (sp.bos_id(), sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.piece_to_id("<mask>"))
-    return got == SPECIAL_IDS
-
-
 def rows_of(path: str | Path, vocab_size: int, weights: str) -> list[str]:
     """The piece of every embedding row of a checkpoint shipping this SentencePiece model with no dict.txt:
     mm-ds's own layout (ids = rows), or HF XLM-R's fairseq offset. `weights` names the embedding tensor."""
     sp = load(path)
     n = sp.get_piece_size()
-    if is_ours(sp):
-        rows = [sp.id_to_piece(i) for i in range(n)]
+    if has_our_ids(sp):
+        rows = pieces(sp)
         layout = "mm-ds (ids = rows)"
     elif (sp.unk_id(), sp.bos_id(), sp.eos_id()) == (0, 1, 2) and sp.pad_id() < 0:
         # XLM-R: row 0..3 = <s> <pad> </s> <unk>, row = spm id + 1 for the others, <mask> last
@@ -222,6 +218,6 @@ def write_model(src: str | Path, rows: list[str], out: str | Path) -> dict:
             parts.append(raw)
     Path(out).write_bytes(b"".join(parts))
     sp = load(out)
-    if not is_ours(sp) or sp.get_piece_size() != len(rows):
+    if not has_our_ids(sp) or sp.get_piece_size() != len(rows):
         raise InteropError(f"internal: the converted tokenizer {out} does not have mm-ds's special ids")
     return {"pieces": len(rows), "unused_rows": unused, "dropped_pieces": dropped}

@@ -12,10 +12,11 @@ import torch
 
 from .. import surgery
 from ..config import ConfigError, RunConfig
+from ..data.tokenizer import pieces
 from ..engine import Stage
 from ..model import LANGUAGE_PARAMS, RobertaMLM
 from ..systems import SYSTEMS
-from .common import load_parent, mlm_batches, open_corpus, pieces, stage_flops
+from .common import load_parent, mlm_batches, open_corpus, stage_flops
 
 
 def _target_model(cfg: RunConfig):

@@ -1,10 +1,8 @@
-"""What several stages share: opening the parent checkpoint, the tokenizer's pieces, MLM batches and FLOPs."""
+"""What several stages share: opening the parent checkpoint and the corpus, MLM batches and FLOPs."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import sentencepiece as spm
 
 from .. import checkpoint, flops
 from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict
@@ -24,11 +22,6 @@ def load_parent(cfg: RunConfig, want_stage: tuple[str, ...] | None = None) -> tu
         raise ConfigError(f"parent={cfg.parent} is a {meta.get('stage')!r} checkpoint; stage {cfg.stage} "
                           f"starts from one of: {', '.join(want_stage)}")
     return meta, model_config_from_dict(meta["model"]), sd
-
-
-def pieces(spm_path: str | Path) -> list[str]:
-    sp = spm.SentencePieceProcessor(model_file=str(spm_path))
-    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
 
 
 def open_corpus(cfg: RunConfig) -> TokenCorpus:

@@ -17,7 +17,9 @@ import torch
 from .. import ds_config, flops
 from ..config import ConfigError, RunConfig
 from ..data import features as feats
-from ..data.tasks import EXTRACTIVE_QA, get_task, load_split
+from ..data.order import sample_ids
+from ..data.task_files import load_split
+from ..data.tasks import EXTRACTIVE_QA, get_task
 from ..ds_config import Geometry
 from ..engine import Stage
 from ..heads import RobertaForTask
@@ -96,11 +98,8 @@ def build(cfg: RunConfig) -> Stage:
                           f"unexpected {unexpected}")
 
     def batches(step: int, micro: int, rank: int, geo: Geometry) -> dict:
-        first = step * geo.global_batch + (micro * geo.world_size + rank) * geo.micro_batch
-        rows = []
-        for g in range(first, first + geo.micro_batch):
-            rows.append(features[int(epoch_order(n, cfg.train.seed, g // n)[g % n])])
-        return collate(rows)
+        ids = sample_ids(step, micro, rank, geo.world_size, geo.micro_batch, geo.grad_accum)
+        return collate([features[int(epoch_order(n, cfg.train.seed, g // n)[g % n])] for g in ids.tolist()])
 
     seq = min(cfg.finetune.max_length or spec.max_length, mcfg.max_positions)
 

@@ -27,12 +27,13 @@ import sentencepiece as spm
 
 from .. import checkpoint, flops, surgery
 from ..config import ConfigError, model_config_from_dict
-from ..data.tasks import find_local, get_task, load_split
+from ..data.task_files import load_split
+from ..data.tasks import find_local, get_task
+from ..data.tokenizer import pieces
 from ..evaluate import evaluate, features_for
 from ..heads import RobertaForTask
 from ..recipe import primaries, task_root
 from ..systems import SYSTEMS
-from .common import pieces
 
 SOURCE, ADAPTED, CONTROL = "source", "adapted", "control"
 
