@@ -20,7 +20,8 @@ disk      an engine checkpoint holds the weights in the training dtype plus, for
           fp32 master weights and two Adam moments (12 bytes each); final/ holds fp32 weights. The
           checkpoint schedule is each stage's (train.checkpoint_steps, every train.checkpoint_every, the last).
 
-Parameter counts follow mm_ds.model (FFN 4h, positions s+2, tied output projection, a bias of V per head).
+Parameter counts are mm_ds.model's (`param_count`: FFN 4h, positions s+2, tied output projection, a bias of V
+per head).
 
 Checking the compute part here. `--bench FILE` reads `mm-ds bench --json FILE` output (any JSON holding
 `stages: {name: {kind?, flops_per_step, step_time_s}}` and `peak: {used_flops}` works) and prints, per stage
@@ -39,26 +40,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import flops as F
+from ..config import ModelConfig
+from ..model import LANGUAGE_PARAMS, param_count
+from ..surgery import minipost_trainable
 from .costs import StageCost, add_recipe_args, costs_from_args
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 # ---------------------------------------------------------------- parameter counts (mm_ds.model's layout)
-
-def layer_params(h: int, ffn: int) -> int:
-    """qkv + out projections, FFN h->ffn->h, two LayerNorms (weights and biases)."""
-    return 4 * h * h + 4 * h + 2 * h * ffn + ffn + h + 4 * h
-
-
-def head_params(h: int, V: int) -> int:
-    """MLM head: dense h->h, LayerNorm, output bias V (the projection is tied to the token embeddings)."""
-    return h * h + h + 2 * h + V
-
-
-def embedding_params(h: int, V: int, positions: int) -> int:
-    return V * h + positions * h + 2 * h
-
 
 @dataclass(frozen=True)
 class ParamCount:
@@ -68,20 +58,19 @@ class ParamCount:
 
 def stage_params(kind: str, h: int, V: int, layers: int, seq_len: int, trainable_layers: int | None = None,
                  ffn: int | None = None) -> ParamCount:
-    ffn = ffn or 4 * h
-    heads = 2 if kind == "pretrain_dual" else (0 if kind == "finetune" else 1)
-    total = embedding_params(h, V, seq_len + 2) + layers * layer_params(h, ffn) + heads * head_params(h, V)
+    """Parameters of a stage's model and those it trains, counted by the model's own layout (no model built)."""
+    cfg = ModelConfig(vocab_size=V, hidden_size=h, num_layers=layers, ffn_size=ffn or 4 * h, max_positions=seq_len,
+                      aux_head_layer=1 if kind == "pretrain_dual" else None)  # the second head's size is N-free
     if kind in ("pretrain", "pretrain_dual"):
-        trainable = total
-    elif kind == "adapt":  # the language group: token embeddings + the output bias of the (one) head
-        trainable = V * h + V
-    elif kind == "build_mini":
-        trainable = (trainable_layers or 0) * layer_params(h, ffn)
-    elif kind == "finetune":  # token embeddings frozen; the task head is negligible
-        trainable = total - V * h
-    else:
-        raise ValueError(f"unknown stage kind {kind!r}")
-    return ParamCount(total, trainable)
+        return ParamCount(param_count(cfg), param_count(cfg))
+    if kind == "adapt":  # the language group: token embeddings + the output bias of the (one) head
+        return ParamCount(param_count(cfg), param_count(cfg, lambda k: k in LANGUAGE_PARAMS))
+    if kind == "build_mini":
+        return ParamCount(param_count(cfg), param_count(cfg, minipost_trainable(cfg, layers - (trainable_layers or 0))))
+    if kind == "finetune":  # the body without the MLM head; token embeddings frozen; the task head is negligible
+        body = param_count(cfg, lambda k: not k.startswith("head."))
+        return ParamCount(body, body - param_count(cfg, lambda k: k == "embed.tokens.weight"))
+    raise ValueError(f"unknown stage kind {kind!r}")
 
 
 # ---------------------------------------------------------------- the cluster and the plan
