@@ -29,7 +29,8 @@ from pathlib import Path
 
 from . import checkpoint
 from .config import ConfigError, from_dict
-from .recipe import Recipe, load_recipe, stage_runs, task_root, text_inputs
+from .progress import Follow, Watched, say
+from .recipe import Recipe, StageRun, load_recipe, stage_runs, task_root, text_inputs
 from .systems import REFERENCE, SYSTEMS
 
 
@@ -48,7 +49,7 @@ def _mm_ds(argv: list[str], log: Path) -> None:
     _run_logged([sys.executable, "-m", "mm_ds.cli", *argv], log)
 
 
-def _launch_stage(name: str, argv: list[str], log: Path) -> None:
+def _launch_stage(name: str, argv: list[str], log: Path, follow: Follow | None = None) -> None:
     """One stage as `mm-ds STAGE ARGV` would run it, with its checks done here (one process fewer per stage:
     start-up, not training, dominates small stages) and its ranks started by the launcher, output to `log`."""
     import contextlib
@@ -65,14 +66,28 @@ def _launch_stage(name: str, argv: list[str], log: Path) -> None:
             raise ConfigError(f"stage {name}: {e}") from e
     if not done:
         _run_logged(command(cfg.launch, argv) if cfg.launch.launcher != "none"
-                    else [sys.executable, "-m", "mm_ds.cli", *argv], log)
+                    else [sys.executable, "-m", "mm_ds.cli", *argv], log, follow)
 
 
-def _run_logged(cmd: list[str], log: Path) -> None:
+def _watched(run: StageRun, i: int, n: int, log: Path) -> Watched:
+    from .cli import stage_config
+
+    name = str(run.out.relative_to(run.out.parents[len(run.name.split("/")) - 2]))  # adapt/minipost/t1
+    return Watched(name, run.out, stage_config(run.argv[0], run.argv[1:])[1].train.steps, log, i, n)
+
+
+def _run_logged(cmd: list[str], log: Path, follow: Follow | None = None) -> None:
+    """Run `cmd` with all its output (the ranks' and DeepSpeed's) in `log`; `follow` shows progress meanwhile."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = os.environ | {"PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     with open(log, "a") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        try:
+            (follow or Follow([])).wait(proc)
+        except BaseException:  # Ctrl-C: the launcher and its ranks stop with us
+            proc.terminate()
+            proc.wait()
+            raise
     if proc.returncode != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
         raise RuntimeError(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}; its output is in {log}:\n"
@@ -149,14 +164,15 @@ def evaluate(recipe: Recipe, out: Path, job_ran_it: bool = False) -> list[dict]:
     todo = [u for u in units if cached(results, u, root) is None]
     if todo and not job_ran_it:
         cfg = from_dict(LaunchConfig, recipe.launch)
-        print(f"[mm-ds run] evaluation: {len(todo)} of {len(units)} units to run on {cfg.world_size} rank(s)",
-              flush=True)
+        say(f"evaluation: {len(todo)} of {len(units)} units to run on {cfg.world_size} rank(s); its log: "
+            f"{out / 'logs' / 'eval.log'}")
         if cfg.world_size == 1 or cfg.launcher == "none":
             import torch
             run_units(units, root, results, device="cuda" if torch.cuda.is_available() else "cpu",
-                      say=lambda m: print(m, flush=True))
+                      say=lambda m: say(m.removeprefix("[mm-ds] ")))
         else:
-            _run_logged(command(cfg, ["run-eval", str(write_eval_spec(recipe, out))]), out / "logs" / "eval.log")
+            spec = write_eval_spec(recipe, out)
+            _run_logged(command(cfg, ["run-eval", str(spec)]), out / "logs" / "eval.log", Follow([], spec))
     return collect(units, root, results)
 
 
@@ -220,18 +236,21 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         entries.append(["run-eval", str(out / "logs" / "eval.json"), str(out / "logs" / "recipe.json"), str(out)])
         job_file.write_text(json.dumps(entries, indent=1))
         cfg = from_dict(LaunchConfig, recipe.launch)
-        print(f"[mm-ds run] {len(todo)} stages and the evaluation in one job of {cfg.world_size} ranks; log: "
-              f"{out / 'logs' / 'job.log'}", flush=True)
+        say(f"{len(todo)} stages and the evaluation in one job of {cfg.world_size} ranks; its log: "
+            f"{out / 'logs' / 'job.log'}")
         _run_logged(command(cfg, ["run-job", str(job_file)]) if cfg.launcher != "none"
-                    else [sys.executable, "-m", "mm_ds.cli", "run-job", str(job_file)], out / "logs" / "job.log")
+                    else [sys.executable, "-m", "mm_ds.cli", "run-job", str(job_file)], out / "logs" / "job.log",
+                    Follow([_watched(n, i, len(todo), out / "logs" / "job.log") for i, n in enumerate(todo)],
+                           out / "logs" / "eval.json"))
         todo, job_ran_eval = [], True
-    for n in todo:
+    for i, n in enumerate(todo):
         resume = ["--resume"] if checkpoint.list_checkpoints(n.out) else []
         if resume:
             found = checkpoint.find_resume_point(n.out)
             print(f"[mm-ds run] resume {n.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}",
                   flush=True)
-        _launch_stage(n.name, n.argv + ["--no-progress"] + resume, out / "logs" / f"{n.name.replace('/', '_')}.log")
+        log = out / "logs" / f"{n.name.replace('/', '_')}.log"
+        _launch_stage(n.name, n.argv + ["--no-progress"] + resume, log, Follow([_watched(n, i, len(todo), log)]))
     rows = evaluate(recipe, out, job_ran_it=job_ran_eval)
     with open(out / "results.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -241,9 +260,10 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         from .records import clean_records
         results, warnings = clean_records(rows, str(out / "results.jsonl"))
         rep = report.build_report(results, warnings=warnings)
-        report.write_report(rep, out / "report")
+        written = report.write_report(rep, out / "report")
         print(report.format_tables(rep, table2s=False))  # results.md above is Table 2 with the controls
-    print(f"[mm-ds run] {len(runs)} stages, {time.time() - t0:.0f} s; results in {out / 'results.jsonl'}")
+        say("report: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
+    say(f"{len(runs)} stages, {time.time() - t0:.0f} s; results: {out / 'results.md'} (rows: {out / 'results.jsonl'})")
     return 0
 
 

@@ -84,6 +84,10 @@ def test_all_four_systems_have_results(finished):
                        if r["system"] == system and r["kind"] == "adapted" and r["task"] == "xnli")
         assert steps == [4, 5, 8] if system == "bl_base" else [4, 8]  # the curve: every Step-2 checkpoint
     assert "MINIPOST" in stdout and "ctrl" in stdout
+    # What a person watching sees: each stage start and end, with its log; the results' paths at the end.
+    assert "[mm-ds run] pretrain/bl_base: started (1/" in stdout and "[mm-ds run] adapt/minipost/t1: done in" in stdout
+    assert f"results: {out / 'results.md'}" in stdout and str(out / "report" / "curves_avg.png") in stdout
+    assert "DeepSpeed" not in stdout and "[rank" not in stdout  # the ranks' output is in logs/job.log
     assert (out / "report" / "report.json").is_file()  # near-maximal performance, speedups, curves
 
 

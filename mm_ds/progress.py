@@ -1,0 +1,129 @@
+"""What `mm-ds run` shows while it works. The driver process follows the files its stage runs write: a line
+when a stage starts and when it ends (with its time and its logs), a compact line now and then while it
+trains (step/total, loss, tokens/s, ETA, from the stage's logs/train.jsonl), and evaluation progress (results
+written so far). Ranks only write files and their own logs; nothing here talks to them, so it works the same
+for one launch per stage and for one job that runs every stage."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import checkpoint
+
+INTERVAL_S = 20.0
+"""Seconds between two progress lines of one stage: enough to see it move, few enough for a CI log."""
+
+
+def say(msg: str) -> None:
+    print(f"[mm-ds run] {msg}", flush=True)
+
+
+def clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def last_row(path: Path) -> dict | None:
+    """The last complete line of a JSONL file that a rank may be appending to."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 4096))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return None
+
+
+def train_line(row: dict, total: int) -> str:
+    step = int(row["step"])
+    parts = [f"step {step}/{total}"]
+    if "loss" in row:
+        parts.append(f"loss {row['loss']:.3f}")
+    if row.get("tokens_per_s"):
+        parts.append(f"{row['tokens_per_s'] / 1e3:.1f}k tok/s")
+    if row.get("step_time_s") and step < total:
+        parts.append(f"ETA {clock((total - step) * row['step_time_s'])}")
+    return "  ".join(parts)
+
+
+@dataclass
+class Watched:
+    name: str
+    run_dir: Path
+    steps: int
+    log: Path
+    index: int = 0
+    """Its place among the stage runs this `mm-ds run` starts, and their number."""
+    of: int = 1
+    started: float | None = None
+    shown: float = 0.0
+    last_step: int = -1
+
+
+class Follow:
+    """Stage runs in the order they will run (one job runs them in order: the first without final/ is the
+    one running), and optionally the evaluation's unit list."""
+
+    def __init__(self, stages: list[Watched], eval_spec: Path | None = None, interval_s: float = INTERVAL_S):
+        self.stages, self.eval_spec, self.interval_s = stages, eval_spec, interval_s
+        self.current: Watched | None = None
+        self.eval_shown, self.eval_done = 0.0, -1
+
+    def poll(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        running = next((s for s in self.stages if not (s.run_dir / checkpoint.FINAL / checkpoint.MANIFEST).is_file()),
+                       None)
+        if self.current is not None and running is not self.current:
+            self.finished(self.current, now)
+        if running is not None and running is not self.current:
+            self.start(running, now)
+        self.current = running
+        if running is not None:
+            self.train_progress(running, now)
+        elif self.eval_spec is not None:
+            self.eval_progress(now)
+
+    def start(self, s: Watched, now: float) -> None:
+        s.started = now
+        say(f"{s.name}: started ({s.index + 1}/{s.of}); its log: {s.log}")
+
+    def finished(self, s: Watched, now: float) -> None:
+        took = f" in {clock(now - s.started)}" if s.started is not None else ""
+        say(f"{s.name}: done{took}; training log: {s.run_dir / 'logs' / 'train.jsonl'}")
+
+    def train_progress(self, s: Watched, now: float) -> None:
+        row = last_row(s.run_dir / "logs" / "train.jsonl")
+        if row is None or "step" not in row or row["step"] == s.last_step or now - s.shown < self.interval_s:
+            return
+        s.last_step, s.shown = row["step"], now
+        say(f"  {s.name}  {train_line(row, s.steps)}")
+
+    def eval_progress(self, now: float) -> None:
+        if now - self.eval_shown < self.interval_s:
+            return
+        try:
+            spec = json.loads(self.eval_spec.read_text())
+        except (OSError, ValueError):
+            return  # not listed yet (a one-job run lists its units once Step 2 is done)
+        results = Path(spec["results"])
+        done = sum((results / f"{u['name']}.json").is_file() for u in spec["units"])
+        if done != self.eval_done:
+            self.eval_done, self.eval_shown = done, now
+            say(f"evaluation: {done}/{len(spec['units'])} units have results")
+
+    def wait(self, proc: subprocess.Popen, every_s: float = 1.0) -> int:
+        while proc.poll() is None:
+            self.poll()
+            time.sleep(every_s)
+        self.poll()
+        return proc.returncode

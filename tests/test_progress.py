@@ -1,0 +1,63 @@
+"""What `mm-ds run` prints while it works, from the files stage runs write (tests/test_pipeline.py sees it in a
+real run)."""
+
+import json
+
+from mm_ds import checkpoint
+from mm_ds.progress import Follow, Watched, clock, last_row
+
+
+def finish(run):
+    (run / checkpoint.FINAL).mkdir(parents=True)
+    (run / checkpoint.FINAL / checkpoint.MANIFEST).write_text("{}")
+
+
+def log_row(run, **row):
+    (run / "logs").mkdir(parents=True, exist_ok=True)
+    with open(run / "logs" / "train.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def test_stages_start_progress_and_end_in_order(tmp_path, capsys):
+    a, b = tmp_path / "pretrain" / "a", tmp_path / "adapt" / "b"
+    follow = Follow([Watched("pretrain/a", a, 100, tmp_path / "job.log", 0, 2),
+                     Watched("adapt/b", b, 10, tmp_path / "job.log", 1, 2)], interval_s=30)
+    follow.poll(now=0)
+    log_row(a, step=40, loss=5.25, tokens_per_s=12_300, step_time_s=0.5)
+    follow.poll(now=1)  # within the interval of the start: nothing yet
+    follow.poll(now=31)
+    log_row(a, step=50, loss=5.0, tokens_per_s=12_000, step_time_s=0.5)
+    follow.poll(now=40)  # a new step, but too soon after the last line
+    finish(a)
+    follow.poll(now=95)
+    finish(b)
+    follow.poll(now=100)
+    assert capsys.readouterr().out.splitlines() == [
+        f"[mm-ds run] pretrain/a: started (1/2); its log: {tmp_path / 'job.log'}",
+        "[mm-ds run]   pretrain/a  step 40/100  loss 5.250  12.3k tok/s  ETA 0:30",
+        f"[mm-ds run] pretrain/a: done in 1:35; training log: {a / 'logs' / 'train.jsonl'}",
+        f"[mm-ds run] adapt/b: started (2/2); its log: {tmp_path / 'job.log'}",
+        f"[mm-ds run] adapt/b: done in 0:05; training log: {b / 'logs' / 'train.jsonl'}",
+    ]
+
+
+def test_evaluation_progress_counts_results_once_stages_are_done(tmp_path, capsys):
+    spec = tmp_path / "eval.json"
+    follow = Follow([], spec, interval_s=0)
+    follow.poll(now=0)  # no unit list yet (a one-job run writes it after Step 2): silent
+    (tmp_path / "eval").mkdir()
+    spec.write_text(json.dumps({"results": str(tmp_path / "eval"), "units": [{"name": "u1"}, {"name": "u2"}]}))
+    follow.poll(now=1)
+    (tmp_path / "eval" / "u1.json").write_text("{}")
+    follow.poll(now=2)
+    follow.poll(now=3)  # unchanged: no line
+    assert capsys.readouterr().out.splitlines() == ["[mm-ds run] evaluation: 0/2 units have results",
+                                                    "[mm-ds run] evaluation: 1/2 units have results"]
+
+
+def test_last_row_skips_a_line_being_written(tmp_path):
+    path = tmp_path / "train.jsonl"
+    assert last_row(path) is None
+    path.write_text('{"step": 1}\n{"step": 2}\n{"ste')
+    assert last_row(path) == {"step": 2}
+    assert (clock(59), clock(61), clock(3725)) == ("0:59", "1:01", "1:02:05")
