@@ -90,7 +90,7 @@ def after_step(step: int, rank: int, stage: str | None = None) -> None:
     who = POINTS.kill_at[1]
     if who == "launcher":
         if rank == 0:
-            kill_launcher()
+            _kill_launcher()
             # Stay put, as a rank busy in a long step would: only the watchdog (mm_ds/watchdog.py) may end
             # this job now. Without the pause a tiny run could finish before the watchdog's next look.
             time.sleep(60)
@@ -128,7 +128,7 @@ def after_universal_load(engine) -> None:
         torch.save(weights, POINTS.dump_resumed)
 
 
-def kill_launcher() -> None:
+def _kill_launcher() -> None:
     """SIGKILL the `deepspeed` runner above this rank (else the outermost launcher process): what a killed
     job or a lost login does. The ranks must then go too (mm_ds.watchdog)."""
     from .watchdog import launcher_chain  # a stdlib-only leaf: no cycle, and imported only when a test fires
