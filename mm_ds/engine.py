@@ -218,7 +218,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
             client = {"step": done, "tokens": tokens, "rng_cpu": torch.get_rng_state(), "seed": cfg.train.seed,
                       "nonfinite_steps": nonfinite}
             ckpt_io.save(engine, run_dir, done, client, meta(done))
-        faults.after_step(done, rank, cfg.stage)  # test hook MM_DS_KILL_AT; inert otherwise
+        faults.after_step(done, rank, cfg.stage)  # a test's fault point (MM_DS_KILL_AT); inert otherwise
     if bar is not None:
         bar.close()
 
@@ -247,7 +247,9 @@ def train_step(engine, stage: Stage, step: int, rank: int, geo: Geometry) -> tup
         batch = {k: (v.to(engine.device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
         data_time += time.perf_counter() - td
         torch.manual_seed(_dropout_seed(stage.cfg.train.seed, step, micro, rank))
-        out = faults.poison(engine(**batch), step + 1, rank)  # test hook MM_DS_NAN_AT; inert otherwise
+        out = engine(**batch)
+        if faults.ARMED:  # a test's fault point (MM_DS_NAN_AT); never in a production run
+            out = faults.poison(out, step + 1, rank)
         engine.backward(out["loss"])
         if micro == geo.grad_accum - 1:
             _drop_nonfinite_grads(engine)

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from . import checkpoint as ckpt_io
-from . import dist
+from . import dist, faults
 
 SUFFIX = ".universal"
 
@@ -128,12 +128,5 @@ def restore_frozen(engine, universal: Path) -> int:
             if name in states and not getattr(p, "requires_grad", False):
                 p.copy_(states[name].to(p.device, p.dtype))
                 n += 1
-    _maybe_dump(engine)
+    faults.after_universal_load(engine)  # a test's fault point (MM_DS_DUMP_RESUMED); inert otherwise
     return n
-
-
-def _maybe_dump(engine) -> None:
-    """Test hook: MM_DS_DUMP_RESUMED=PATH saves rank 0's weights right after a universal load."""
-    path = os.environ.get("MM_DS_DUMP_RESUMED")
-    if path and engine.global_rank == 0:
-        torch.save({k: v.detach().float().clone() for k, v in engine.module.state_dict().items()}, path)

@@ -1,5 +1,5 @@
-"""Crash at any point, resume, lose nothing (mm_ds/faults.py on tiny runs of every stage kind), plus
-non-finite updates, a full disk and corrupted checkpoints. The full sweep: `python -m mm_ds.faults --full`."""
+"""Crash at any point, resume, lose nothing (tests/fault_harness.py on tiny runs of every stage kind), plus
+non-finite updates, a full disk and corrupted checkpoints. The full sweep: `python tests/fault_harness.py --full`."""
 
 import json
 import os
@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_ds import checkpoint, faults
+from mm_ds import checkpoint
+
+import fault_harness as harness
 
 
 @pytest.fixture(scope="module")
@@ -19,13 +21,13 @@ def sweep(tmp_path_factory):
     seeded random fault in each of Step 1b (MINIPOST), Step 2 and finetuning (1 rank). MM_DS_FAULT_SEED
     picks other points."""
     root = tmp_path_factory.mktemp("faults")
-    reports = faults.sweep(root, full=False, seed=int(os.environ.get("MM_DS_FAULT_SEED", 0)))
+    reports = harness.sweep(root, full=False, seed=int(os.environ.get("MM_DS_FAULT_SEED", 0)))
     return root, reports
 
 
 def test_every_stage_kind_survives_a_kill_and_resumes_bitwise(sweep):
     _, reports = sweep
-    assert {r["stage"] for r in reports} == set(faults.STAGE_KINDS)
+    assert {r["stage"] for r in reports} == set(harness.STAGE_KINDS)
     bad = [r for r in reports if not r["ok"]]
     assert not bad, json.dumps(bad, indent=1)
     kinds = " ".join(f for r in reports for f in r["faults"])
@@ -58,13 +60,13 @@ def test_corrupt_newest_checkpoint_is_refused_and_resume_falls_back(sweep, tmp_p
     assert checkpoint.find_resume_point(run) == previous
     assert "skipping checkpoint that fails verification" in capsys.readouterr().out
 
-    ws = faults.Workspace(root, ranks=2)
+    ws = harness.Workspace(root, ranks=2)
     refused = ws.run(ws.argv("pretrain"), run, check=False)  # the same command without --resume
     assert refused.returncode == 2 and "pass --resume to continue it" in refused.stderr
     assert checkpoint.list_checkpoints(run)[-1] == newest  # nothing overwritten
     proc = ws.run(ws.argv("pretrain"), run, resume=True)
     assert f"resumed from {previous}" in proc.stdout
-    assert faults.same_weights(ref, run) == []
+    assert harness.same_weights(ref, run) == []
 
 
 def test_truncated_or_unmanifested_weights_never_load(sweep, tmp_path):
@@ -86,7 +88,7 @@ def test_truncated_or_unmanifested_weights_never_load(sweep, tmp_path):
 
 
 def _nan_run(root: Path, out: Path, config: str, nan_at: str, *extra: str, steps: int = 6):
-    ws = faults.Workspace(root, ranks=1)
+    ws = harness.Workspace(root, ranks=1)
     argv = ws.argv("pretrain") + [f"train.steps={steps}", "train.checkpoint_every=1", "train.warmup_steps=1",
                                   f"ds_config={config}", *extra]
     return ws.run(argv, out, env={"MM_DS_NAN_AT": nan_at}, check=False)
@@ -135,7 +137,7 @@ def test_disk_full_while_saving(sweep, tmp_path):
     if os.geteuid() != 0 or not _mount_tmpfs(disk, "4m"):
         pytest.skip("mounting a small tmpfs needs root; the save error path is covered by test_bad_input")
     try:
-        ws = faults.Workspace(root, ranks=1)
+        ws = harness.Workspace(root, ranks=1)
         argv = ws.argv("pretrain") + ["train.steps=8"]
         out = disk / "run"
         ws.run(argv, out, env={"MM_DS_KILL_AT": "4"}, check=False)  # one checkpoint: measure it

@@ -1,0 +1,316 @@
+"""The fault harness: kill tiny runs of each stage kind at seeded random points (mm_ds/faults.py's fault
+points), check the run directory after each crash (`latest` names a checkpoint that verifies, the newest
+complete checkpoint loads, half-written ones are never published, no orphan rank or held port is left),
+resume with the same command, and require final weights bitwise equal to an uninterrupted run with the
+same seed (CPU, fp32):
+
+    python tests/fault_harness.py --full     # every stage kind x every fault kind, 2 ranks (~15 min, 2 cores)
+    python tests/fault_harness.py            # the CI subset (also run by tests/test_faults.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from mm_ds import checkpoint as ck
+from mm_ds.data.corpus import prepare
+from mm_ds.data.world import generate_world
+from mm_ds.dist import free_port
+from mm_ds.faults import SAVE_PHASES
+
+STAGE_KINDS = ("pretrain", "build_mini", "adapt", "finetune")
+FAULT_KINDS = ("rank", "launcher", "save")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    """rank | launcher | save"""
+    step: int
+    rank: int = 0
+    phase: str = ""
+
+    def env(self) -> dict[str, str]:
+        if self.kind == "rank":
+            return {"MM_DS_KILL_AT": f"{self.step}:{self.rank}"}
+        if self.kind == "launcher":
+            return {"MM_DS_KILL_AT": f"{self.step}:launcher"}
+        return {"MM_DS_KILL_IN_SAVE": f"{self.step}:{self.rank}:{self.phase}"}
+
+    def __str__(self) -> str:
+        if self.kind == "save":
+            return f"kill rank {self.rank} in save of step {self.step} ({self.phase})"
+        return f"kill {'the launcher' if self.kind == 'launcher' else f'rank {self.rank}'} after step {self.step}"
+
+
+STEPS = 12
+CHECKPOINT_EVERY = 4
+TINY_MODEL = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=64",
+              "data.seq_len=32", "model.max_positions=32", "model.aux_head_layer=null"]
+TINY_TRAIN = ["train.global_batch=16", "train.micro_batch=4", "train.warmup_steps=4", "train.log_every=5",
+              "train.checkpoint_steps=[]", f"train.checkpoint_every={CHECKPOINT_EVERY}", "peak_tflops=1"]
+
+
+def random_faults(rng: random.Random, ranks: int, kinds=FAULT_KINDS, n: int = 2) -> list[Fault]:
+    """`n` faults at increasing steps (each fires in the run resumed after the one before)."""
+    ckpt_steps = list(range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY))
+    faults, lo = [], 1
+    for _ in range(n):
+        kind = rng.choice(kinds)
+        if kind == "launcher" and ranks == 1:
+            kind = "rank"
+        if kind == "save":
+            cand = [s for s in ckpt_steps if s >= lo]
+            if not cand:
+                break
+            phase = rng.choice(SAVE_PHASES)
+            rank = rng.randrange(ranks) if phase == SAVE_PHASES[0] else 0
+            f = Fault("save", rng.choice(cand[:2]), rank, phase)
+        else:
+            if lo > STEPS:
+                break
+            f = Fault(kind, rng.randint(lo, min(STEPS, lo + 6)), rng.randrange(ranks) if kind == "rank" else 0)
+        faults.append(f)
+        lo = f.step + 1
+    return faults
+
+
+@dataclass
+class Workspace:
+    """Tiny data and a pretrained parent, shared by every scenario of one sweep."""
+
+    root: Path
+    ranks: int = 2
+    port: int = 0
+    """The master port of the last launch (a free one is picked for each)."""
+    log: list[str] = field(default_factory=list)
+
+    def _say(self, msg: str) -> None:
+        self.log.append(msg)
+        print(f"[faults] {msg}", flush=True)
+
+    def next_port(self) -> int:
+        """A port no other process holds now (the suite may run tests side by side)."""
+        self.port = free_port()
+        return self.port
+
+    def setup(self) -> None:
+        w = self.root / "world"
+        if not (w / "world.json").is_file():
+            generate_world(w, languages=("t1",), sentences=3000, target_sentences=1500,
+                           task_sizes=dict(nli_train=200, paws_train=10, qa_train=10, dev=10, test=10))
+        for lang in ("en", "t1"):
+            prepare(lang, [str(w / "text" / f"{lang}.txt")], str(self.root / "data" / lang), vocab_size=200,
+                    model_type="bpe", workers=1, progress=False)
+        # The uninterrupted pretraining run is both the reference of the pretraining cases and the parent
+        # of the later stages. References are rebuilt on every sweep: code may have changed since.
+        shutil.rmtree(self.root / "reference", ignore_errors=True)
+        shutil.rmtree(self.root / "cases", ignore_errors=True)
+        self.run(self.argv("pretrain"), self.reference("pretrain"))
+
+    def reference(self, kind: str) -> Path:
+        return self.root / "reference" / f"{kind}_r{self.ranks}"
+
+    def launch(self, ranks: int) -> list[str]:
+        if ranks == 1:
+            return ["launch.launcher=none", "launch.ranks=1"]
+        return [f"launch.ranks={ranks}", f"launch.master_port={self.next_port()}"]
+
+    def argv(self, kind: str) -> list[str]:
+        data, parent = self.root / "data", self.root / "reference" / "pretrain_r2"
+        common = [*TINY_TRAIN, f"train.steps={STEPS}"]
+        if kind == "pretrain":
+            return ["pretrain", "--preset", "tiny/bl_base", f"data.corpus={data / 'en'}", *TINY_MODEL, *common,
+                    "train.lr=3e-3"]
+        if kind == "build_mini":
+            return ["build-mini", "--preset", "tiny/build_mini", "system=minipost", f"parent={parent}",
+                    f"data.corpus={data / 'en'}", "data.seq_len=32", "mini.layers=1", "mini.new_layers=1", *common]
+        if kind == "adapt":
+            return ["adapt", "--preset", "tiny/adapt", "system=bl_base", "lang=t1", f"parent={parent}",
+                    f"data.corpus={data / 't1'}", "data.seq_len=32", *common]
+        if kind == "finetune":  # 96 examples x 2 epochs / 16 per update = STEPS updates
+            return ["finetune", "--preset", "tiny/finetune", "system=bl_base", f"parent={parent}",
+                    "finetune.task=xnli", f"finetune.data_root={self.root / 'world'}", "finetune.max_length=32",
+                    "finetune.max_train_examples=96", "finetune.epochs=2", *common]
+        raise ValueError(f"unknown stage kind {kind!r}; choose from {', '.join(STAGE_KINDS)}")
+
+    def run(self, argv: list[str], out: Path, *, ranks: int | None = None, env: dict | None = None,
+            resume: bool = False, check: bool = True) -> subprocess.CompletedProcess:
+        ranks = ranks or self.ranks
+        cmd = [sys.executable, "-m", "mm_ds.cli", *argv[:1], "--out", str(out), "--no-progress", *argv[1:],
+               *self.launch(ranks), *(["--resume"] if resume else [])]
+        t0 = time.perf_counter()
+        self.last_port = self.port
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)}\nexit {proc.returncode}\n{proc.stdout[-3000:]}\n"
+                                 f"{proc.stderr[-3000:]}")
+        self._say(f"{argv[0]} -> {out.name}{' --resume' if resume else ''}{' ' + str(env) if env else ''}: "
+                  f"exit {proc.returncode} in {time.perf_counter() - t0:.1f} s")
+        return proc
+
+
+# ---------------------------------------------------------------- invariants
+
+def check_crashed_run(run: Path) -> list[str]:
+    """What must hold in a run directory after any crash. Returns the problems found (empty: fine)."""
+    problems = []
+    root = ck.checkpoints_dir(run)
+    tag = ck.latest_tag(run)
+    if (root / ck.LATEST).is_file():
+        named = (root / ck.LATEST).read_text().strip()
+        if named.endswith(".tmp"):
+            problems.append(f"latest names a temporary checkpoint {named}")
+        elif tag is None:
+            problems.append(f"latest names {named}, which has no manifest")
+        else:
+            try:
+                ck.verify(root / tag)
+            except ck.CheckpointError as e:
+                problems.append(f"latest names a checkpoint that fails verification: {e}")
+    published = [p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")] if root.is_dir() else []
+    complete = ck.list_checkpoints(run)
+    for p in published:
+        if p not in complete:
+            problems.append(f"{p} was published without a manifest")
+    newest = ck.find_resume_point(run)
+    if complete and newest != complete[-1]:
+        problems.append(f"newest complete checkpoint {complete[-1]} does not verify")
+    if newest is not None:
+        try:
+            ck.consolidate(newest)
+        except Exception as e:  # noqa: BLE001  any failure to load is the finding
+            problems.append(f"newest complete checkpoint {newest} does not load: {type(e).__name__}: {e}")
+    return problems
+
+
+def leftovers(run: Path, port: int | None, wait_s: float = 10.0) -> list[str]:
+    """Processes still working on `run` (orphan ranks), and whether `port` is still held, after a kill."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = []
+        for d in os.listdir("/proc") if os.path.isdir("/proc") else []:
+            if d.isdigit() and int(d) != os.getpid():
+                try:
+                    with open(f"/proc/{d}/cmdline", "rb") as f:
+                        cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                    with open(f"/proc/{d}/stat") as f:
+                        zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+                except OSError:
+                    continue
+                if str(run) in cmd and not zombie:
+                    alive.append(f"pid {d}: {cmd[:100]}")
+        held = False
+        if port:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    held = True
+        if not alive and not held or time.monotonic() > deadline:
+            return alive + ([f"port {port} is still held"] if held else [])
+        time.sleep(0.5)
+
+
+def same_weights(a: Path, b: Path) -> list[str]:
+    """Keys whose final weights differ (bitwise) between two finished runs."""
+    x, y = load_file(str(a / "final" / "model.safetensors")), load_file(str(b / "final" / "model.safetensors"))
+    if x.keys() != y.keys():
+        return sorted(set(x) ^ set(y))
+    return [k for k in x if not torch.equal(x[k], y[k])]
+
+
+def run_case(ws: Workspace, kind: str, faults: list[Fault], reference: Path, name: str) -> dict:
+    """Apply `faults` one after another to one run (resuming between them), then finish and compare."""
+    out = ws.root / "cases" / name
+    argv = ws.argv(kind)
+    report = {"case": name, "stage": kind, "faults": [str(f) for f in faults], "problems": []}
+    for f in faults:
+        resume = bool(out.exists())
+        proc = ws.run(argv, out, env=f.env(), resume=resume, check=False)
+        if proc.returncode == 0:
+            report["problems"].append(f"{f}: the run finished instead of dying")
+        left = leftovers(out, ws.last_port if ws.ranks > 1 else None)
+        report["problems"] += [f"after '{f}': orphan {p}" for p in left]
+        report["problems"] += [f"after '{f}': {p}" for p in check_crashed_run(out)]
+        if f.kind == "save" and (out / "checkpoints" / f"step_{f.step:08d}.tmp").exists():
+            report["half_written_left"] = True  # reported by resume, removed by the next save
+    proc = ws.run(argv, out, resume=True, check=False)
+    if proc.returncode != 0:
+        report["problems"].append(f"resume failed (exit {proc.returncode}): {proc.stderr[-1500:]}")
+    else:
+        diff = same_weights(reference, out)
+        if diff:
+            report["problems"].append(f"resumed weights differ from the uninterrupted run: {diff[:5]}")
+        if (out / "checkpoints").is_dir() and list((out / "checkpoints").glob("*.tmp")):
+            report["problems"].append("a half-written checkpoint was left after the run finished")
+    report["ok"] = not report["problems"]
+    return report
+
+
+def sweep(root: Path, full: bool, seed: int = 0, ranks: int | None = None,
+          kinds: tuple[str, ...] = STAGE_KINDS) -> list[dict]:
+    """Full: every stage kind x every fault kind (plus each save phase once), 2 ranks. Subset: one seeded
+    chain of two faults per stage kind; pretraining on 2 ranks, the other stages on 1."""
+    rng = random.Random(seed)
+    ws = Workspace(root, ranks=2)
+    ws.setup()
+    reports = []
+    for kind in kinds:
+        k_ranks = ranks or (2 if full or kind == "pretrain" else 1)
+        ws.ranks = k_ranks
+        ref = ws.reference(kind)
+        if not (ref / "final").is_dir():
+            ws.run(ws.argv(kind), ref)
+        if full:
+            chains = [[Fault("rank", rng.randint(1, STEPS), rng.randrange(k_ranks))],
+                      [Fault("launcher", rng.randint(1, STEPS))]]
+            chains += [[Fault("save", rng.choice(range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY)),
+                              rng.randrange(k_ranks) if p == SAVE_PHASES[0] else 0, p)] for p in SAVE_PHASES]
+            chains.append(random_faults(rng, k_ranks, n=3))
+        elif kind == "pretrain" and k_ranks > 1:  # a save interrupted, then the launcher, at random points
+            save = random_faults(rng, k_ranks, kinds=("save",), n=1)[0]
+            chains = [[save, Fault("launcher", rng.randint(save.step + 1, STEPS))]]
+        else:
+            chains = [random_faults(rng, k_ranks, n=1)]
+        for i, chain in enumerate(chains):
+            r = run_case(ws, kind, chain, ref, f"{kind}_r{k_ranks}_{i}")
+            print(f"[faults] {'ok  ' if r['ok'] else 'FAIL'} {kind}: {'; '.join(r['faults'])}"
+                  + ("" if r["ok"] else "\n    " + "\n    ".join(r["problems"])), flush=True)
+            reports.append(r)
+    return reports
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python tests/fault_harness.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--full", action="store_true", help="the full sweep (default: the CI subset)")
+    p.add_argument("--out", default="fault-sweep", help="working directory (reused: data and references)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random fault points")
+    p.add_argument("--ranks", type=int, help="ranks for every stage (default: 2; the subset runs 1 after Step 1)")
+    p.add_argument("--stages", default=",".join(STAGE_KINDS), help="comma-separated stage kinds")
+    a = p.parse_args(argv)
+    t0 = time.perf_counter()
+    reports = sweep(Path(a.out).resolve(), a.full, a.seed, a.ranks, tuple(a.stages.split(",")))
+    (Path(a.out) / "report.json").write_text(json.dumps(reports, indent=1))
+    bad = [r for r in reports if not r["ok"]]
+    print(f"[faults] {len(reports) - len(bad)}/{len(reports)} cases ok in {time.perf_counter() - t0:.0f} s; "
+          f"report in {Path(a.out) / 'report.json'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
