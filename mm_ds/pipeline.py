@@ -257,7 +257,7 @@ def _launch_stage(name: str, argv: list[str], log: Path) -> None:
     start-up, not training, dominates small stages) and its ranks started by the launcher, output to `log`."""
     import contextlib
 
-    from .cli import preflight_stage
+    from .cli import preflight_stage, validated_env
     from .launch import command
 
     print(f"[mm-ds run] $ mm-ds {' '.join(argv)}", flush=True)
@@ -269,12 +269,13 @@ def _launch_stage(name: str, argv: list[str], log: Path) -> None:
             raise ConfigError(f"stage {name}: {e}") from e
     if not done:
         _run_logged(command(cfg.launch, argv) if cfg.launch.launcher != "none"
-                    else [sys.executable, "-m", "mm_ds.cli", *argv], log)
+                    else [sys.executable, "-m", "mm_ds.cli", *argv], log, validated_env(argv))
 
 
-def _run_logged(cmd: list[str], log: Path) -> None:
+def _run_logged(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = os.environ | {"PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    env = os.environ | {"PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                        **(env or {})}
     with open(log, "a") as f:
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     if proc.returncode != 0:
