@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from . import checkpoint as ckpt_io
 from .checkpoint import CheckpointError
 from .config import ConfigError
 
@@ -101,14 +102,38 @@ def validate(stage_mod, cfg, out: Path, resume: bool, world: int):
     parser on `world` ranks, the run directory, and the checkpoint a resume would load. Run once per
     process: by the launcher side, and by ranks that no mm-ds launcher validated for. Returns the engine
     config and geometry (None for a stage of zero updates: it has no engine)."""
-    from . import checkpoint, ds_config, engine
+    from . import ds_config
 
     stage_mod.preflight(cfg)
     resolved = ds_config.resolve(cfg, world) if cfg.train.steps else (None, None)
-    engine.check_run_dir(out, resume=resume)
-    if resume and (found := checkpoint.find_resume_point(out)) is not None:
-        engine.check_resumable(found, cfg)
+    check_run_dir(out, resume=resume)
+    if resume and (found := ckpt_io.find_resume_point(out)) is not None:
+        check_resumable(found, cfg)
     return resolved
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """A new run never overwrites another's checkpoints or final weights."""
+    if resume or not run_dir.exists():
+        return
+    if ckpt_io.list_checkpoints(run_dir) or (run_dir / ckpt_io.FINAL).exists():
+        raise ConfigError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or "
+                          f"choose a new --out (nothing was overwritten)")
+
+
+def check_resumable(found: Path, cfg) -> None:
+    """The checkpoint --resume would load was written by this stage, system and architecture."""
+    from .config import to_dict
+
+    meta = ckpt_io.read_meta(found)
+    mine = to_dict(cfg.model)
+    if meta.get("model") != mine:
+        diff = {k: (meta.get("model", {}).get(k), v) for k, v in mine.items() if meta.get("model", {}).get(k) != v}
+        raise ConfigError(f"--resume: {found} was trained with a different architecture "
+                          f"(checkpoint vs. now: {diff}); resume with the same model config or use a new --out")
+    for key in ("stage", "system"):
+        if meta.get(key) != getattr(cfg, key):
+            raise ConfigError(f"--resume: {found} is {key}={meta.get(key)!r}, this run is {getattr(cfg, key)!r}")
 
 
 def preflight_stage(name: str, argv: list[str]):

@@ -26,7 +26,7 @@ import torch
 from . import checkpoint as ckpt_io
 from . import dist, faults
 from . import ds_config as dsc
-from .config import ConfigError, RunConfig, dump_yaml, to_dict
+from .config import RunConfig, dump_yaml, to_dict
 from .ds_config import Geometry
 from .peaks import device_peak_flops
 
@@ -306,26 +306,6 @@ def _append_jsonl(path: Path, row: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
-
-
-def check_run_dir(run_dir: Path, resume: bool) -> None:
-    if resume or not run_dir.exists():
-        return
-    if ckpt_io.list_checkpoints(run_dir) or (run_dir / ckpt_io.FINAL).exists():
-        raise ConfigError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or "
-                          f"choose a new --out (nothing was overwritten)")
-
-
-def check_resumable(found: Path, cfg: RunConfig) -> None:
-    meta = ckpt_io.read_meta(found)
-    mine = to_dict(cfg.model)
-    if meta.get("model") != mine:
-        diff = {k: (meta.get("model", {}).get(k), v) for k, v in mine.items() if meta.get("model", {}).get(k) != v}
-        raise ConfigError(f"--resume: {found} was trained with a different architecture "
-                          f"(checkpoint vs. now: {diff}); resume with the same model config or use a new --out")
-    for key in ("stage", "system"):
-        if meta.get(key) != getattr(cfg, key):
-            raise ConfigError(f"--resume: {found} is {key}={meta.get(key)!r}, this run is {getattr(cfg, key)!r}")
 
 
 def _drop_nonfinite_grads(engine) -> None:
