@@ -8,12 +8,14 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import os
 import sys
 from pathlib import Path
 
+from . import checkpoint as ckpt_io
 from .checkpoint import CheckpointError
 from .config import ConfigError
 
@@ -39,7 +41,7 @@ TOOL_COMMANDS = {
     "export": ("mm_ds.interop:export_main", "a checkpoint of any stage as a Hugging Face model directory"),
     "presets": ("mm_ds.cli:presets_main", "list the packaged presets"),
     "verify": ("mm_ds.checkpoint:verify_main", "check checkpoints or final weights against their manifests"),
-    "bench": ("mm_ds.bench:main", "time every stage kind vs. a matmul peak and transformers; CPU speed targets"),
+    "bench": ("mm_ds.tools.bench:main", "time every stage kind vs. a matmul peak and transformers; CPU speed targets"),
 }
 
 
@@ -80,32 +82,79 @@ def stage_config(name: str, argv: list[str]):
     return args, cfg
 
 
+VALIDATED = "MM_DS_VALIDATED"
+"""Set by the mm-ds launcher side for the ranks it starts: the fingerprint of the command it validated."""
+
+
+def fingerprint(name: str, argv: list[str]) -> str:
+    """Of `mm-ds NAME ARGV` run from this directory: ranks skip `validate` only for exactly that command."""
+    return hashlib.sha256(json.dumps([os.getcwd(), name, *argv]).encode()).hexdigest()[:16]
+
+
+def validated_env(argv: list[str]) -> dict[str, str]:
+    """The environment that tells the ranks of `mm-ds ARGV` that it was validated (`preflight_stage`)."""
+    return {VALIDATED: fingerprint(argv[0], argv[1:])}
+
+
+def validate(stage_mod, cfg, out: Path, resume: bool, world: int):
+    """Every check of a stage run that can fail on bad input, before any engine exists: the stage's data and
+    parent (`preflight`, which leaves `cfg` as `build` makes it), the engine config through DeepSpeed's
+    parser on `world` ranks, the run directory, and the checkpoint a resume would load. Run once per
+    process: by the launcher side, and by ranks that no mm-ds launcher validated for. Returns the engine
+    config and geometry (None for a stage of zero updates: it has no engine)."""
+    from . import ds_config
+
+    stage_mod.preflight(cfg)
+    resolved = ds_config.resolve(cfg, world) if cfg.train.steps else (None, None)
+    check_run_dir(out, resume=resume)
+    if resume and (found := ckpt_io.find_resume_point(out)) is not None:
+        check_resumable(found, cfg)
+    return resolved
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """A new run never overwrites another's checkpoints or final weights."""
+    if resume or not run_dir.exists():
+        return
+    if ckpt_io.list_checkpoints(run_dir) or (run_dir / ckpt_io.FINAL).exists():
+        raise ConfigError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or "
+                          f"choose a new --out (nothing was overwritten)")
+
+
+def check_resumable(found: Path, cfg) -> None:
+    """The checkpoint --resume would load was written by this stage, system and architecture."""
+    from .config import to_dict
+
+    meta = ckpt_io.read_meta(found)
+    mine = to_dict(cfg.model)
+    if meta.get("model") != mine:
+        diff = {k: (meta.get("model", {}).get(k), v) for k, v in mine.items() if meta.get("model", {}).get(k) != v}
+        raise ConfigError(f"--resume: {found} was trained with a different architecture "
+                          f"(checkpoint vs. now: {diff}); resume with the same model config or use a new --out")
+    for key in ("stage", "system"):
+        if meta.get(key) != getattr(cfg, key):
+            raise ConfigError(f"--resume: {found} is {key}={meta.get(key)!r}, this run is {getattr(cfg, key)!r}")
+
+
 def preflight_stage(name: str, argv: list[str]):
-    """What `mm-ds NAME ARGV` does before any rank starts: every check that can fail on bad input (the stage's
-    data and parent, the engine config through DeepSpeed's parser, the launcher, the run directory), then
-    `--dry-run`'s printout or a stage that needs no engine (MINIJOINT's extraction). Returns (args, cfg,
+    """What `mm-ds NAME ARGV` does before any rank starts: `validate`, the launcher's settings, then
+    `--dry-run`'s printout or a stage of zero updates, run here (MINIJOINT's extraction). Returns (args, cfg,
     done): done means nothing is left to launch."""
-    from . import checkpoint, config, ds_config, engine, launch
+    from . import config, engine, launch
 
     args, cfg = stage_config(name, argv)
     stage_mod = importlib.import_module(STAGE_COMMANDS[name][0])
     out = Path(args.out)
-    stage_mod.preflight(cfg)
-    ds_cfg, geo = ds_config.resolve(cfg, cfg.launch.world_size)
+    ds_cfg, geo = validate(stage_mod, cfg, out, args.resume, cfg.launch.world_size)
     launch.preflight(cfg.launch)
-    engine.check_run_dir(out, resume=args.resume)
-    if args.resume and name == "pretrain" and (found := checkpoint.find_resume_point(out)) is not None:
-        engine.check_resumable(found, cfg)  # later stages take their architecture from the parent: the
-        # ranks check it after build() (engine.train), where cfg.model is known
-    trains = getattr(stage_mod, "trains", lambda c: True)(cfg)
     if args.dry_run:
         print(config.dump_yaml(cfg))
-        if trains:
+        if ds_cfg is not None:
             print(json.dumps(ds_cfg, indent=2))
             print(f"# geometry: {geo}")
         return args, cfg, True
-    if not trains:
-        stage_mod.run_without_engine(cfg, out)
+    if not cfg.train.steps:  # no engine, no ranks: the stage's model as built is its result
+        engine.train(stage_mod.build(cfg), out, resume=args.resume, progress=False)
         return args, cfg, True
     if cfg.launch.launcher == "none" and cfg.launch.ranks != 1:
         raise ConfigError("launch.launcher=none runs a single process; set launch.ranks=1")
@@ -115,24 +164,24 @@ def preflight_stage(name: str, argv: list[str]):
 def run_stage(name: str, argv: list[str]) -> int:
     from . import dist, engine, launch
 
-    if not launch.under_launcher():
+    checked = os.environ.get(VALIDATED) == fingerprint(name, argv)  # by the mm-ds process that started us
+    if not launch.under_launcher() and not checked:
         args, cfg, done = preflight_stage(name, argv)
         if done:
             return 0
         if cfg.launch.launcher != "none":
+            os.environ.update(validated_env([name, *argv]))  # for the ranks relaunch() starts
             return launch.relaunch(cfg.launch, [name, *argv])
     else:
         args, cfg = stage_config(name, argv)
-    stage_mod = importlib.import_module(STAGE_COMMANDS[name][0])
-    out = Path(args.out)
-    if not getattr(stage_mod, "trains", lambda c: True)(cfg):  # a rank, e.g. inside `mm-ds run`'s one job
-        rank, _, _ = dist.init()
-        if rank == 0:
-            stage_mod.run_without_engine(cfg, out)
-        dist.barrier()
-        return 0
-    stage = stage_mod.build(cfg)
-    engine.train(stage, out, resume=args.resume, progress=not args.no_progress, reshard=args.reshard)
+        if not checked:  # a rank started by hand, or by `mm-ds run`'s one job
+            _, _, world = dist.init()
+            validate(importlib.import_module(STAGE_COMMANDS[name][0]), cfg, Path(args.out), args.resume, world)
+            dist.barrier()  # every rank has looked at the run directory before rank 0 writes into it
+    stage = importlib.import_module(STAGE_COMMANDS[name][0]).build(cfg)
+    if launch.under_launcher():
+        dist.init()  # a stage of zero updates starts no engine, but only rank 0 writes
+    engine.train(stage, Path(args.out), resume=args.resume, progress=not args.no_progress, reshard=args.reshard)
     return 0
 
 

@@ -1,9 +1,10 @@
 """The one training loop every stage uses.
 
 A stage hands over a `Stage`: the model after surgery, which parameters train, a deterministic batch
-function and its FLOPs per update. This module resolves the DeepSpeed config, freezes parameters *before*
-`deepspeed.initialize` (so ZeRO keeps no optimizer state for them), resumes, trains, logs, checkpoints,
-and finally writes consolidated weights for the next stage.
+function and its FLOPs per update. `build_engine` turns it into a DeepSpeed engine (resolves the DeepSpeed
+config, freezes parameters *before* `deepspeed.initialize` so ZeRO keeps no optimizer state for them, finds
+the resume point); `train` resumes, trains, logs, checkpoints, and finally writes consolidated weights for
+the next stage. `mm-ds bench` builds its engines with the same `build_engine` and times `train_step`.
 
 Resume is exact: batches and dropout masks are pure functions of (seed, step, micro-step, rank), and the
 engine restores model, optimizer and LR-scheduler state, so a resumed run retraces the uninterrupted one.
@@ -15,7 +16,6 @@ import copy
 import json
 import math
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,13 +26,15 @@ import torch
 from . import checkpoint as ckpt_io
 from . import dist, faults
 from . import ds_config as dsc
-from .config import ConfigError, RunConfig, dump_yaml, to_dict
+from .config import RunConfig, dump_yaml, to_dict
 from .ds_config import Geometry
+from .peaks import device_peak_flops
 
 
 @dataclass
 class Stage:
     cfg: RunConfig
+    """`cfg.train.steps` = 0: a stage of no updates (MINIJOINT's extraction): final/ is the model as built."""
     model: torch.nn.Module
     trainable: Callable[[str], bool]
     batches: Callable[[int, int, int, Geometry], dict]
@@ -43,6 +45,20 @@ class Stage:
     parent: str | None = None
     parent_flops: float = 0.0
     meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class Engine:
+    """A `Stage` made ready to step: the DeepSpeed engine and what the loop reads beside it."""
+    engine: object
+    ds_cfg: dict
+    geo: Geometry
+    n_train: int
+    n_total: int
+    found: Path | None = None
+    """--resume: the newest complete checkpoint of the run directory (None: start from step 0)."""
+    load_from: Path | None = None
+    """What to load for `found`: it, or its universal conversion when the world size changed."""
 
 
 # ---------------------------------------------------------------- checkpoint schedule
@@ -56,75 +72,38 @@ def _dropout_seed(seed: int, step: int, micro: int, rank: int) -> int:
     return (seed * 1_000_003 + step * 10_007 + micro * 101 + rank) % (2 ** 63 - 1)
 
 
-# ---------------------------------------------------------------- peak FLOP/s for MFU
+# ---------------------------------------------------------------- the engine
 
-# Dense peak TFLOP/s per GPU: (bf16/fp16, fp32 as TF32). MFU in the logs is against the training dtype's peak.
-_GPU_PEAK_TFLOPS = {"H100": (989.0, 494.0), "H200": (989.0, 494.0), "A100": (312.0, 156.0),
-                    "V100": (125.0, 15.7), "A10": (125.0, 62.5), "L4": (121.0, 60.0)}
-
-
-def device_peak_flops(cfg: RunConfig, ds: dict | None = None) -> float:
-    """Peak FLOP/s of one rank's device: `peak_tflops` if set, the GPU's dense peak in the training dtype, or
-    on CPU the measured fp32 matmul rate of this rank's threads. NaN for a GPU that is not in the table."""
-    if cfg.peak_tflops:
-        return cfg.peak_tflops * 1e12
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name()
-        half = ds is None or dsc.precision(ds) != "fp32"
-        for k, (low, fp32) in _GPU_PEAK_TFLOPS.items():
-            if k in name:
-                return (low if half else fp32) * 1e12
-        return float("nan")
-    return measure_matmul_peak()["median_flops"]
-
-
-def measure_matmul_peak(n: int = 1024, reps: int = 8) -> dict:
-    """fp32 FLOP/s of an n^3 matmul with this process's threads: median and best of `reps` (CPU MFU's peak)."""
-    a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
-    torch.mm(a, b, out=c)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        torch.mm(a, b, out=c)
-        times.append(time.perf_counter() - t0)
-    flop = 2 * n ** 3
-    return {"n": n, "median_flops": flop / statistics.median(times), "best_flops": flop / min(times)}
-
-
-# ---------------------------------------------------------------- the loop
-
-def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: bool = True,
-          reshard: bool = False) -> Path:
+def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: bool = False,
+                 reshard: bool = False) -> Engine:
+    """The DeepSpeed engine of `stage` on `world` ranks: the effective DeepSpeed config, the stage's frozen
+    parameters frozen before `deepspeed.initialize` (which then sees only the trainable parameter groups),
+    and with `run_dir` the run's files (its configs, the frozen fp32 weights) and, with `resume`, the
+    checkpoint to load. Collective when `run_dir` is given. `train` and `mm-ds bench` build theirs here."""
     import deepspeed
-    from deepspeed.utils import logger as ds_logger
 
-    import logging
-    ds_logger.setLevel(logging.WARNING)
-    cfg = stage.cfg
-    run_dir = Path(run_dir)
-    rank, local_rank, world = dist.init()
-    ds_cfg, geo = dsc.resolve(cfg, world, run_dir)
-
-    model = stage.model
     from .model import param_groups, set_trainable
+
+    cfg, model = stage.cfg, stage.model
+    rank = dist.rank()
+    ds_cfg, geo = dsc.resolve(cfg, world, run_dir)
     n_train, n_total = set_trainable(model, stage.trainable)
-    if rank == 0:
-        check_run_dir(run_dir, resume)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        ckpt_io.write_text_atomic(run_dir / "run_config.yaml", dump_yaml(cfg))
-        ckpt_io.write_json_atomic(run_dir / "ds_config.json", ds_cfg)
-        # Under bf16/fp16 DeepSpeed casts every parameter, frozen ones too, to the training dtype, and keeps
-        # fp32 masters only of what trains. The frozen fp32 weights (the parent's, after surgery) are kept
-        # once per run and laid over every consolidation, so that final/ holds them bit for bit.
-        frozen = {n: p.detach().float().clone() for n, p in model.named_parameters() if not p.requires_grad}
-        ckpt_io.write_frozen(run_dir, frozen)
-        dsc.warn_if_slow(ds_cfg)
-        del frozen
-    if ds_cfg.get("wandb", {}).get("enabled"):
-        os.environ.setdefault("WANDB_DIR", str(run_dir / "logs"))  # W&B's block has no output path
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    frozen_dir = str(run_dir / ckpt_io.FROZEN) if n_train < n_total else None
+    if run_dir is not None:
+        if rank == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt_io.write_text_atomic(run_dir / "run_config.yaml", dump_yaml(cfg))
+            ckpt_io.write_json_atomic(run_dir / "ds_config.json", ds_cfg)
+            # Under bf16/fp16 DeepSpeed casts every parameter, frozen ones too, to the training dtype, and
+            # keeps fp32 masters only of what trains. The frozen fp32 weights (the parent's, after surgery) are
+            # kept once per run and laid over every consolidation, so that final/ holds them bit for bit.
+            frozen = {n: p.detach().float().clone() for n, p in model.named_parameters() if not p.requires_grad}
+            ckpt_io.write_frozen(run_dir, frozen)
+            dsc.warn_if_slow(ds_cfg)
+            del frozen
+        if ds_cfg.get("wandb", {}).get("enabled"):
+            os.environ.setdefault("WANDB_DIR", str(run_dir / "logs"))  # W&B's block has no output path
+            (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        dist.barrier()
 
     if not ds_cfg.get("compile", {}).get("enabled"):
         # mm-ds compiles nothing, but DeepSpeed's optimizer set-up imports torch's compiler stack (dynamo,
@@ -135,21 +114,42 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
     if dsc.zero_stage(ds_cfg) == 3 and hasattr(model, "heads"):
         for head in model.heads().values():  # the tied projection lives in another module
             deepspeed.zero.register_external_parameter(head, model.embed.tokens.weight)
-    found = ckpt_io.find_resume_point(run_dir) if resume else None
-    load_from = found
+    found = ckpt_io.find_resume_point(run_dir) if resume and run_dir is not None else None
+    load_from = None
     if found is not None:
         from . import universal  # another world size: reshard through a universal checkpoint
-        check_resumable(found, cfg)
         load_from = universal.prepare(found, world, ds_cfg, rank, force=reshard)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model, wd),
                                            config=copy.deepcopy(ds_cfg))
+    return Engine(engine, ds_cfg, geo, n_train, n_total, found, load_from)
+
+
+# ---------------------------------------------------------------- the loop
+
+def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: bool = True,
+          reshard: bool = False) -> Path:
+    """Train `stage` into `run_dir` (its checks, `cli.validate`, are done before) and return final/."""
+    cfg = stage.cfg
+    run_dir = Path(run_dir)
+    if cfg.train.steps == 0:
+        return _publish_as_built(stage, run_dir)
+    from deepspeed.utils import logger as ds_logger
+
+    import logging
+    ds_logger.setLevel(logging.WARNING)
+    rank, local_rank, world = dist.init()
+    built = build_engine(stage, world, run_dir, resume, reshard)
+    engine, ds_cfg, geo, found = built.engine, built.ds_cfg, built.geo, built.found
+    n_train, n_total = built.n_train, built.n_total
+    frozen_dir = str(run_dir / ckpt_io.FROZEN) if n_train < n_total else None
 
     start_step, tokens, nonfinite = 0, 0, 0
     if resume:
         if found is not None:
-            client = ckpt_io.load_into_engine(engine, load_from)
-            if load_from != found:
-                universal.restore_frozen(engine, load_from)
+            client = ckpt_io.load_into_engine(engine, built.load_from)
+            if built.load_from != found:
+                from . import universal
+                universal.restore_frozen(engine, built.load_from)
             start_step, tokens = client["step"], client["tokens"]
             nonfinite = client.get("nonfinite_steps", 0)
             if rank == 0:
@@ -159,7 +159,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
 
     flops_step = stage.flops_per_step(geo.global_batch)
     # flops_step counts the whole global batch; the peak is one rank's device (GPU, or CPU threads).
-    peak = device_peak_flops(cfg, ds_cfg) * world
+    peak = device_peak_flops(cfg.peak_tflops, half=dsc.precision(ds_cfg) != "fp32") * world
     tokens_per_step = geo.global_batch * stage.tokens_per_sample
     if rank == 0:
         print(f"[mm-ds] {cfg.system}/{cfg.stage} lang={cfg.lang}: {n_train:,} of {n_total:,} parameters train; "
@@ -169,7 +169,8 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
               f"backend {dist.backend()}", flush=True)
 
     def meta(step: int) -> dict:
-        return _meta(stage, ds_cfg, world, step, tokens, flops_step) | ({"frozen": frozen_dir} if frozen_dir else {})
+        return (_meta(stage, step, tokens, flops_step, ds_cfg, world)
+                | ({"frozen": frozen_dir} if frozen_dir else {}))
 
     bar = None
     if progress and rank == 0:
@@ -276,41 +277,36 @@ def _reduce_logs(window: dict[str, float], n_micro: int) -> dict[str, float]:
     return out
 
 
-def _meta(stage: Stage, ds_cfg: dict, world: int, step: int, tokens: int, flops_step: float) -> dict:
+def _meta(stage: Stage, step: int, tokens: int, flops_step: float, ds_cfg: dict | None = None,
+          world: int | None = None) -> dict:
+    """final/'s and every checkpoint's meta; without an engine (`ds_cfg` None) no engine settings."""
     cfg = stage.cfg
     flops = flops_step * step
+    engine = {} if ds_cfg is None else {"run_config": to_dict(cfg), "zero_stage": dsc.zero_stage(ds_cfg),
+                                        "precision": dsc.precision(ds_cfg), "world_size": world}
     return stage.meta | {
         "stage": cfg.stage, "system": cfg.system, "lang": cfg.lang, "step": step, "tokens": tokens,
         "flops": flops, "flops_cumulative": stage.parent_flops + flops, "parent": stage.parent,
-        "model": to_dict(cfg.model), "run_config": to_dict(cfg), "zero_stage": dsc.zero_stage(ds_cfg),
-        "precision": dsc.precision(ds_cfg), "world_size": world, "time": ckpt_io.now(),
+        "model": to_dict(cfg.model), **engine, "time": ckpt_io.now(),
     }
+
+
+def _publish_as_built(stage: Stage, run_dir: Path) -> Path:
+    """A stage of zero updates (MINIJOINT's extraction: its mini-model costs no FLOPs beyond Step 1): no
+    engine; final/ holds the model exactly as the stage built it. Rank 0 writes, the others wait."""
+    final_dir = run_dir / ckpt_io.FINAL
+    if dist.rank() == 0:
+        ckpt_io.write_final(final_dir, stage.model.state_dict(), _meta(stage, 0, 0, 0.0))
+        print(f"[mm-ds] {stage.cfg.system}/{stage.cfg.stage}: no updates; wrote the "
+              f"{stage.cfg.model.num_layers}-layer model as built into {final_dir}", flush=True)
+    dist.barrier()
+    return final_dir
 
 
 def _append_jsonl(path: Path, row: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
-
-
-def check_run_dir(run_dir: Path, resume: bool) -> None:
-    if resume or not run_dir.exists():
-        return
-    if ckpt_io.list_checkpoints(run_dir) or (run_dir / ckpt_io.FINAL).exists():
-        raise ConfigError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or "
-                          f"choose a new --out (nothing was overwritten)")
-
-
-def check_resumable(found: Path, cfg: RunConfig) -> None:
-    meta = ckpt_io.read_meta(found)
-    mine = to_dict(cfg.model)
-    if meta.get("model") != mine:
-        diff = {k: (meta.get("model", {}).get(k), v) for k, v in mine.items() if meta.get("model", {}).get(k) != v}
-        raise ConfigError(f"--resume: {found} was trained with a different architecture "
-                          f"(checkpoint vs. now: {diff}); resume with the same model config or use a new --out")
-    for key in ("stage", "system"):
-        if meta.get(key) != getattr(cfg, key):
-            raise ConfigError(f"--resume: {found} is {key}={meta.get(key)!r}, this run is {getattr(cfg, key)!r}")
 
 
 def _drop_nonfinite_grads(engine) -> None:

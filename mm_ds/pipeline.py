@@ -54,7 +54,7 @@ def _launch_stage(name: str, argv: list[str], log: Path, follow: Follow | None =
     start-up, not training, dominates small stages) and its ranks started by the launcher, output to `log`."""
     import contextlib
 
-    from .cli import preflight_stage
+    from .cli import preflight_stage, validated_env
     from .launch import command
 
     print(f"[mm-ds run] $ mm-ds {' '.join(argv)}", flush=True)
@@ -66,7 +66,7 @@ def _launch_stage(name: str, argv: list[str], log: Path, follow: Follow | None =
             raise ConfigError(f"stage {name}: {e}") from e
     if not done:
         _run_logged(command(cfg.launch, argv) if cfg.launch.launcher != "none"
-                    else [sys.executable, "-m", "mm_ds.cli", *argv], log, follow)
+                    else [sys.executable, "-m", "mm_ds.cli", *argv], log, follow, validated_env(argv))
 
 
 def _watched(run: StageRun, i: int, n: int, log: Path) -> Watched:
@@ -76,10 +76,11 @@ def _watched(run: StageRun, i: int, n: int, log: Path) -> Watched:
     return Watched(name, run.out, stage_config(run.argv[0], run.argv[1:])[1].train.steps, log, i, n)
 
 
-def _run_logged(cmd: list[str], log: Path, follow: Follow | None = None) -> None:
+def _run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: dict[str, str] | None = None) -> None:
     """Run `cmd` with all its output (the ranks' and DeepSpeed's) in `log`; `follow` shows progress meanwhile."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = os.environ | {"PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    env = os.environ | {"PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                        **(env or {})}
     with open(log, "a") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
         try:

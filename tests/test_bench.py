@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mm_ds import bench
+from mm_ds.tools import bench
 
 STAGE_FIELDS = ("step_time_s", "tokens_per_s", "flops_per_step", "tflops", "mfu", "loader_share", "cpu_share",
                 "peak_rss_bytes", "trainable_params", "total_params", "layers", "losses", "step_times")

@@ -38,6 +38,7 @@ def _target_model(cfg: RunConfig):
 
 def preflight(cfg: RunConfig) -> None:
     _, new_cfg, _, _, report = _target_model(cfg)
+    cfg.model = new_cfg  # as build() makes it: a resumed run's checkpoint is checked against it
     if cfg.data.seq_len > new_cfg.max_positions:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the parent's max_positions={new_cfg.max_positions}")
     print(f"[mm-ds] {cfg.lang}: {report['overlap']} of {report['vocab_size']} pieces overlap the source "

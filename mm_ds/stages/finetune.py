@@ -70,6 +70,8 @@ def _features(cfg: RunConfig, spec, meta):
 
 def preflight(cfg: RunConfig) -> None:
     spec, meta, mcfg, _ = _spec_and_parent(cfg)
+    mcfg.aux_head_layer = None
+    cfg.model = mcfg  # as build() makes it: a resumed run's checkpoint is checked against it
     features, _ = _features(cfg, spec, meta)
     if not features:
         raise ConfigError(f"no English training examples for {spec.name} under {cfg.finetune.data_root}")

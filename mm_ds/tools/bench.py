@@ -4,9 +4,12 @@ and a Hugging Face `transformers` peer, and check the CPU speed targets.
     mm-ds bench --preset base --micro-batch 2 --json bench.json
     mm-ds bench --preset tiny --steps 2 --no-peer
 
-What runs. Each stage is the stage's real model after its real surgery, its real trainable set, frozen
-before a DeepSpeed engine that `mm_ds.engine` builds the same way (`resolve_ds_config`, same ds config,
-fp32 on CPU, one in-process rank), stepped by `engine.train_step`, the function `engine.train` loops over:
+What runs. Each stage kind is a real `RunConfig` handed to its stage module's `build()` (the model after
+the stage's own surgery, its trainable set, batches and FLOPs formula), then to `engine.build_engine`, the
+builder `engine.train` uses (same DeepSpeed config resolution, freezing before `deepspeed.initialize`;
+fp32 on CPU, one in-process rank), stepped by `engine.train_step`, the function `engine.train` loops over.
+The parents the later stages start from are written into the temporary work directory by the product's
+own zero-update path (`engine.train` with train.steps=0: the model as built, untrained).
 
     pretrain       Step 1, one MLM head, all layers (BL_BASE)                  FLOPs: A1
     pretrain_dual  Step 1 with MINIJOINT's second head after layer N            A1 + second head
@@ -17,40 +20,36 @@ fp32 on CPU, one in-process rank), stepped by `engine.train_step`, the function 
 
 Data. A synthetic corpus (Zipf-distributed pseudo-words, documents of sentences) is generated and prepared
 with `mm_ds.data.corpus.prepare` into a temporary directory. It cannot support a 50k-piece SentencePiece
-model, so its tokenizer is small; `MLMBatches` draws real packed, dynamically masked batches from it, and
-a fixed injective map spreads the non-special ids over the model's full vocabulary (the mask pattern and
-labels are the loader's). The loader share is the time `train_step` spends fetching a batch (loader plus
-that map) over the step time. Finetuning uses synthetic padded sentence pairs (10% padding) and labels.
-
-Peer. `transformers`' RobertaForMaskedLM (attn_implementation="sdpa") with the same shape, batches and
-dropout, in a plain loop with torch.optim.AdamW (all parameters, its CPU defaults); Step 2 freezes all
-but the word embeddings (tied to the decoder) and the LM-head bias. HF computes the LM head over every
-position; mm-ds over the masked ones only: that difference is part of what the comparison measures.
+model, so its trained tokenizer is small and grown to the model's vocabulary with its pieces spread over
+all ids (`bench_data.spread_tokenizer`); the stages' own `MLMBatches` draw real packed, dynamically masked
+batches from it. The loader share is the time `train_step` spends fetching a batch over the step time.
+Finetuning is built from a small generated English NLI file and timed on synthetic padded sentence pairs
+(10% padding) of the benchmark's length. The peer: `bench_peer`.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import contextlib
+import importlib
+import io
 import json
 import os
 import platform
-import resource
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from . import flops as F
-from .config import DataConfig, ModelConfig, RunConfig, TrainConfig, read_preset
-from .engine import measure_matmul_peak
-from .tokens import IGNORE_INDEX, PAD
+from .. import engine as eng
+from ..config import DataConfig, FinetuneConfig, MiniConfig, ModelConfig, RunConfig, TrainConfig, read_preset
+from ..peaks import measure_matmul_peak
+from .bench_data import pair_batches, prepare_corpus, write_pair_task
+from .bench_peer import RssPeak, maxrss_bytes, release_free_memory, run_peer_stage
 
 STAGES = ("pretrain", "pretrain_dual", "build_mini", "adapt_full", "adapt_mini", "finetune")
 PEER_STAGES = ("pretrain", "adapt_full", "adapt_mini")  # the peer has no dual head, bridge or task loop here
@@ -84,6 +83,19 @@ STAGE_TITLES = {
     "finetune": "Step 3, finetune (cls)",
 }
 
+# bench stage -> (stage module, system, the parent it starts from, FLOPs kind)
+STAGE_RUNS = {
+    "pretrain": ("pretrain", "bl_base", None, "pretrain"),
+    "pretrain_dual": ("pretrain", "minijoint", None, "pretrain_dual"),
+    "build_mini": ("build_mini", "minipost", "pretrain", "build_mini"),
+    "adapt_full": ("adapt", "bl_base", "pretrain", "adapt"),
+    "adapt_mini": ("adapt", "minijoint", "mini", "adapt"),
+    "finetune": ("finetune", "bl_base", "pretrain", "finetune"),
+}
+# parent -> (stage module, system, its own parent): BL_BASE's and MINIJOINT's pretraining, MINIJOINT's Step 1b
+PARENT_RUNS = {"pretrain": ("pretrain", "bl_base", None), "dual": ("pretrain", "minijoint", None),
+               "mini": ("build_mini", "minijoint", "dual")}
+
 # Speed targets at the base shape, as (key, description, threshold).
 TARGETS = (
     ("a3_speedup", "Step 2 mini vs full: speedup >= 90% of analytic A3 ratio", 0.90),
@@ -95,179 +107,12 @@ TARGETS = (
 )
 
 
-# ----------------------------------------------------------------------------------------------- measuring
-
 def matmul_peak(n: int = 2048, reps: int = 5) -> dict:
     return measure_matmul_peak(n, reps)
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class RssPeak:
-    """Peak resident memory while the block runs, sampled every 10 ms from /proc (Linux); elsewhere only
-    the process-wide high-water mark of getrusage is available."""
-
-    def __init__(self, interval: float = 0.01):
-        self.interval, self.peak, self.start = interval, 0, 0
-        self._stop = threading.Event()
-        self._ok = os.path.exists("/proc/self/statm")
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, _rss_bytes())
-
-    def __enter__(self):
-        if self._ok:
-            self.start = self.peak = _rss_bytes()
-            self._thread = threading.Thread(target=self._run, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self._ok:
-            self._stop.set()
-            self._thread.join()
-            self.peak = max(self.peak, _rss_bytes())
-
-
-def release_free_memory() -> None:
-    """Between stages: hand the heap's free pages back (engine.keep_freed_memory keeps them during
-    training), so each stage's peak RSS is its own and not its predecessors' high-water mark."""
-    import ctypes
-    import ctypes.util
-
-    gc.collect()
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def maxrss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
-# ----------------------------------------------------------------------------------------------- data
-
-def synthetic_text(path: Path, megabytes: float, seed: int = 0) -> int:
-    """English-like text in the CC-100 layout (a sentence per line, blank line between documents): words
-    drawn Zipf-like from a generated lexicon, so SentencePiece sees a realistic piece distribution."""
-    rng = np.random.default_rng(seed)
-    letters = np.array(list("etaoinshrdlcumwfgypbvkjxqz"))
-    freq = 1.0 / np.arange(1, len(letters) + 1)
-    words = ["".join(rng.choice(letters, size=rng.integers(2, 10), p=freq / freq.sum())) for _ in range(20000)]
-    zipf = 1.0 / np.arange(1, len(words) + 1) ** 1.1
-    zipf /= zipf.sum()
-    target = int(megabytes * 2 ** 20)
-    written = 0
-    with open(path, "w") as f:
-        while written < target:
-            n_sent = int(rng.integers(4, 16))
-            lens = rng.integers(6, 30, size=n_sent)
-            idx = rng.choice(len(words), size=int(lens.sum()), p=zipf)
-            parts, at = [], 0
-            for n in lens:
-                parts.append(" ".join(words[i] for i in idx[at:at + n]).capitalize() + " .")
-                at += n
-            doc = "\n".join(parts) + "\n\n"
-            f.write(doc)
-            written += len(doc)
-    return written
-
-
-def prepare_corpus(work: Path, megabytes: float, workers: int, log) -> tuple[Path, dict]:
-    """Prepare the synthetic corpus; then measure `mm-ds prepare`'s encoding against single-process
-    SentencePiece on the same text (target 4), and with one worker (its own overhead, apart from scaling)."""
-    import sentencepiece as spm
-
-    from .data.corpus import prepare
-
-    text = work / "corpus.txt"
-    nbytes = synthetic_text(text, megabytes)
-    vocab = 2000 if megabytes < 4 else 8000
-    log(f"synthetic corpus: {nbytes / 2**20:.1f} MiB; training a {vocab}-piece SentencePiece model ...")
-    t0 = time.perf_counter()
-    meta = prepare("xx", [str(text)], str(work / "corpus"), vocab_size=vocab, sample_sentences=20000,
-                   workers=workers, seed=0, progress=False)
-    t_first = time.perf_counter() - t0
-    model = work / "corpus" / meta["spm_model"]
-
-    # Encoding only: reuse the trained model, so prepare's time is read + encode + write shards.
-    t0 = time.perf_counter()
-    prepare("xx", [str(text)], str(work / "reencoded"), spm_model=str(model), workers=workers, progress=False)
-    t_prep = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    prepare("xx", [str(text)], str(work / "reencoded1"), spm_model=str(model), workers=1, progress=False)
-    t_prep1 = time.perf_counter() - t0
-    sp = spm.SentencePieceProcessor(model_file=str(model))
-    with open(text, encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    sp.encode(lines[:2000], out_type=int, num_threads=1)
-    t0 = time.perf_counter()
-    sp.encode(lines, out_type=int, num_threads=1)
-    t_single = time.perf_counter() - t0
-    enc = {"text_bytes": nbytes, "corpus_tokens": meta["num_tokens"], "corpus_vocab": meta["vocab_size"],
-           "first_prepare_s": t_first, "workers": workers, "prepare_encode_s": t_prep,
-           "prepare_bytes_per_s": nbytes / t_prep, "prepare_1_worker_s": t_prep1,
-           "prepare_1_worker_bytes_per_s": nbytes / t_prep1, "single_process_encode_s": t_single,
-           "single_process_bytes_per_s": nbytes / t_single}
-    enc["ratio"] = enc["prepare_bytes_per_s"] / (enc["single_process_bytes_per_s"] * workers)
-    return work / "corpus", enc
-
-
-class SpreadVocab:
-    """Real `MLMBatches` batches with the corpus's non-special ids mapped injectively onto [5, vocab)."""
-
-    def __init__(self, mlm, vocab: int, seed: int = 0):
-        n_special = 5
-        perm = np.random.default_rng(seed).permutation(vocab - n_special)[: mlm.corpus.vocab_size - n_special]
-        self.lut = torch.from_numpy(np.concatenate([np.arange(n_special), perm + n_special]).astype(np.int64))
-        self.mlm = mlm
-
-    def __call__(self, step, micro, rank, geo) -> dict:
-        b = self.mlm.batch(step, micro, rank, geo.world_size, geo.micro_batch, geo.grad_accum)
-        labels = b["labels"]
-        b["labels"] = torch.where(labels == IGNORE_INDEX, labels, self.lut[labels.clamp(min=0)])
-        b["input_ids"] = self.lut[b["input_ids"]]
-        return b
-
-
-def pair_batches(vocab: int, seq: int, num_labels: int = 3):
-    """Step 3 stand-in: padded sentence pairs (the last 10% of each row is padding) and class labels."""
-
-    def batch(step, micro, rank, geo) -> dict:
-        g = torch.Generator().manual_seed(step * 1000 + micro * 10 + rank)
-        B = geo.micro_batch
-        ids = torch.randint(5, vocab, (B, seq), generator=g)
-        ids[:, 0] = 0
-        keep = seq - seq // 10
-        ids[:, keep:] = PAD
-        mask = ids.ne(PAD)
-        return {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, num_labels, (B,), generator=g)}
-
-    return batch
-
-
-# ----------------------------------------------------------------------------------------------- stages
-
-@dataclass
-class Built:
-    name: str
-    cfg: RunConfig
-    model: torch.nn.Module
-    trainable: object
-    kind: str
-    layers: int
-    trainable_layers: int | None = None
-    seq: int = 0
-    extra: dict = field(default_factory=dict)
-
-
 def base_model_cfg(preset: Preset) -> ModelConfig:
-    from .config import from_dict
+    from ..config import from_dict
 
     mcfg = from_dict(ModelConfig, read_preset(preset.model)["model"], prefix="model.")
     if mcfg.vocab_size is None:
@@ -276,81 +121,61 @@ def base_model_cfg(preset: Preset) -> ModelConfig:
     return mcfg
 
 
-def build_stage(name: str, mcfg: ModelConfig, preset: Preset, seq: int, corpus: Path) -> Built:
-    """The stage's model, after the same surgery its stage module performs, and its trainable set."""
-    from . import surgery
-    from .data.tasks import PAIR_CLASSIFICATION
-    from .heads import RobertaForTask
-    from .model import LANGUAGE_PARAMS, RobertaMLM
-    from .stages.finetune import FROZEN
+# ----------------------------------------------------------------------------------------------- stages
 
-    N = preset.mini_layers
-    torch.manual_seed(0)
-    cfg = RunConfig(stage="pretrain", model=replace(mcfg), data=DataConfig(corpus=str(corpus), seq_len=seq))
-    if name == "pretrain":
-        return Built(name, cfg, RobertaMLM(cfg.model), lambda n: True, "pretrain", mcfg.num_layers, seq=seq)
-    if name == "pretrain_dual":
-        cfg.model.aux_head_layer = N
-        return Built(name, cfg, RobertaMLM(cfg.model), lambda n: True, "pretrain_dual", mcfg.num_layers, seq=seq)
-    if name == "build_mini":  # surgery.build_minipost on a (random) primary model, as stages.build_mini
-        sd = RobertaMLM(mcfg).state_dict()
-        mini_cfg, mini_sd = surgery.build_minipost(mcfg, sd, n_layers=N, new_layers=preset.new_layers, seed=0)
-        del sd
-        model = RobertaMLM(mini_cfg)
-        model.load_state_dict(mini_sd, strict=True)
-        cfg.stage, cfg.model = "build_mini", mini_cfg
-        return Built(name, cfg, model, surgery.minipost_trainable(mini_cfg, N), "build_mini", mini_cfg.num_layers,
-                     preset.new_layers, seq=seq)
-    if name == "adapt_full":
-        cfg.stage = "adapt"
-        return Built(name, cfg, RobertaMLM(cfg.model), lambda n: n in LANGUAGE_PARAMS, "adapt", mcfg.num_layers,
-                     seq=seq)
-    if name == "adapt_mini":  # MINIJOINT's mini-model: surgery.extract_minijoint of a dual-head model
-        dual = replace(mcfg, aux_head_layer=N)
-        sd = RobertaMLM(dual).state_dict()
-        mini_cfg, mini_sd = surgery.extract_minijoint(dual, sd)
-        del sd
-        model = RobertaMLM(mini_cfg)
-        model.load_state_dict(mini_sd, strict=True)
-        cfg.stage, cfg.model = "adapt", mini_cfg
-        return Built(name, cfg, model, lambda n: n in LANGUAGE_PARAMS, "adapt", mini_cfg.num_layers, seq=seq)
-    if name == "finetune":
-        cfg.stage = "finetune"
-        model = RobertaForTask(cfg.model, PAIR_CLASSIFICATION, 3)
-        return Built(name, cfg, model, lambda n: n not in FROZEN, "finetune", mcfg.num_layers, seq=seq)
-    raise ValueError(f"unknown stage {name!r}; choose from {', '.join(STAGES)}")
+class Stages:
+    """Each bench stage as its stage module builds it, from a `RunConfig` over the bench's corpus; the
+    parents are written on first use under work/parents/ by `engine.train` with zero updates."""
 
+    def __init__(self, work: Path, corpus: Path, text: Path, mcfg: ModelConfig, preset: Preset, seq: int,
+                 micro_batch: int, ds_config: str, say):
+        self.work, self.corpus, self.mcfg, self.preset, self.seq = work, corpus, mcfg, preset, seq
+        self.micro_batch, self.ds_config, self.say, self.parents = micro_batch, ds_config, say, {}
+        self.tasks = write_pair_task(work / "tasks", text)
 
-def stage_flops(b: Built, micro_batch: int) -> float:
-    m = b.cfg.model
-    return F.stage_flops_per_step(b.kind, hidden=m.hidden_size, vocab=m.vocab_size, layers=b.layers,
-                                  seq_len=b.seq, mask_prob=0.15 if b.kind != "finetune" else 0.0,
-                                  global_batch=micro_batch, trainable_layers=b.trainable_layers)
+    def config(self, module: str, system: str, parent: Path | None) -> RunConfig:
+        model = replace(self.mcfg, aux_head_layer=self.preset.mini_layers if system == "minijoint" else None)
+        return RunConfig(stage=module, system=system, parent=str(parent or ""), model=model,
+                         data=DataConfig(corpus=str(self.corpus), seq_len=self.seq), ds_config=self.ds_config,
+                         train=TrainConfig(seed=0, global_batch=self.micro_batch, micro_batch=self.micro_batch,
+                                           log_every=10 ** 9, checkpoint_steps=[]),
+                         mini=MiniConfig(layers=self.preset.mini_layers, new_layers=self.preset.new_layers),
+                         finetune=FinetuneConfig(task="xnli", data_root=str(self.tasks), max_length=self.seq))
+
+    def build(self, module: str, system: str, parent: str | None) -> eng.Stage:
+        cfg = self.config(module, system, parent and self.parent(parent))
+        out = io.StringIO()  # the builders' progress lines: to the log, not between the tables
+        with contextlib.redirect_stdout(out):
+            stage = importlib.import_module(f"mm_ds.stages.{module}").build(cfg)
+        for line in out.getvalue().splitlines():
+            self.say(line)
+        return stage
+
+    def parent(self, name: str) -> Path:
+        if name not in self.parents:
+            stage = self.build(*PARENT_RUNS[name])
+            stage.cfg.train.steps = 0  # the model as built, untrained: a parent's shape is what the bench needs
+            with contextlib.redirect_stdout(io.StringIO()):
+                eng.train(stage, self.work / "parents" / name, progress=False)
+            self.parents[name] = self.work / "parents" / name
+        return self.parents[name]
+
+    def timed(self, name: str, steps: int) -> eng.Stage:
+        """Bench stage `name`, built by its module, with the bench's schedule and (Step 3) batches."""
+        module, system, parent, _ = STAGE_RUNS[name]
+        stage = self.build(module, system, parent)
+        stage.cfg.train = replace(stage.cfg.train, steps=steps, warmup_steps=1, lr=1e-4)  # Step 3 set its own
+        if name == "finetune":
+            stage.batches = pair_batches(stage.cfg.model.vocab_size, self.seq)
+        return stage
 
 
-def run_engine_stage(b: Built, batches, micro_batch: int, warmup: int, steps: int, ds_config: str,
-                     rank: int, world: int) -> dict:
-    """Build the engine as `engine.train` does and time `engine.train_step`."""
-    import copy
+def run_engine_stage(stage: eng.Stage, micro_batch: int, warmup: int, steps: int, rank: int, world: int) -> dict:
+    """The engine as `engine.train` builds it (`engine.build_engine`), and `engine.train_step` timed."""
+    from .. import ds_config as dsc
 
-    import deepspeed
-
-    from . import ds_config as dsc
-    from . import engine as eng
-    from .model import param_groups, set_trainable
-
-    cfg = b.cfg
-    cfg.ds_config = ds_config
-    cfg.train = TrainConfig(steps=warmup + steps, warmup_steps=1, global_batch=micro_batch * world,
-                            micro_batch=micro_batch, lr=1e-4, log_every=10 ** 9)
-    ds_cfg, geo = dsc.resolve(cfg, world)
-    # As engine.train: freeze, then hand only the trainable groups to deepspeed.initialize.
-    n_train, n_total = set_trainable(b.model, b.trainable)
-    wd = ds_cfg["optimizer"].get("params", {}).get("weight_decay", 0.0)
-    engine, _, _, _ = deepspeed.initialize(model=b.model, model_parameters=param_groups(b.model, wd),
-                                           config=copy.deepcopy(ds_cfg))
-    stage = eng.Stage(cfg=cfg, model=b.model, trainable=b.trainable, batches=batches,
-                      flops_per_step=lambda gb: 0.0, tokens_per_sample=b.seq)
+    built = eng.build_engine(stage, world)
+    engine, geo = built.engine, built.geo
     engine.train()
     times, data, cpu, losses = [], [], [], []
     for step in range(warmup + steps):
@@ -363,57 +188,11 @@ def run_engine_stage(b: Built, batches, micro_batch: int, warmup: int, steps: in
             data.append(dt)
             cpu.append(cpu_s)
     del engine
-    return {"step_times": times, "data_times": data, "cpu_times": cpu, "losses": losses, "trainable_params": n_train,
-            "total_params": n_total, "zero_stage": dsc.zero_stage(ds_cfg), "grad_accum": geo.grad_accum,
-            "optimizer": ds_cfg["optimizer"]}
-
-
-# ----------------------------------------------------------------------------------------------- the peer
-
-def hf_model(mcfg: ModelConfig, layers: int):
-    from transformers import RobertaConfig, RobertaForMaskedLM
-
-    hcfg = RobertaConfig(vocab_size=mcfg.vocab_size, hidden_size=mcfg.hidden_size, num_hidden_layers=layers,
-                         num_attention_heads=mcfg.num_heads, intermediate_size=mcfg.ffn_size,
-                         max_position_embeddings=mcfg.max_positions + PAD + 1, type_vocab_size=1,
-                         pad_token_id=PAD, bos_token_id=0, eos_token_id=2, layer_norm_eps=mcfg.layer_norm_eps,
-                         hidden_dropout_prob=mcfg.dropout, attention_probs_dropout_prob=mcfg.dropout,
-                         initializer_range=mcfg.init_std)
-    torch.manual_seed(0)
-    return RobertaForMaskedLM._from_config(hcfg, attn_implementation="sdpa")
-
-
-def run_peer_stage(name: str, mcfg: ModelConfig, layers: int, batches, micro_batch: int, warmup: int,
-                   steps: int) -> dict:
-    from .ds_config import Geometry
-
-    model = hf_model(mcfg, layers)
-    if name.startswith("adapt"):
-        keep = {"roberta.embeddings.word_embeddings.weight", "lm_head.bias"}  # decoder weight/bias are tied
-        for n, p in model.named_parameters():
-            p.requires_grad_(n in keep)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
-    model.train()
-    geo = Geometry(micro_batch, micro_batch, 1, 1)
-    times, data, cpu, losses = [], [], [], []
-    for step in range(warmup + steps):
-        t0, c0 = time.perf_counter(), time.process_time()
-        b = batches(step, 0, 0, geo)
-        dt = time.perf_counter() - t0
-        out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"])
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(out.loss.detach()))
-        elapsed, cpu_s = time.perf_counter() - t0, time.process_time() - c0
-        if step >= warmup:
-            times.append(elapsed)
-            data.append(dt)
-            cpu.append(cpu_s)
+    built.engine = None
     return {"step_times": times, "data_times": data, "cpu_times": cpu, "losses": losses,
-            "trainable_params": sum(p.numel() for p in params),
-            "total_params": sum(p.numel() for p in model.parameters())}
+            "trainable_params": built.n_train, "total_params": built.n_total,
+            "zero_stage": dsc.zero_stage(built.ds_cfg), "grad_accum": geo.grad_accum,
+            "optimizer": built.ds_cfg["optimizer"]}
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -490,9 +269,9 @@ def evaluate_targets(results: dict, peer: dict, encode: dict | None) -> list[dic
 # ----------------------------------------------------------------------------------------------- main
 
 def run(args) -> dict:
-    from . import dist
-    from .data.mlm import MLMBatches
-    from .data.shards import TokenCorpus
+    from .. import dist
+    from ..data.mlm import MLMBatches
+    from ..data.shards import TokenCorpus
 
     preset = PRESETS[args.preset]
     micro = args.micro_batch or preset.micro_batch
@@ -532,36 +311,37 @@ def run(args) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="mm-ds-bench-") as tmp:
         work = Path(tmp)
-        corpus_dir, encode = prepare_corpus(work, args.corpus_mb or preset.corpus_mb, len(os.sched_getaffinity(0)), log)
-        corpus = TokenCorpus(corpus_dir)
-        mlm = MLMBatches(corpus, seq, seed=0, vocab_size=mcfg.vocab_size)
-        mlm_batches = SpreadVocab(mlm, mcfg.vocab_size)
+        corpus_dir, text, encode = prepare_corpus(work, args.corpus_mb or preset.corpus_mb, mcfg.vocab_size,
+                                                  len(os.sched_getaffinity(0)), log)
+        builder = Stages(work, corpus_dir, text, mcfg, preset, seq, micro, args.ds_config, log)
         results, peer, probes = {}, {}, [peak_start]
         for name in stages:
             release_free_memory()
             log(f"{name}: building ...")
-            b = build_stage(name, mcfg, preset, seq, corpus_dir)
-            batches = pair_batches(mcfg.vocab_size, seq) if name == "finetune" else mlm_batches
+            stage = builder.timed(name, warmup + steps)
             probes.append(matmul_peak(reps=3))  # the machine is shared: probe the peak beside every stage
             with RssPeak() as mem:
-                raw = run_engine_stage(b, batches, micro, warmup, steps, args.ds_config, rank, world)
-            fl = stage_flops(b, micro)
+                raw = run_engine_stage(stage, micro, warmup, steps, rank, world)
+            fl = stage.flops_per_step(micro)
             r = summarise(raw, micro * seq, fl, peak_start["median_flops"])
-            r |= {"layers": b.layers, "kind": b.kind, "title": STAGE_TITLES[name], "peak_rss_bytes": mem.peak,
-                  "rss_before_bytes": mem.start, "matmul_probe_flops": probes[-1]["median_flops"]}
+            r |= {"layers": stage.cfg.model.num_layers, "kind": STAGE_RUNS[name][3], "title": STAGE_TITLES[name],
+                  "peak_rss_bytes": mem.peak, "rss_before_bytes": mem.start,
+                  "matmul_probe_flops": probes[-1]["median_flops"]}
             results[name] = r
             log(f"{name}: {r['step_time_s']:.3f} s/step, {r['tokens_per_s']:.0f} tokens/s, MFU {100 * r['mfu']:.1f}%")
-            del b
+            batches = stage.batches
+            del stage
             if peer_ok and name in PEER_STAGES:
                 release_free_memory()
                 layers = results[name]["layers"]
                 with RssPeak() as mem:
-                    raw = run_peer_stage(name, mcfg, layers, mlm_batches, micro, warmup, steps)
+                    raw = run_peer_stage(name, mcfg, layers, batches, micro, warmup, steps)
                 p = summarise(raw, micro * seq, fl, peak_start["median_flops"])
                 p |= {"layers": layers, "peak_rss_bytes": mem.peak}
                 peer[name] = p
                 log(f"{name} (transformers): {p['step_time_s']:.3f} s/step, {p['tokens_per_s']:.0f} tokens/s")
-        # Real loader, without the vocabulary spread, for reference.
+        # The loader alone, for reference.
+        mlm = MLMBatches(TokenCorpus(corpus_dir), seq, seed=0, vocab_size=mcfg.vocab_size)
         t0 = time.perf_counter()
         for s in range(5):
             mlm.batch(s, 0, 0, 1, micro)
