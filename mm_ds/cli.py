@@ -40,7 +40,7 @@ TOOL_COMMANDS = {
     "import": ("mm_ds.interop:import_main", "an HF/XLM-R, fairseq or DeepSpeed checkpoint as an mm-ds Step-1 run"),
     "export": ("mm_ds.interop:export_main", "a checkpoint of any stage as a Hugging Face model directory"),
     "presets": ("mm_ds.cli:presets_main", "list the packaged presets"),
-    "verify": ("mm_ds.checkpoint:verify_main", "check checkpoints or final weights against their manifests"),
+    "verify": ("mm_ds.tools.verify:main", "check checkpoints or final weights against their manifests"),
     "bench": ("mm_ds.tools.bench:main", "time every stage kind vs. a matmul peak and transformers; CPU speed targets"),
 }
 

@@ -13,6 +13,7 @@ import pytest
 
 from mm_ds import checkpoint, config, ds_config, launch, pipeline
 from mm_ds import recipe as recipe_mod
+from mm_ds.tools import verify
 from mm_ds.config import ConfigError, LaunchConfig
 from mm_ds.data import task_files, tasks
 from mm_ds.data.corpus import prepare
@@ -207,7 +208,7 @@ def _fake_ckpt(tmp_path) -> Path:
 
 def test_checkpoints(tmp_path, capsys):
     ck = _fake_ckpt(tmp_path)
-    assert checkpoint.verify_main([str(ck)]) == 0
+    assert verify.main([str(ck)]) == 0
     f = ck / "mp_rank_00_model_states.pt"
     f.write_bytes(b"y" + b"x" * 63)
     with pytest.raises(checkpoint.CheckpointError, match=r"mp_rank_00_model_states.pt: sha256 differs"):
@@ -215,7 +216,7 @@ def test_checkpoints(tmp_path, capsys):
     f.write_bytes(b"x" * 10)
     with pytest.raises(checkpoint.CheckpointError, match=r"mp_rank_00_model_states.pt: 10 bytes, manifest says 64"):
         checkpoint.verify(ck)
-    assert checkpoint.verify_main([str(ck)]) == 1
+    assert verify.main([str(ck)]) == 1
     assert "BAD" in capsys.readouterr().out
     (ck / checkpoint.MANIFEST).write_text("{torn")
     with pytest.raises(checkpoint.CheckpointError, match=r"manifest.json is unreadable"):
@@ -226,7 +227,7 @@ def test_checkpoints(tmp_path, capsys):
     assert checkpoint.list_checkpoints(tmp_path) == [] and checkpoint.find_resume_point(tmp_path) is None
     with pytest.raises(checkpoint.CheckpointError, match="holds neither final/model.safetensors nor"):
         checkpoint.load_final(tmp_path / "checkpoints")
-    assert checkpoint.verify_main([str(tmp_path / "nowhere")]) == 1
+    assert verify.main([str(tmp_path / "nowhere")]) == 1
 
 
 def test_half_written_checkpoint_is_reported_not_used(tmp_path, capsys):
@@ -237,7 +238,7 @@ def test_half_written_checkpoint_is_reported_not_used(tmp_path, capsys):
     (tmp_path / "checkpoints" / "latest").write_text("step_00000004")
     assert checkpoint.find_resume_point(tmp_path).name == "step_00000004"
     assert "ignoring half-written checkpoint" in capsys.readouterr().out
-    assert checkpoint.verify_main([str(tmp_path)]) == 0
+    assert verify.main([str(tmp_path)]) == 0
     assert "SKIP  " in capsys.readouterr().out
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mm_ds import checkpoint
+from mm_ds.tools import verify
 
 import fault_harness as harness
 
@@ -50,8 +51,8 @@ def test_corrupt_newest_checkpoint_is_refused_and_resume_falls_back(sweep, tmp_p
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
 
-    assert checkpoint.verify_main([str(newest)]) == 1
-    assert checkpoint.verify_main([str(run)]) == 1
+    assert verify.main([str(newest)]) == 1
+    assert verify.main([str(run)]) == 1
     out = capsys.readouterr().out
     previous = checkpoint.list_checkpoints(run)[-2]
     assert f"BAD   {victim}: sha256 differs" in out and f"--resume would use: {previous.name}" in out
@@ -73,7 +74,7 @@ def test_truncated_or_unmanifested_weights_never_load(sweep, tmp_path):
     root, _ = sweep
     final = tmp_path / "final"
     shutil.copytree(root / "reference" / "pretrain_r2" / "final", final)
-    assert checkpoint.verify_main([str(final)]) == 0
+    assert verify.main([str(final)]) == 0
     w = final / checkpoint.WEIGHTS
     w.write_bytes(w.read_bytes()[:-100])
     with pytest.raises(checkpoint.CheckpointError, match=r"model.safetensors: \d+ bytes, manifest says"):
