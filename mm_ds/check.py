@@ -218,9 +218,9 @@ def _inherited(cfg: RunConfig, configs: dict[Path, RunConfig]) -> None:
         kind = SYSTEMS[cfg.system].mini
         if kind is None:
             raise ConfigError(f"build-mini is for {' or '.join(MINI_SYSTEMS)}, not system={cfg.system!r}")
-        if kind == "extract" and pm.aux_head_layer is None:
+        if kind == "extract" and pm.secondary_head_layer is None:
             raise ConfigError(f"the parent ({parent.system} pretraining) has no second head; MINIJOINT's mini-model "
-                              f"is cut from a model pretrained with model.aux_head_layer=N")
+                              f"is cut from a model pretrained with model.secondary_head_layer=N")
         if kind == "build" and not 0 < cfg.mini.layers < pm.num_layers:
             raise ConfigError(f"mini.layers={cfg.mini.layers} must lie in [1, {pm.num_layers}) (the parent's layers)")
     if cfg.stage in ("build_mini", "adapt") and cfg.data.seq_len > pm.max_positions:
@@ -241,4 +241,4 @@ def _model_after(cfg: RunConfig, configs: dict[Path, RunConfig]) -> ModelConfig:
     if cfg.stage != "build_mini":
         return m
     layers = SYSTEMS[cfg.system].adapted_layers(m, cfg.mini)
-    return ModelConfig(**{**m.__dict__, "num_layers": layers or m.num_layers, "aux_head_layer": None})
+    return ModelConfig(**{**m.__dict__, "num_layers": layers or m.num_layers, "secondary_head_layer": None})

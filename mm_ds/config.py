@@ -8,6 +8,7 @@ directory. Unknown keys and wrong types fail here, before any process group or e
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import typing
 from dataclasses import dataclass, field
@@ -39,15 +40,15 @@ class ModelConfig:
     """Dropout on embeddings, attention probabilities and residual branches."""
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02
-    aux_head_layer: int | None = None
+    secondary_head_layer: int | None = None
     """MINIJOINT: attach a second MLM head after this many layers (paper N=4). None: one head."""
 
     def check(self) -> None:
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"model.hidden_size={self.hidden_size} is not divisible by "
                               f"model.num_heads={self.num_heads}; pick a head count that divides it")
-        if self.aux_head_layer is not None and not 1 <= self.aux_head_layer <= self.num_layers:
-            raise ConfigError(f"model.aux_head_layer={self.aux_head_layer} must be between 1 and "
+        if self.secondary_head_layer is not None and not 1 <= self.secondary_head_layer <= self.num_layers:
+            raise ConfigError(f"model.secondary_head_layer={self.secondary_head_layer} must be between 1 and "
                               f"model.num_layers={self.num_layers} (or null for a single head)")
         for name in ("hidden_size", "num_layers", "num_heads", "ffn_size", "max_positions"):
             if getattr(self, name) < 1:
@@ -267,14 +268,21 @@ def _coerce(value, tp, key: str):
     return value
 
 
+RENAMED = {"aux_head_layer": "secondary_head_layer"}
+"""Keys that had another name: configs written before the rename get told the new one."""
+
+
 def from_dict(cls, data: dict, prefix: str = ""):
-    hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ConfigError(f"unknown config key(s) {', '.join(prefix + k for k in unknown)}; "
+        hints = "".join(f"; {prefix + k} is now {prefix + RENAMED[k]}" if RENAMED.get(k) in names else
+                        "".join(f"; did you mean {prefix + m}?" for m in difflib.get_close_matches(k, names, 1))
+                        for k in unknown)
+        raise ConfigError(f"unknown config key(s) {', '.join(prefix + k for k in unknown)}{hints}; "
                           f"valid keys under {prefix or 'the top level'}: {', '.join(sorted(names))}")
-    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    types = typing.get_type_hints(cls)
+    kwargs = {k: _coerce(v, types[k], prefix + k) for k, v in data.items()}
     return cls(**kwargs)
 
 

@@ -211,7 +211,8 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
                 _append_jsonl(run_dir / "logs" / "train.jsonl", {"step": done, "tokens": tokens} | logs)
                 if bar is not None:
                     bar.set_postfix({k: f"{v:.3g}" for k, v in logs.items()
-                                     if k in ("loss", "loss_main", "loss_aux", "tokens_per_s", "mfu")}, refresh=False)
+                                     if k in ("loss", "loss_main", "loss_secondary", "tokens_per_s", "mfu")},
+                                    refresh=False)
             window, window_steps, window_time, data_time, window_skipped = {}, 0, 0.0, 0.0, 0
         if bar is not None:
             bar.update(1)

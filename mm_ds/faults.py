@@ -8,7 +8,7 @@ that reads these variables, once per process, at import (the ranks inherit them 
     MM_DS_KILL_IN_SAVE=STEP[:RANK][:PHASE]  SIGKILL inside checkpoint.save of STEP at PHASE (SAVE_PHASES)
     MM_DS_KILL_STAGE=STAGE             the two above fire only in this stage (pipeline runs)
     MM_DS_NAN_AT=STEP[,STEP...][:RANK[:HEAD]]  make update STEP's loss non-finite on RANK (default: all
-                                       ranks); HEAD (e.g. loss_aux) names the head that "diverged"
+                                       ranks); HEAD (e.g. loss_secondary) names the head that "diverged"
     MM_DS_DUMP_RESUMED=PATH            rank 0 saves its weights (torch.save) right after a universal load
 
 The harness that sets them (seeded faults on tiny runs of every stage kind, the checks after each crash,

@@ -9,7 +9,7 @@ State-dict keys read like the architecture:
     layers.{i}.attn.out.{weight,bias}
     layers.{i}.attn_norm, layers.{i}.ffn.fc1, layers.{i}.ffn.fc2, layers.{i}.ffn_norm
     head.dense, head.norm, head.bias       (bias: V, language-specific)
-    aux_head.dense, aux_head.norm, aux_head.bias   (MINIJOINT only)
+    secondary_head.dense, secondary_head.norm, secondary_head.bias   (MINIJOINT only)
 
 `param_shapes(cfg)` lists these keys and shapes without building the model; `param_count(cfg, select)` is
 the one parameter count (surgery's checks, `mm-ds plan`).
@@ -27,7 +27,7 @@ from .config import ModelConfig
 from .tokens import IGNORE_INDEX, PAD
 
 # The language-specific group (paper §2.1): swapped per language in Steps 2 and 4; everything else is body.
-LANGUAGE_PARAMS = ("embed.tokens.weight", "head.bias", "aux_head.bias")
+LANGUAGE_PARAMS = ("embed.tokens.weight", "head.bias", "secondary_head.bias")
 
 
 # ---------------------------------------------------------------- dropout
@@ -198,24 +198,24 @@ class Encoder(nn.Module):
 
 
 class RobertaMLM(Encoder):
-    """RoBERTa MLM with an optional second head after layer `aux_head_layer` (MINIJOINT)."""
+    """RoBERTa MLM with an optional second head after layer `secondary_head_layer` (MINIJOINT)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.head = MLMHead(cfg)
-        self.aux_head = MLMHead(cfg) if cfg.aux_head_layer is not None else None
+        self.secondary_head = MLMHead(cfg) if cfg.secondary_head_layer is not None else None
         self.init_weights()
 
     def heads(self) -> dict[str, MLMHead]:
-        return {"main": self.head} | ({"aux": self.aux_head} if self.aux_head is not None else {})
+        return {"main": self.head} | ({"secondary": self.secondary_head} if self.secondary_head is not None else {})
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """With labels: only masked positions go through the head(s) (the paper's FLOPs model; a 50k-row
         projection over every position would cost more than several layers). MINIJOINT's loss is the mean
         of both heads' losses. Without labels: full (B, T, V) logits per head, for evaluation and tests."""
-        final, tapped = self.encode(input_ids, attention_mask, tap=self.cfg.aux_head_layer)
-        hidden = {"main": final, "aux": tapped}
+        final, tapped = self.encode(input_ids, attention_mask, tap=self.cfg.secondary_head_layer)
+        hidden = {"main": final, "secondary": tapped}
         emb = self.embed.tokens.weight
         if labels is None:
             return {f"logits_{k}": head(hidden[k], emb) for k, head in self.heads().items()}
@@ -269,8 +269,8 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     for i in range(cfg.num_layers):
         out |= {f"layers.{i}.{k}": s for k, s in layer_shapes(cfg).items()}
     out |= _head_shapes("head", cfg)
-    if cfg.aux_head_layer is not None:
-        out |= _head_shapes("aux_head", cfg)
+    if cfg.secondary_head_layer is not None:
+        out |= _head_shapes("secondary_head", cfg)
     return out
 
 

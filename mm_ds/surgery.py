@@ -34,7 +34,7 @@ from .tokens import PAD, SPECIAL_IDS
 StateDict = Mapping[str, torch.Tensor]
 
 TOKENS = "embed.tokens.weight"
-HEAD_BIASES = ("head.bias", "aux_head.bias")  # the output biases in LANGUAGE_PARAMS, one per MLM head
+HEAD_BIASES = ("head.bias", "secondary_head.bias")  # the output biases in LANGUAGE_PARAMS, one per MLM head
 
 
 class SurgeryError(ValueError):
@@ -56,8 +56,8 @@ def check_state_dict(cfg: ModelConfig, sd: StateDict, what: str = "state dict") 
     extra = sorted(k for k in sd if k not in want)
     if missing or extra:
         hint = ""
-        if any(k.startswith("aux_head.") for k in missing + extra):
-            hint = f" (model.aux_head_layer={cfg.aux_head_layer} decides whether aux_head.* exists)"
+        if any(k.startswith("secondary_head.") for k in missing + extra):
+            hint = f" (model.secondary_head_layer={cfg.secondary_head_layer} decides whether secondary_head.* exists)"
         elif any(k.startswith("layers.") for k in missing + extra):
             hint = f" (model.num_layers={cfg.num_layers})"
         raise SurgeryError(f"{what} does not match its config{hint}: "
@@ -82,22 +82,23 @@ def _clone(t: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- MINIJOINT (§2.2)
 
 def extract_minijoint(cfg: ModelConfig, sd: StateDict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """The mini-model of a dual-head model: embeddings, the bottom N = cfg.aux_head_layer layers, and the
-    second head renamed `aux_head.*` -> `head.*` (its only head). Its logits equal the source's `logits_aux`."""
-    n = cfg.aux_head_layer
+    """The mini-model of a dual-head model: embeddings, the bottom N = cfg.secondary_head_layer layers, and the
+    second head renamed `secondary_head.*` -> `head.*` (its only head). Its logits equal the source's
+    `logits_secondary`."""
+    n = cfg.secondary_head_layer
     if n is None:
-        raise SurgeryError("extract_minijoint needs a dual-head (MINIJOINT) model, but model.aux_head_layer "
+        raise SurgeryError("extract_minijoint needs a dual-head (MINIJOINT) model, but model.secondary_head_layer "
                            "is None; for a single-head model use build_minipost")
     check_state_dict(cfg, sd, "dual-head model")
-    mini_cfg = dataclasses.replace(cfg, num_layers=n, aux_head_layer=None)
+    mini_cfg = dataclasses.replace(cfg, num_layers=n, secondary_head_layer=None)
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         if k.startswith("embed."):
             out[k] = _clone(v)
         elif k.startswith("layers.") and int(k.split(".")[1]) < n:
             out[k] = _clone(v)
-        elif k.startswith("aux_head."):
-            out["head." + k[len("aux_head."):]] = _clone(v)
+        elif k.startswith("secondary_head."):
+            out["head." + k[len("secondary_head."):]] = _clone(v)
     check_state_dict(mini_cfg, out, "extracted mini-model")
     return mini_cfg, out
 
@@ -124,9 +125,9 @@ def build_minipost(cfg: ModelConfig, sd: StateDict, n_layers: int = 4, new_layer
     """MINIPOST's mini-model (Step 1b): embeddings, the bottom `n_layers` layers, `new_layers` freshly
     initialised bridge layers (deterministic from `seed`), then the original MLM head. Train only the bridge
     layers afterwards (`minipost_trainable`)."""
-    if cfg.aux_head_layer is not None:
-        raise SurgeryError(f"build_minipost needs a single-head model, but model.aux_head_layer="
-                           f"{cfg.aux_head_layer}; for a dual-head model use extract_minijoint")
+    if cfg.secondary_head_layer is not None:
+        raise SurgeryError(f"build_minipost needs a single-head model, but model.secondary_head_layer="
+                           f"{cfg.secondary_head_layer}; for a dual-head model use extract_minijoint")
     if not 1 <= n_layers <= cfg.num_layers:
         raise SurgeryError(f"n_layers={n_layers} must be between 1 and the source model.num_layers="
                            f"{cfg.num_layers}")
@@ -202,7 +203,7 @@ def swap_embeddings(cfg: ModelConfig, sd: StateDict,
                     lang_sd: StateDict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Put a language's token embeddings and output biases into a model of the same hidden size: a primary
     or mini MLM, or a downstream model (any state dict with `embed.tokens.weight`). The new config's
-    vocab_size is the group's. Every MLM head the target has (`head.bias`, `aux_head.bias`) must get a bias
+    vocab_size is the group's. Every MLM head the target has (`head.bias`, `secondary_head.bias`) must get a bias
     from the group; a bias in the group for a head the target lacks (a downstream model, a mini-model) is
     ignored, so one group serves every model of the system. Positions, the embedding LayerNorm and all
     other tensors are body: copied unchanged."""
@@ -241,7 +242,7 @@ def init_target_embeddings(src_cfg: ModelConfig, src_sd: StateDict, src_vocab: l
     (shared by every tokenizer), are copied from the source token embeddings; the others are drawn from
     N(0, init_std) with a local generator seeded by `seed`; the pad row is zero.
 
-    Output biases (`head.bias`, and `aux_head.bias` when the source has a second head): copied for the same
+    Output biases (`head.bias`, and `secondary_head.bias` when the source has a second head): copied for the same
     rows, zero for the others. The bias is the head's log-prior of a piece; a shared piece keeps it, a new
     piece gets the value a fresh MLM head starts from (`Encoder.init_weights` zeros it).
 

@@ -45,7 +45,7 @@ class System:
         """Layers of the model Step 2 runs through, from the primary model's config (`model`) and Step 1b's
         `mini` config: the secondary head's layer N, N + the new layers, or the whole primary model."""
         if self.mini == "extract":
-            return model.aux_head_layer
+            return model.secondary_head_layer
         if self.mini == "build":
             return mini.layers + mini.new_layers
         return model.num_layers

@@ -59,7 +59,7 @@ class Fault:
 STEPS = 12
 CHECKPOINT_EVERY = 4
 TINY_MODEL = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=64",
-              "data.seq_len=32", "model.max_positions=32", "model.aux_head_layer=null"]
+              "data.seq_len=32", "model.max_positions=32", "model.secondary_head_layer=null"]
 TINY_TRAIN = ["train.global_batch=16", "train.micro_batch=4", "train.warmup_steps=4", "train.log_every=5",
               "train.checkpoint_steps=[]", f"train.checkpoint_every={CHECKPOINT_EVERY}", "peak_tflops=1"]
 

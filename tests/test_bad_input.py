@@ -36,7 +36,7 @@ from textgen import write_corpus
     (["stage=adapt"], "stage adapt starts from a parent checkpoint: set parent=RUN_DIR"),
     (["data.mask_prob=1.5"], "data.mask_prob=1.5 must be in (0, 1)"),
     (["launch.launcher=slurmish"], "launch.launcher='slurmish'"),
-    (["model.aux_head_layer=9", "model.num_layers=4"], "model.aux_head_layer=9 must be between 1 and"),
+    (["model.secondary_head_layer=9", "model.num_layers=4"], "model.secondary_head_layer=9 must be between 1 and"),
 ])
 def test_config_values(overrides, message):
     with pytest.raises(ConfigError) as e:

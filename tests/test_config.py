@@ -25,7 +25,7 @@ def test_stages_after_pretrain_need_a_parent():
 def test_paper_minijoint_is_the_paper_recipe():
     cfg = config.load("paper/minijoint")
     m, t = cfg.model, cfg.train
-    assert (m.num_layers, m.hidden_size, m.num_heads, m.ffn_size, m.vocab_size, m.aux_head_layer) == (12, 768, 12, 3072, 50000, 4)
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.ffn_size, m.vocab_size, m.secondary_head_layer) == (12, 768, 12, 3072, 50000, 4)
     assert (t.steps, t.lr, t.warmup_steps) == (125_000, 7e-4, 10_000)
     ds, geo = ds_config.resolve(cfg, 8, on_this_machine=False)  # its own bf16 engine config, on 8 GPUs
     assert geo.global_batch == 2048 and geo.global_batch == geo.micro_batch * geo.grad_accum * 8
@@ -47,7 +47,7 @@ def test_overrides_and_precedence(tmp_path):
     (["model.hidden=4"], "model.hidden"),
     (["train.steps=abc"], "train.steps"),
     (["model.num_layers=2.5"], "model.num_layers"),
-    (["model.aux_head_layer=9"], "model.aux_head_layer"),
+    (["model.secondary_head_layer=9"], "model.secondary_head_layer"),
     (["model.num_heads=5"], "model.num_heads"),
     (["stage=pretrian"], "pretrian"),
     (["data.seq_len=4096"], "data.seq_len"),
@@ -84,3 +84,10 @@ def test_ds_config_guards(tmp_path):
         ds_config.resolve(config.load("tiny/minijoint", overrides=[f"ds_config={p}"]), 1)
     with pytest.raises(ConfigError, match="not found"):
         ds_config.find("nope.json")
+
+
+def test_a_mistyped_or_renamed_key_gets_the_right_name():
+    with pytest.raises(ConfigError, match=r"train.stpes; did you mean train.steps\?"):
+        config.load("tiny/bl_base", None, ["train.stpes=2"])
+    with pytest.raises(ConfigError, match="model.aux_head_layer is now model.secondary_head_layer"):
+        config.load("tiny/minijoint", None, ["model.aux_head_layer=2"])

@@ -64,10 +64,10 @@ def test_points_parse_once_and_name_a_bad_value():
 
 
 def test_poison_touches_only_the_armed_step_rank_and_head(monkeypatch):
-    out = {"loss": torch.tensor(1.0), "loss_aux": torch.tensor(2.0), "loss_main": torch.tensor(3.0)}
+    out = {"loss": torch.tensor(1.0), "loss_secondary": torch.tensor(2.0), "loss_main": torch.tensor(3.0)}
     monkeypatch.setattr(faults, "POINTS", faults.read({}))
     assert faults.poison(out, 4, 0) is out  # inert: the outputs themselves, untouched
-    monkeypatch.setattr(faults, "POINTS", faults.read({"MM_DS_NAN_AT": "4:1:loss_aux"}))
+    monkeypatch.setattr(faults, "POINTS", faults.read({"MM_DS_NAN_AT": "4:1:loss_secondary"}))
     assert faults.poison(out, 3, 1) is out and faults.poison(out, 4, 0) is out
     hit = faults.poison(out, 4, 1)
-    assert hit["loss"].isnan() and hit["loss_aux"].isnan() and hit["loss_main"] == 3.0 and out["loss"] == 1.0
+    assert hit["loss"].isnan() and hit["loss_secondary"].isnan() and hit["loss_main"] == 3.0 and out["loss"] == 1.0

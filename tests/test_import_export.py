@@ -199,7 +199,7 @@ def test_export_task_models_match_ours(tmp_path, tok, kind, auto):
 
 def test_export_minijoint_main_and_mini(tmp_path, tok):
     torch.manual_seed(0)
-    m = perturb(RobertaMLM(cfg_(size(tok["en"]), num_layers=3, aux_head_layer=1)))
+    m = perturb(RobertaMLM(cfg_(size(tok["en"]), num_layers=3, secondary_head_layer=1)))
     write_model(tmp_path / "run", m, system="minijoint", tokenizer=str(tok["en"]))
     export(tmp_path / "run", tmp_path / "main")
     export(tmp_path / "run", tmp_path / "mini", mini=True)
@@ -210,7 +210,7 @@ def test_export_minijoint_main_and_mini(tmp_path, tok):
         want = m(x, attention_mask=mask)
         torch.testing.assert_close(main(input_ids=x, attention_mask=mask).logits, want["logits_main"],
                                    atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(mini(input_ids=x, attention_mask=mask).logits, want["logits_aux"],
+        torch.testing.assert_close(mini(input_ids=x, attention_mask=mask).logits, want["logits_secondary"],
                                    atol=1e-5, rtol=1e-5)
 
 

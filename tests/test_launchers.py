@@ -25,7 +25,7 @@ from mm_ds import checkpoint as ckpt_io
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=64",
-        "model.aux_head_layer=1", "data.seq_len=32", "model.max_positions=32", "train.global_batch=16",
+        "model.secondary_head_layer=1", "data.seq_len=32", "model.max_positions=32", "train.global_batch=16",
         "train.micro_batch=4", "train.lr=3e-3", "train.warmup_steps=5", "train.log_every=5",
         "train.checkpoint_steps=[10]", "train.checkpoint_every=1000000"]
 

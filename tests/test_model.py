@@ -29,19 +29,19 @@ def batch(B=3, T=20, seed=1):
 
 
 def test_shapes_and_state_dict_names():
-    m = tiny(aux_head_layer=2)
+    m = tiny(secondary_head_layer=2)
     x, labels = batch()
     out = m(x)
-    assert out["logits_main"].shape == out["logits_aux"].shape == (3, 20, V)
+    assert out["logits_main"].shape == out["logits_secondary"].shape == (3, 20, V)
     keys = set(m.state_dict())
-    assert {"embed.tokens.weight", "head.bias", "aux_head.bias", "layers.3.attn.qkv.weight"} <= keys
+    assert {"embed.tokens.weight", "head.bias", "secondary_head.bias", "layers.3.attn.qkv.weight"} <= keys
     assert set(LANGUAGE_PARAMS) <= keys
     # Tied: no separate output projection matrix exists anywhere.
     assert [k for k, v in m.state_dict().items() if v.shape == (V, 32)] == ["embed.tokens.weight"]
 
 
 def test_masked_only_head_matches_full_logits_and_sees_only_masked_rows():
-    m = tiny(aux_head_layer=2)
+    m = tiny(secondary_head_layer=2)
     x, labels = batch()
     rows = []
     hook = m.head.dense.register_forward_hook(lambda mod, inp, out: rows.append(inp[0].shape))
@@ -51,22 +51,22 @@ def test_masked_only_head_matches_full_logits_and_sees_only_masked_rows():
     assert rows == [(n_masked, 32)]  # the head ran on the masked positions only
     full = m(x)
     sel = labels != IGNORE_INDEX
-    for k in ("main", "aux"):
+    for k in ("main", "secondary"):
         want = F.cross_entropy(full[f"logits_{k}"][sel], labels[sel])
         torch.testing.assert_close(out[f"loss_{k}"], want, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out["loss"], (out["loss_main"] + out["loss_aux"]) / 2)
+    torch.testing.assert_close(out["loss"], (out["loss_main"] + out["loss_secondary"]) / 2)
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_second_head_sees_exactly_layer_n_output(n):
-    m = tiny(aux_head_layer=n)
+    m = tiny(secondary_head_layer=n)
     x, _ = batch()
     seen = {}
     m.layers[n - 1].register_forward_hook(lambda mod, inp, out: seen.setdefault("h", out))
     out = m(x)
-    want = m.aux_head(seen["h"], m.embed.tokens.weight)
-    assert torch.equal(out["logits_aux"], want)
-    assert not torch.equal(out["logits_aux"], out["logits_main"])
+    want = m.secondary_head(seen["h"], m.embed.tokens.weight)
+    assert torch.equal(out["logits_secondary"], want)
+    assert not torch.equal(out["logits_secondary"], out["logits_main"])
 
 
 def test_roberta_positions_and_padding_invariance():
@@ -110,11 +110,11 @@ def test_param_groups_exclude_frozen_and_exempt_norms_and_biases():
     assert id(m.layers[1].attn.qkv.weight) not in no_decay
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(aux_head_layer=2), dict(num_layers=6, hidden_size=48, ffn_size=100),
-                                dict(num_layers=1, max_positions=7, aux_head_layer=1)])
+@pytest.mark.parametrize("kw", [dict(), dict(secondary_head_layer=2), dict(num_layers=6, hidden_size=48, ffn_size=100),
+                                dict(num_layers=1, max_positions=7, secondary_head_layer=1)])
 def test_param_shapes_and_count_match_a_built_model(kw):
     """`param_count` is what `mm-ds plan` and surgery count with: it must be the built model's, with the
-    secondary head (aux_head_layer) and with any layer count (MINIPOST: N kept + 2 bridge layers)."""
+    secondary head (secondary_head_layer) and with any layer count (MINIPOST: N kept + 2 bridge layers)."""
     cfg = ModelConfig(**(dict(vocab_size=V, hidden_size=32, num_layers=4, num_heads=4, ffn_size=64,
                               max_positions=40) | kw))
     model = RobertaMLM(cfg)
@@ -122,7 +122,7 @@ def test_param_shapes_and_count_match_a_built_model(kw):
     assert param_count(cfg) == sum(p.numel() for p in model.parameters()) == model.num_params()
     named = dict(model.named_parameters())
     for select in (lambda k: k in LANGUAGE_PARAMS, lambda k: k.startswith("layers.3.") or k.startswith("layers.4."),
-                   lambda k: not k.startswith(("head.", "aux_head."))):
+                   lambda k: not k.startswith(("head.", "secondary_head."))):
         assert param_count(cfg, select) == sum(p.numel() for k, p in named.items() if select(k))
 
 
@@ -136,7 +136,7 @@ def test_param_count_of_minipost_and_minijoint_mini_models():
     assert post_cfg.num_layers == 4 and param_count(post_cfg) == sum(t.numel() for t in post_sd.values())
     assert param_count(post_cfg, lambda k: k.startswith(("layers.2.", "layers.3."))) == \
         sum(p.numel() for k, p in RobertaMLM(post_cfg).named_parameters() if k.startswith(("layers.2.", "layers.3.")))
-    joint = tiny(aux_head_layer=2)
+    joint = tiny(secondary_head_layer=2)
     mini_cfg, mini_sd = extract_minijoint(joint.cfg, joint.state_dict())
     assert param_count(mini_cfg) == sum(t.numel() for t in mini_sd.values()) == RobertaMLM(mini_cfg).num_params()
     paper = ModelConfig(vocab_size=50_000, max_positions=512)

@@ -150,7 +150,7 @@ def test_minijoint_mini_model_is_the_bottom_of_its_primary(finished):
     _, out, _ = finished
     (pmeta, psd), (mmeta, msd) = weights(out / "pretrain" / "minijoint"), weights(out / "build_mini" / "minijoint")
     surgery.check_compatible(model_config_from_dict(pmeta["model"]), psd, model_config_from_dict(mmeta["model"]), msd)
-    assert torch.equal(msd["head.dense.weight"], psd["aux_head.dense.weight"])
+    assert torch.equal(msd["head.dense.weight"], psd["secondary_head.dense.weight"])
 
 
 @pytest.mark.parametrize("system,parent", [("bl_base", "pretrain/bl_base"), ("bl_small", "pretrain/bl_small"),

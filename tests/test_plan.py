@@ -17,11 +17,11 @@ from mm_ds.model import LANGUAGE_PARAMS, RobertaMLM
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("kind, layers, aux", [("pretrain", 3, None), ("pretrain_dual", 3, 2), ("adapt", 2, None)])
-def test_parameter_counts_match_the_model(kind, layers, aux):
+@pytest.mark.parametrize("kind, layers, secondary", [("pretrain", 3, None), ("pretrain_dual", 3, 2), ("adapt", 2, None)])
+def test_parameter_counts_match_the_model(kind, layers, secondary):
     h, V, s = 64, 1000, 32
     model = RobertaMLM(ModelConfig(vocab_size=V, hidden_size=h, num_layers=layers, num_heads=4, ffn_size=4 * h,
-                                   max_positions=s, aux_head_layer=aux))
+                                   max_positions=s, secondary_head_layer=secondary))
     pc = plan.stage_params(kind, h, V, layers, s)
     assert pc.total == sum(p.numel() for p in model.parameters())
     if kind == "adapt":

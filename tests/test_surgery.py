@@ -48,18 +48,18 @@ def ids(B=2, T=12, seed=1, vocab=V):
 # ---------------------------------------------------------------- MINIJOINT
 
 def test_extract_minijoint_logits_equal_the_second_head():
-    cfg = cfg_(aux_head_layer=2)
+    cfg = cfg_(secondary_head_layer=2)
     dual = model(cfg)
     sd = dual.state_dict()
     before = snapshot(sd)
     mini_cfg, mini_sd = extract_minijoint(cfg, sd)
-    assert mini_cfg.num_layers == 2 and mini_cfg.aux_head_layer is None
+    assert mini_cfg.num_layers == 2 and mini_cfg.secondary_head_layer is None
     assert_same(sd, before)  # input untouched
     mini = RobertaMLM(mini_cfg).eval()
     mini.load_state_dict(mini_sd, strict=True)
     x, mask = ids()
     with torch.no_grad():
-        want = dual(x, attention_mask=mask)["logits_aux"]
+        want = dual(x, attention_mask=mask)["logits_secondary"]
         got = mini(x, attention_mask=mask)["logits_main"]
     assert torch.equal(got, want)
     assert all(mini_sd[k].data_ptr() != sd[k].data_ptr() for k in mini_sd if k in sd)  # no aliasing
@@ -67,12 +67,12 @@ def test_extract_minijoint_logits_equal_the_second_head():
 
 def test_extract_minijoint_errors():
     cfg = cfg_()
-    with pytest.raises(SurgeryError, match="aux_head_layer is None"):
+    with pytest.raises(SurgeryError, match="secondary_head_layer is None"):
         extract_minijoint(cfg, model(cfg).state_dict())
-    cfg2 = cfg_(aux_head_layer=2)
+    cfg2 = cfg_(secondary_head_layer=2)
     sd = dict(model(cfg2).state_dict())
-    del sd["aux_head.bias"]
-    with pytest.raises(SurgeryError, match="missing aux_head.bias"):
+    del sd["secondary_head.bias"]
+    with pytest.raises(SurgeryError, match="missing secondary_head.bias"):
         extract_minijoint(cfg2, sd)
     sd = dict(model(cfg2).state_dict())
     sd["layers.1.ffn.fc1.weight"] = torch.zeros(65, 32)
@@ -88,7 +88,7 @@ def test_build_minipost_copies_bitwise_and_inits_bridge_layers():
     before = snapshot(sd)
     mini_cfg, mini_sd = build_minipost(cfg, sd, n_layers=2, new_layers=2, seed=0)
     assert_same(sd, before)
-    assert mini_cfg.num_layers == 4 and mini_cfg.aux_head_layer is None
+    assert mini_cfg.num_layers == 4 and mini_cfg.secondary_head_layer is None
     RobertaMLM(mini_cfg).load_state_dict(mini_sd, strict=True)
     for k, v in mini_sd.items():
         if k.startswith(("embed.", "head.", "layers.0.", "layers.1.")):
@@ -117,8 +117,8 @@ def test_minipost_trainable_selects_only_the_bridge_layers():
 
 
 def test_build_minipost_errors():
-    cfg = cfg_(aux_head_layer=2)
-    with pytest.raises(SurgeryError, match="aux_head_layer=2"):
+    cfg = cfg_(secondary_head_layer=2)
+    with pytest.raises(SurgeryError, match="secondary_head_layer=2"):
         build_minipost(cfg, model(cfg).state_dict())
     cfg = cfg_()
     with pytest.raises(SurgeryError, match="n_layers=5 .* model.num_layers=4"):
@@ -135,7 +135,7 @@ def vocabs():
 
 
 def test_init_target_embeddings_copies_overlap_and_draws_the_rest():
-    cfg = cfg_(aux_head_layer=2)
+    cfg = cfg_(secondary_head_layer=2)
     sd = model(cfg).state_dict()
     before = snapshot(sd)
     src, tgt = vocabs()
@@ -152,10 +152,10 @@ def test_init_target_embeddings_copies_overlap_and_draws_the_rest():
         elif piece in src_id:
             s = src_id[piece]
             assert torch.equal(emb[t], sd["embed.tokens.weight"][s]), piece
-            for b in ("head.bias", "aux_head.bias"):
+            for b in ("head.bias", "secondary_head.bias"):
                 assert torch.equal(lang[b][t], sd[b][s])
         else:
-            for b in ("head.bias", "aux_head.bias"):
+            for b in ("head.bias", "secondary_head.bias"):
                 assert lang[b][t].item() == 0.0
     new = emb[35:]
     assert 0.015 < new.std().item() < 0.025 and abs(new.mean().item()) < 0.005
@@ -182,7 +182,7 @@ def test_init_target_embeddings_single_head_and_errors():
 # ---------------------------------------------------------------- embedding swap
 
 def test_swap_out_and_back_is_identity_and_body_untouched():
-    cfg = cfg_(aux_head_layer=2)
+    cfg = cfg_(secondary_head_layer=2)
     sd = model(cfg).state_dict()
     before = snapshot(sd)
     src_group = language_group(sd)
@@ -201,14 +201,14 @@ def test_swap_out_and_back_is_identity_and_body_untouched():
 
 
 def test_swap_into_mini_and_downstream_models():
-    cfg = cfg_(aux_head_layer=2)
+    cfg = cfg_(secondary_head_layer=2)
     sd = model(cfg).state_dict()
     src, tgt = vocabs()
     _, lang, _ = init_target_embeddings(cfg, sd, src, tgt)
-    # The mini-model has one head: aux_head.bias in the group is ignored.
+    # The mini-model has one head: secondary_head.bias in the group is ignored.
     mini_cfg, mini_sd = extract_minijoint(cfg, sd)
     c, s = swap_embeddings(mini_cfg, mini_sd, lang)
-    assert torch.equal(s["head.bias"], lang["head.bias"]) and "aux_head.bias" not in s
+    assert torch.equal(s["head.bias"], lang["head.bias"]) and "secondary_head.bias" not in s
     RobertaMLM(c).load_state_dict(s, strict=True)
     # A downstream model: encoder + task head, no MLM head: only the token embeddings swap.
     down = {k: v for k, v in sd.items() if k.startswith(("embed.", "layers."))}
@@ -219,12 +219,12 @@ def test_swap_into_mini_and_downstream_models():
 
 
 def test_swap_errors():
-    cfg = cfg_(aux_head_layer=2)
+    cfg = cfg_(secondary_head_layer=2)
     sd = model(cfg).state_dict()
     group = language_group(sd)
-    no_aux = {k: v for k, v in group.items() if k != "aux_head.bias"}
-    with pytest.raises(SurgeryError, match="aux_head.bias"):
-        swap_embeddings(cfg, sd, no_aux)
+    no_secondary = {k: v for k, v in group.items() if k != "secondary_head.bias"}
+    with pytest.raises(SurgeryError, match="secondary_head.bias"):
+        swap_embeddings(cfg, sd, no_secondary)
     other = model(cfg_(hidden_size=48, num_heads=4))
     with pytest.raises(SurgeryError, match=r"hidden size 48 .* model.hidden_size=32"):
         swap_embeddings(cfg, sd, language_group(other.state_dict()))
@@ -245,7 +245,7 @@ def test_check_vocab():
 # ---------------------------------------------------------------- mini-model <-> primary
 
 def test_check_compatible():
-    cfg = cfg_(aux_head_layer=2)
+    cfg = cfg_(secondary_head_layer=2)
     primary = model(cfg).state_dict()
     mini_cfg, mini_sd = extract_minijoint(cfg, primary)
     check_compatible(cfg, primary, mini_cfg, mini_sd)
@@ -260,7 +260,7 @@ def test_check_compatible():
     tweaked = dict(mini_sd) | {"layers.1.ffn.fc2.bias": mini_sd["layers.1.ffn.fc2.bias"] + 1e-3}
     with pytest.raises(SurgeryError, match="layers.1.ffn.fc2.bias differs"):
         check_compatible(cfg, primary, mini_cfg, tweaked)
-    wide_cfg = cfg_(hidden_size=48, aux_head_layer=2)
+    wide_cfg = cfg_(hidden_size=48, secondary_head_layer=2)
     wide_mini = extract_minijoint(wide_cfg, model(wide_cfg).state_dict())
     with pytest.raises(SurgeryError, match="model.hidden_size=48 in the mini-model, 32 in the primary"):
         check_compatible(cfg, primary, *wide_mini)
@@ -333,10 +333,10 @@ def test_hf_errors():
     untied = dict(hf_sd) | {"lm_head.decoder.weight": hf_sd["lm_head.decoder.weight"] + 1}
     with pytest.raises(SurgeryError, match="not tied"):
         from_hf_roberta(hcfg, untied)
-    dual = cfg_(num_layers=2, aux_head_layer=1)
-    with pytest.raises(SurgeryError, match="drop_aux_head"):
+    dual = cfg_(num_layers=2, secondary_head_layer=1)
+    with pytest.raises(SurgeryError, match="drop_secondary_head"):
         to_hf_roberta(dual, model(dual).state_dict())
-    exported = to_hf_roberta(dual, model(dual).state_dict(), drop_aux_head=True)
-    assert not any("aux" in k for k in exported)
+    exported = to_hf_roberta(dual, model(dual).state_dict(), drop_secondary_head=True)
+    assert not any("secondary" in k for k in exported)
     with pytest.raises(SurgeryError, match="does not match its config"):
         check_state_dict(cfg, {k: v for k, v in sd.items() if k != "embed.norm.bias"})

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=64",
-        "model.aux_head_layer=1", "data.seq_len=32", "model.max_positions=32", "train.global_batch=16",
+        "model.secondary_head_layer=1", "data.seq_len=32", "model.max_positions=32", "train.global_batch=16",
         "train.micro_batch=4", "train.lr=3e-3", "train.warmup_steps=5", "train.log_every=5",
         "train.checkpoint_steps=[10]", "train.checkpoint_every=1000000"]
 
@@ -45,7 +45,7 @@ def test_loss_decreases_on_two_ranks(corpus, tmp_path, zero):
     meta = json.loads((out / "final" / "mm_ds.json").read_text())
     assert meta["world_size"] == 2 and meta["zero_stage"] == zero and meta["step"] == 40
     sd = load_file(str(out / "final" / "model.safetensors"))
-    assert "aux_head.bias" in sd and all(v.dtype == torch.float32 for v in sd.values())
+    assert "secondary_head.bias" in sd and all(v.dtype == torch.float32 for v in sd.values())
 
 
 def test_resume_refuses_another_architecture(corpus, tmp_path):

@@ -40,7 +40,7 @@ def task_to_hf(cfg: ModelConfig, kind: str, sd: dict) -> dict[str, torch.Tensor]
     """A `RobertaForTask` state dict as HF's: body by hf.HF_KEYS (no MLM head), head by hf.HF_TASK_KEYS."""
     if kind not in hf.HF_TASK_KEYS:
         raise InteropError(f"task kind {kind!r} has no HF architecture; kinds: {', '.join(hf.HF_TASK_KEYS)}")
-    body = {k: s for k, s in param_shapes(dataclasses.replace(cfg, aux_head_layer=None)).items()
+    body = {k: s for k, s in param_shapes(dataclasses.replace(cfg, secondary_head_layer=None)).items()
             if not k.startswith("head.")}
     head = dict(hf.HF_TASK_KEYS[kind])
     missing = sorted(set(body) - set(sd)) + sorted(set(head) - set(sd))
@@ -74,17 +74,17 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
     cfg = model_config_from_dict(meta["model"])
     kind = meta.get("kind") if meta.get("stage") == "finetune" or "kind" in meta else None
     notes = []
-    if kind is None and cfg.aux_head_layer is not None:
+    if kind is None and cfg.secondary_head_layer is not None:
         if mini:
             cfg, sd = surgery.extract_minijoint(cfg, sd)
             notes.append(f"mini-model: layers 1-{cfg.num_layers} and the second head of the MINIJOINT model")
         else:
-            cfg = dataclasses.replace(cfg, aux_head_layer=None)
-            sd = {k: v for k, v in sd.items() if not k.startswith("aux_head.")}
+            cfg = dataclasses.replace(cfg, secondary_head_layer=None)
+            sd = {k: v for k, v in sd.items() if not k.startswith("secondary_head.")}
             notes.append("MINIJOINT: main head exported; pass --mini for the second head's mini-model")
     elif mini:
         raise InteropError(f"--mini exports a MINIJOINT model's second head, but {src} has none "
-                           f"(model.aux_head_layer is null{', kind ' + kind if kind else ''})")
+                           f"(model.secondary_head_layer is null{', kind ' + kind if kind else ''})")
     lang = meta.get("lang")
     spm_path = tokenizer or meta.get("tokenizer")
     if lang_from is not None:

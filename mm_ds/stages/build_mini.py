@@ -22,9 +22,9 @@ def _mini_model(cfg: RunConfig):
     for MINIJOINT zero updates in the parent's language."""
     meta, mcfg, sd = load_parent(cfg, ("pretrain",))
     if cfg.system == "minijoint":
-        if mcfg.aux_head_layer is None:
+        if mcfg.secondary_head_layer is None:
             raise ConfigError(f"parent={cfg.parent} has no second head; MINIJOINT's mini-model is cut from a "
-                              f"model pretrained with model.aux_head_layer=N (preset */minijoint)")
+                              f"model pretrained with model.secondary_head_layer=N (preset */minijoint)")
         mini_cfg, mini_sd = surgery.extract_minijoint(mcfg, sd)
         cfg.train.steps = cfg.train.warmup_steps = 0
         cfg.lang = meta.get("lang", cfg.lang)

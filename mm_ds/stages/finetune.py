@@ -70,7 +70,7 @@ def _features(cfg: RunConfig, spec, meta):
 
 def preflight(cfg: RunConfig) -> None:
     spec, meta, mcfg, _ = _spec_and_parent(cfg)
-    mcfg.aux_head_layer = None
+    mcfg.secondary_head_layer = None
     cfg.model = mcfg  # as build() makes it: a resumed run's checkpoint is checked against it
     features, _ = _features(cfg, spec, meta)
     if not features:
@@ -86,7 +86,7 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
 
 def build(cfg: RunConfig) -> Stage:
     spec, meta, mcfg, sd = _spec_and_parent(cfg)
-    mcfg.aux_head_layer = None  # MINIJOINT's primary model: the second head plays no part downstream
+    mcfg.secondary_head_layer = None  # MINIJOINT's primary model: the second head plays no part downstream
     features, collate = _features(cfg, spec, meta)
     n = len(features)
     schedule(cfg, n, ds_config.global_batch(cfg))

@@ -19,7 +19,7 @@ def build(cfg: RunConfig) -> Stage:
     resolve_vocab(cfg, corpus)
     torch.manual_seed(cfg.train.seed)
     model = RobertaMLM(cfg.model)
-    kind = "pretrain_dual" if cfg.model.aux_head_layer else "pretrain"
+    kind = "pretrain_dual" if cfg.model.secondary_head_layer else "pretrain"
     return Stage(cfg=cfg, model=model, trainable=lambda name: True, batches=mlm_batches(cfg, corpus),
                  flops_per_step=stage_flops(cfg, kind, cfg.model.num_layers), tokens_per_sample=cfg.data.seq_len,
                  meta={"tokenizer": str(corpus.spm_model.resolve())})

@@ -134,7 +134,7 @@ class Stages:
         self.tasks = write_pair_task(work / "tasks", text)
 
     def config(self, module: str, system: str, parent: Path | None) -> RunConfig:
-        model = replace(self.mcfg, aux_head_layer=self.preset.mini_layers if system == "minijoint" else None)
+        model = replace(self.mcfg, secondary_head_layer=self.preset.mini_layers if system == "minijoint" else None)
         return RunConfig(stage=module, system=system, parent=str(parent or ""), model=model,
                          data=DataConfig(corpus=str(self.corpus), seq_len=self.seq), ds_config=self.ds_config,
                          train=TrainConfig(seed=0, global_batch=self.micro_batch, micro_batch=self.micro_batch,

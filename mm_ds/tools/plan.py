@@ -60,7 +60,7 @@ def stage_params(kind: str, h: int, V: int, layers: int, seq_len: int, trainable
                  ffn: int | None = None) -> ParamCount:
     """Parameters of a stage's model and those it trains, counted by the model's own layout (no model built)."""
     cfg = ModelConfig(vocab_size=V, hidden_size=h, num_layers=layers, ffn_size=ffn or 4 * h, max_positions=seq_len,
-                      aux_head_layer=1 if kind == "pretrain_dual" else None)  # the second head's size is N-free
+                      secondary_head_layer=1 if kind == "pretrain_dual" else None)  # the second head's size is N-free
     if kind in ("pretrain", "pretrain_dual"):
         return ParamCount(param_count(cfg), param_count(cfg))
     if kind == "adapt":  # the language group: token embeddings + the output bias of the (one) head
