@@ -208,7 +208,8 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
             if rank == 0:
                 if engine.monitor is not None and engine.monitor.enabled:
                     engine.monitor.write_events([(f"train/{k}", v, done) for k, v in logs.items()])
-                _append_jsonl(run_dir / "logs" / "train.jsonl", {"step": done, "tokens": tokens} | logs)
+                _append_jsonl(run_dir / "logs" / "train.jsonl",
+                              {"step": done, "total_steps": cfg.train.steps, "tokens": tokens} | logs)
                 if bar is not None:
                     bar.set_postfix({k: f"{v:.3g}" for k, v in logs.items()
                                      if k in ("loss", "loss_main", "loss_secondary", "tokens_per_s", "mfu")},

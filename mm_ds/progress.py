@@ -61,6 +61,7 @@ class Watched:
     name: str
     run_dir: Path
     steps: int
+    """The stage config's train.steps; a row's total_steps wins (finetuning counts its updates from epochs)."""
     log: Path
     index: int = 0
     """Its place among the stage runs this `mm-ds run` starts, and their number."""
@@ -78,9 +79,18 @@ class Follow:
         self.stages, self.eval_spec, self.interval_s = stages, eval_spec, interval_s
         self.current: Watched | None = None
         self.eval_shown, self.eval_done = 0.0, -1
+        self.broken = False
 
     def poll(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
+        """Never raises: what is shown must not stop what runs (a file read mid-write is read next time)."""
+        try:
+            self._poll(time.monotonic() if now is None else now)
+        except Exception as e:  # noqa: BLE001
+            if not self.broken:
+                say(f"(progress display: {type(e).__name__}: {e}; the run goes on)")
+            self.broken = True
+
+    def _poll(self, now: float) -> None:
         running = next((s for s in self.stages if not (s.run_dir / checkpoint.FINAL / checkpoint.MANIFEST).is_file()),
                        None)
         if self.current is not None and running is not self.current:
@@ -106,7 +116,7 @@ class Follow:
         if row is None or "step" not in row or row["step"] == s.last_step or now - s.shown < self.interval_s:
             return
         s.last_step, s.shown = row["step"], now
-        say(f"  {s.name}  {train_line(row, s.steps)}")
+        say(f"  {s.name}  {train_line(row, int(row.get('total_steps', s.steps)))}")
 
     def eval_progress(self, now: float) -> None:
         if now - self.eval_shown < self.interval_s:
@@ -115,8 +125,8 @@ class Follow:
             spec = json.loads(self.eval_spec.read_text())
         except (OSError, ValueError):
             return  # not listed yet (a one-job run lists its units once Step 2 is done)
-        results = Path(spec["results"])
-        done = sum((results / f"{u['name']}.json").is_file() for u in spec["units"])
+        from .stages.transfer import results_written
+        done = results_written(spec)
         if done != self.eval_done:
             self.eval_done, self.eval_shown = done, now
             say(f"evaluation: {done}/{len(spec['units'])} units have results")

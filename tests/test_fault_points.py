@@ -10,8 +10,9 @@ import torch
 from mm_ds import faults
 
 PACKAGE = Path(faults.__file__).resolve().parent
-PRODUCT_SETTINGS = {"MM_DS_LAUNCH_ROOT", "MM_DS_MALLOC"}
-"""MM_DS_* variables that configure the product itself (mm_ds/watchdog.py, mm_ds/dist.py), not a test."""
+PRODUCT_SETTINGS = {"MM_DS_LAUNCH_ROOT", "MM_DS_MALLOC", "MM_DS_VALIDATED"}
+"""MM_DS_* variables that configure the product itself (mm_ds/watchdog.py, mm_ds/dist.py; mm_ds/cli.py tells
+the ranks it started that their command was validated), not a test."""
 
 
 def env_names(path: Path) -> list[str]:

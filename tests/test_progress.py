@@ -2,9 +2,11 @@
 real run)."""
 
 import json
+from dataclasses import asdict
 
 from mm_ds import checkpoint
 from mm_ds.progress import Follow, Watched, clock, last_row
+from mm_ds.stages.transfer import Unit
 
 
 def finish(run):
@@ -23,7 +25,7 @@ def test_stages_start_progress_and_end_in_order(tmp_path, capsys):
     follow = Follow([Watched("pretrain/a", a, 100, tmp_path / "job.log", 0, 2),
                      Watched("adapt/b", b, 10, tmp_path / "job.log", 1, 2)], interval_s=30)
     follow.poll(now=0)
-    log_row(a, step=40, loss=5.25, tokens_per_s=12_300, step_time_s=0.5)
+    log_row(a, step=40, total_steps=100, loss=5.25, tokens_per_s=12_300, step_time_s=0.5)
     follow.poll(now=1)  # within the interval of the start: nothing yet
     follow.poll(now=31)
     log_row(a, step=50, loss=5.0, tokens_per_s=12_000, step_time_s=0.5)
@@ -46,9 +48,10 @@ def test_evaluation_progress_counts_results_once_stages_are_done(tmp_path, capsy
     follow = Follow([], spec, interval_s=0)
     follow.poll(now=0)  # no unit list yet (a one-job run writes it after Step 2): silent
     (tmp_path / "eval").mkdir()
-    spec.write_text(json.dumps({"results": str(tmp_path / "eval"), "units": [{"name": "u1"}, {"name": "u2"}]}))
+    units = [Unit("xnli", lang, "test", "source", ("bl_base",), ("ft/seed1",)) for lang in ("en", "de")]
+    spec.write_text(json.dumps({"results": str(tmp_path / "eval"), "units": [asdict(u) for u in units]}))
     follow.poll(now=1)
-    (tmp_path / "eval" / "u1.json").write_text("{}")
+    (tmp_path / "eval" / f"{units[0].name}.json").write_text("{}")
     follow.poll(now=2)
     follow.poll(now=3)  # unchanged: no line
     assert capsys.readouterr().out.splitlines() == ["[mm-ds run] evaluation: 0/2 units have results",
@@ -61,3 +64,15 @@ def test_last_row_skips_a_line_being_written(tmp_path):
     path.write_text('{"step": 1}\n{"step": 2}\n{"ste')
     assert last_row(path) == {"step": 2}
     assert (clock(59), clock(61), clock(3725)) == ("0:59", "1:01", "1:02:05")
+
+
+def test_the_total_comes_from_the_stage_and_a_broken_display_does_not_stop_the_run(tmp_path, capsys):
+    run = tmp_path / "finetune"
+    log_row(run, step=10, total_steps=40, loss=1.0)  # finetuning counts its updates from epochs
+    follow = Follow([Watched("finetune/x", run, 125_000, tmp_path / "job.log")], interval_s=0)
+    follow.poll(now=0)
+    assert "step 10/40" in capsys.readouterr().out
+    follow.stages = None  # anything going wrong in the display
+    follow.poll(now=1)
+    follow.poll(now=2)
+    assert capsys.readouterr().out.count("the run goes on") == 1

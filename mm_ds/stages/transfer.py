@@ -314,6 +314,16 @@ def write_eval_spec(recipe, out: Path) -> Path:
     return path
 
 
+def units_from_spec(spec: dict) -> list[Unit]:
+    """The units of an eval.json (`write_eval_spec`)."""
+    return [Unit(**{**u, "systems": tuple(u["systems"]), "finetuned": tuple(u["finetuned"])}) for u in spec["units"]]
+
+
+def results_written(spec: dict) -> int:
+    """How many units of an eval.json have a result file (current or not): progress, not correctness."""
+    return sum(_result_path(Path(spec["results"]), u).is_file() for u in units_from_spec(spec))
+
+
 def run_eval_main(argv: list[str]) -> int:
     """`mm-ds run`'s evaluation on every rank of a launch (internal): EVAL.json lists the units. Given
     RECIPE.json and OUT as well (a one-job run, whose Step 2 has only just finished), rank 0 lists them first."""
@@ -326,7 +336,7 @@ def run_eval_main(argv: list[str]) -> int:
         write_eval_spec(from_dict(Recipe, json.loads(Path(argv[1]).read_text())), Path(argv[2]))
     dist.barrier()
     spec = json.loads(Path(argv[0]).read_text())
-    units = [Unit(**{**u, "systems": tuple(u["systems"]), "finetuned": tuple(u["finetuned"])}) for u in spec["units"]]
+    units = units_from_spec(spec)
     device = dist.device()
     if rank == 0:
         print(f"[mm-ds] evaluation: {len(units)} units on {world} rank(s), {device}", flush=True)
