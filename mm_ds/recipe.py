@@ -209,7 +209,10 @@ def task_root(recipe: Recipe, out: Path) -> Path:
         return out / "world"
     if recipe.rehearsal:
         return out / "tasks"
-    return Path(HUB) if is_hub(recipe.task_root) else data_path(recipe, recipe.task_root)
+    if is_hub(recipe.task_root):
+        return Path(HUB)
+    root = data_path(recipe, recipe.task_root)
+    return root.absolute() if is_hub(root) else root  # a directory called hub (task_root: ./hub) stays one
 
 
 def data_path(recipe: Recipe, path: str) -> Path:

@@ -175,6 +175,7 @@ def test_task_root_hub_reaches_the_stages_and_is_a_note_in_the_check(tmp_path):
     out = tmp_path / "out"
     recipe = load_recipe("paper", ["task_root=hub"])
     assert str(recipe_mod.task_root(recipe, out)) == "hub"  # eval.json's data_root
+    assert recipe_mod.task_root(load_recipe("paper", ["task_root=./hub"]), out) == Path("hub").absolute()
     finetuning = [n for n in recipe_mod.stage_runs(recipe, out) if n.argv[0] == "finetune"]
     assert finetuning and all("finetune.data_root=hub" in n.argv for n in finetuning)
     report = check(recipe, out, strict=False)
