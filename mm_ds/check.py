@@ -118,7 +118,7 @@ def _check_coverage(recipe, report: Report) -> None:
 
 
 def _check_data(recipe, out: Path, strict: bool, report: Report) -> None:
-    from .data.tasks import TaskDataError, find_local, get_task
+    from .data.tasks import HUB, TaskDataError, find_local, get_task, hub_source, is_hub
     from .recipe import data_path, task_root, text_inputs
 
     if recipe.world is not None:
@@ -132,7 +132,16 @@ def _check_data(recipe, out: Path, strict: bool, report: Report) -> None:
             report.add("rehearsal", f"{m} is missing; the rehearsal's task files are made from it")
     else:
         root = task_root(recipe, out)
-    if not root.is_dir() and not strict:
+    hub = is_hub(root)
+    if hub:  # the dataset, config and split each (task, language) reads are known here; whether they download is not
+        import importlib.util
+        if importlib.util.find_spec("datasets") is None:
+            report.add("recipe", f"task_root: {HUB} loads the task data through the `datasets` package, which is "
+                                 f"not installed (pip install datasets), or point task_root at the task files")
+        report.notes.append(f"task_root: {HUB}: task data is read from the Hugging Face hub through datasets at run "
+                            f"time (needs a network or a populated datasets cache); the splits' names are checked, "
+                            f"not that they can be fetched")
+    if not hub and not root.is_dir() and not strict:
         report.notes.append(f"task files not checked: {root} is not here (`mm-ds run` checks them before it starts)")
     else:
         for task in recipe.tasks:
@@ -146,7 +155,10 @@ def _check_data(recipe, out: Path, strict: bool, report: Report) -> None:
             wanted += [(split, lang, f"evaluate/{task}/{lang}") for lang in recipe.evaluated(task)]
             for sp, lang, where in wanted:
                 try:
-                    find_local(spec, sp, lang, root)
+                    if hub:
+                        hub_source(spec, sp, lang)
+                    else:
+                        find_local(spec, sp, lang, root)
                 except TaskDataError as e:
                     report.add(where, f"{e}; or leave {lang} out of coverage.{task}" if sp != "train" else str(e))
     absent, inputs = [], 0

@@ -121,7 +121,8 @@ class FinetuneConfig:
     task: str = ""
     """xnli | pawsx | mlqa | xquad"""
     data_root: str = ""
-    """Directory holding the task files in their official layout (the generated world, or real data)."""
+    """Directory holding the task files in their official layout (the generated world, or real data), or `hub`:
+    the Hugging Face hub through `datasets` (needs a network or a populated datasets cache)."""
     epochs: float | None = None
     lr: float | None = None
     warmup_ratio: float | None = None

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from .config import ConfigError, from_dict
-from .data.tasks import TASKS
+from .data.tasks import HUB, TASKS, is_hub
 from .systems import STAGES, SYSTEMS
 
 
@@ -35,7 +35,8 @@ class Recipe:
     text: dict = field(default_factory=dict)
     """lang -> list of input files/globs for `mm-ds prepare` (real data). The world provides its own."""
     task_root: str = ""
-    """Directory with the task files in the official layout (the world's, when generated)."""
+    """Directory with the task files in the official layout (the world's, when generated), or `hub`: every
+    split from the Hugging Face hub through `datasets` (needs a network or a populated datasets cache)."""
     data_root: str = ""
     """Where relative `text` inputs and `task_root` start (default: the working directory)."""
     rehearsal: bool = False
@@ -203,9 +204,15 @@ def primaries(recipe: Recipe) -> list[str]:
 
 
 def task_root(recipe: Recipe, out: Path) -> Path:
+    """Where the stages read task data: a directory, or Path(HUB) for the hub (`is_hub`)."""
     if recipe.world is not None:
         return out / "world"
-    return out / "tasks" if recipe.rehearsal else data_path(recipe, recipe.task_root)
+    if recipe.rehearsal:
+        return out / "tasks"
+    if is_hub(recipe.task_root):
+        return Path(HUB)
+    root = data_path(recipe, recipe.task_root)
+    return root.absolute() if is_hub(root) else root  # a directory called hub (task_root: ./hub) stays one
 
 
 def data_path(recipe: Recipe, path: str) -> Path:

@@ -83,8 +83,8 @@ def write_model(out, model, meta=None, **extra):
 
 def hf_mlm(vocab, cls="RobertaForMaskedLM", **kw):
     cfg = getattr(transformers, "XLMRobertaConfig" if cls.startswith("XLM") else "RobertaConfig")(
-        vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=26, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2, **kw)
+        **dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+               max_position_embeddings=26, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2) | kw)
     torch.manual_seed(0)
     return perturb(getattr(transformers, cls)(cfg))
 
@@ -120,6 +120,31 @@ def test_hf_import_matches_hf_logits(tmp_path, tok):
     with torch.no_grad():
         want = hf(input_ids=x, attention_mask=mask).logits
         torch.testing.assert_close(m(x, attention_mask=mask)["logits_main"], want, atol=1e-5, rtol=1e-5)
+
+
+def test_hf_import_folds_a_two_row_token_type_table(tmp_path, tok):
+    """transformers' default type_vocab_size=2: row 0 folds into the positions (equal logits for
+    token_type_ids = 0, as RoBERTa is used); row 1 is dropped, and the meta says so."""
+    V = size(tok["en"])
+    hf = hf_mlm(V, type_vocab_size=2)
+    tt = hf.roberta.embeddings.token_type_embeddings.weight
+    assert tt.shape == (2, 32) and tt.abs().min() > 0 and not torch.equal(tt[0], tt[1])
+    hf.save_pretrained(tmp_path / "hf")
+    meta = import_hf(tmp_path / "hf", tmp_path / "run", tokenizer=tok["en"])
+    note = meta["imported_from"]["token_type_embeddings"]
+    assert note["token_type_rows"] == 2 and "rows 1..1 (different from row 0)" in note["dropped"]
+    _, m = ours(tmp_path / "run")
+    for seed, padded in ((0, True), (1, False), (2, True)):
+        x, mask = ids(V, padded=padded, seed=seed)
+        with torch.no_grad():
+            want = hf(input_ids=x, attention_mask=mask, token_type_ids=torch.zeros_like(x)).logits
+            torch.testing.assert_close(m(x, attention_mask=mask)["logits_main"], want, atol=1e-5, rtol=1e-5)
+    # a table whose shape does not match the config cannot be folded: the error names both
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg | {"type_vocab_size": 3}))
+    with pytest.raises(InteropError, match=r"token_type_embeddings.weight has shape \(2, 32\), expected "
+                                           r"\(type_vocab_size=3"):
+        import_hf(tmp_path / "hf", tmp_path / "run2", tokenizer=tok["en"])
 
 
 def test_xlmr_import_converts_the_fairseq_offset(tmp_path, tok):

@@ -167,3 +167,20 @@ def test_recipe_sets_and_their_errors(tmp_path):
         load_recipe("tiny", ["coverage={nerd: [t1]}"])
     with pytest.raises(ConfigError, match="overrides.adapt/bl_huge names no stage"):
         load_recipe("tiny", ["overrides={adapt/bl_huge: []}"])
+
+
+def test_task_root_hub_reaches_the_stages_and_is_a_note_in_the_check(tmp_path):
+    """`task_root: hub`: finetuning and evaluation read the hub (tests/test_tasks.py runs both offline); the
+    check cannot download, so it notes that, and still refuses a language the hub has no split for."""
+    out = tmp_path / "out"
+    recipe = load_recipe("paper", ["task_root=hub"])
+    assert str(recipe_mod.task_root(recipe, out)) == "hub"  # eval.json's data_root
+    assert recipe_mod.task_root(load_recipe("paper", ["task_root=./hub"]), out) == Path("hub").absolute()
+    finetuning = [n for n in recipe_mod.stage_runs(recipe, out) if n.argv[0] == "finetune"]
+    assert finetuning and all("finetune.data_root=hub" in n.argv for n in finetuning)
+    report = check(recipe, out, strict=False)
+    assert not report.problems, report.format()
+    assert any(n.startswith("task_root: hub: task data is read from the Hugging Face hub") for n in report.notes)
+    report = check(load_recipe("paper", ["task_root=hub", "coverage.pawsx=[en,sw]"]), out, strict=False)
+    assert report.problems == [("evaluate/pawsx/sw", "pawsx is not evaluated in 'sw' on the hub; languages: "
+                                                     "en de es fr ja ko zh; or leave sw out of coverage.pawsx")]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mm_ds.config import ModelConfig
-from mm_ds.interop.hf import from_hf_roberta, hf_config, to_hf_roberta
+from mm_ds.interop.hf import HF_TOKEN_TYPE, from_hf_roberta, hf_config, to_hf_roberta
 from mm_ds.model import LANGUAGE_PARAMS, RobertaMLM
 from mm_ds.surgery import (SurgeryError, build_minipost, check_compatible, check_state_dict, check_vocab,
                            extract_minijoint, init_target_embeddings, language_group, minipost_trainable,
@@ -326,8 +326,12 @@ def test_hf_errors():
         from_hf_roberta(hcfg | {"pad_token_id": 0}, hf_sd)
     with pytest.raises(SurgeryError, match="hidden_act='relu'"):
         from_hf_roberta(hcfg | {"hidden_act": "relu"}, hf_sd)
-    with pytest.raises(SurgeryError, match="type_vocab_size=2"):
+    # type_vocab_size > 1 is folded (row 0; tests/test_import_export.py); a table not matching it is refused
+    with pytest.raises(SurgeryError, match=r"shape \(1, 32\), expected \(type_vocab_size=2, hidden_size=32\)"):
         from_hf_roberta(hcfg | {"type_vocab_size": 2}, hf_sd)
+    two = dict(hf_sd) | {HF_TOKEN_TYPE: torch.randn(2, 32)}
+    _, folded = from_hf_roberta(hcfg | {"type_vocab_size": 2}, two)
+    assert torch.equal(folded["embed.positions.weight"], sd["embed.positions.weight"] + two[HF_TOKEN_TYPE][0])
     with pytest.raises(SurgeryError, match="missing roberta.encoder.layer.2"):
         from_hf_roberta(hcfg | {"num_hidden_layers": 3}, hf_sd)
     untied = dict(hf_sd) | {"lm_head.decoder.weight": hf_sd["lm_head.decoder.weight"] + 1}

@@ -249,3 +249,88 @@ def test_fitted_spec_keeps_windows_in_proportion():
 def test_mlqa_languages_are_the_ones_the_official_normalisation_knows():
     from mm_ds.metrics import MLQA_LANGUAGES
     assert set(MLQA_LANGUAGES) == set(MLQA.languages)
+
+
+# ----------------------------------------------------------------------------- data root "hub", offline
+
+PREMISES = ("The cat sat on the mat.", "A dog ran far away.", "Birds sing in the morning.", "The river is cold.")
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    """`datasets.load_dataset` answered from memory (small splits in the hub's schemas); records what was asked."""
+    datasets = pytest.importorskip("datasets")
+    asked = []
+
+    def load_dataset(name, config=None, split=None):
+        asked.append((name, config, split))
+        if TASKS["xquad"].eval.hub == name or TASKS["xquad"].train.hub == name:
+            context = "Denver won the game in the rain."
+            return datasets.Dataset.from_dict({
+                "id": ["q1", "q2"], "context": [context, context], "question": ["Who won?", "Where?"],
+                "answers": [{"text": ["Denver"], "answer_start": [0]}, {"text": ["the rain"], "answer_start": [23]}]})
+        labels = datasets.ClassLabel(names=list(XNLI.labels))
+        return datasets.Dataset.from_dict(
+            {"premise": list(PREMISES), "hypothesis": [p.lower() for p in PREMISES], "label": [0, 1, 2, 0]},
+            features=datasets.Features({"premise": datasets.Value("string"),
+                                        "hypothesis": datasets.Value("string"), "label": labels}))
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return asked
+
+
+def test_data_root_hub_reads_the_tables_hub_names(hub):
+    examples, report = load_split(XNLI, "test", "de", "hub")
+    assert [ex.label for ex in examples] == [0, 1, 2, 0] and report.source == "hub:facebook/xnli/de/test"
+    assert len(load_split(XNLI, "train", "en", "hub")[0]) == 4
+    examples, _ = load_split(XQUAD, "test", "de", "hub")
+    assert examples[1].answers == (("the rain", 23),)
+    assert hub == [("facebook/xnli", "de", "test"), ("nyu-mll/multi_nli", None, "train"),
+                   ("google/xquad", "xquad.de", "validation")]
+    with pytest.raises(TaskDataError, match="'t1' on the hub"):  # the table's languages only
+        load_split(XNLI, "test", "t1", "hub")
+
+
+def test_data_root_hub_offline_says_what_it_needs(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+
+    def offline(name, config=None, split=None):
+        raise ConnectionError(f"Couldn't reach {name!r} on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(TaskDataError, match=r"hub:facebook/xnli/de/validation: datasets.load_dataset failed "
+                                            r"\(ConnectionError.*needs a network or a Hugging Face datasets cache"):
+        load_split(XNLI, "dev", "de", "hub")
+
+
+def test_finetuning_and_evaluation_read_the_hub(hub, tmp_path):
+    """Step 3's training features and Step 4's evaluation (one unit scored, cached, collected) with
+    finetune.data_root=hub / data root hub, as `task_root: hub` in a recipe makes them."""
+    import sentencepiece as spm
+    import torch
+
+    from mm_ds import checkpoint
+    from mm_ds.config import ModelConfig, to_dict
+    from mm_ds.heads import RobertaForTask
+    from mm_ds.stages import transfer
+    from mm_ds.stages.finetune import _train_features
+
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(PREMISES * 20), model_prefix=str(tmp_path / "spm"),
+                                   vocab_size=40, bos_id=0, pad_id=1, eos_id=2, unk_id=3,
+                                   user_defined_symbols=["<mask>"], minloglevel=2, hard_vocab_limit=False)
+    tok = str(tmp_path / "spm.model")
+    features, _ = _train_features("xnli", "hub", tok, 32, None)
+    assert len(features) == 4 and hub[-1] == ("nyu-mll/multi_nli", None, "train")
+
+    cfg = ModelConfig(vocab_size=spm.SentencePieceProcessor(model_file=tok).get_piece_size(), hidden_size=16,
+                      num_layers=1, num_heads=2, ffn_size=32, max_positions=40)
+    torch.manual_seed(0)
+    model = RobertaForTask(cfg, XNLI.kind, XNLI.num_labels)
+    checkpoint.write_final(tmp_path / "ft" / "final", model.state_dict(), {
+        "stage": "finetune", "system": "bl_base", "task": "xnli", "kind": XNLI.kind, "num_labels": XNLI.num_labels,
+        "model": to_dict(cfg), "tokenizer": tok})
+    units = transfer.units_for("xnli", "de", ["bl_base"], [str(tmp_path / "ft")], "test")
+    transfer.run_units(units, "hub", tmp_path / "eval", say=lambda m: None)
+    rows = transfer.collect(units, "hub", tmp_path / "eval")  # the cached result's fingerprint matches
+    assert [(r["lang"], r["examples"], r["skipped"]) for r in rows] == [("de", 4, 0)]
+    assert 0.0 <= rows[0]["score"] <= 100.0 and ("facebook/xnli", "de", "test") in hub

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence, Union
 
-from .tasks import EXTRACTIVE_QA, TaskDataError, TaskSpec, check_split, find_local
+from .tasks import EXTRACTIVE_QA, HUB, TaskDataError, TaskSpec, check_split, find_local, hub_source, is_hub
 
 # --------------------------------------------------------------------------------------------- records
 
@@ -340,19 +340,25 @@ def load_hub(spec: TaskSpec, split: str, lang: str) -> tuple[list[Example], Load
     """Records from the Hugging Face hub (needs network or a populated datasets cache)."""
     import datasets  # heavy; only this path needs it
 
-    source = check_split(spec, split, lang)
-    if lang not in spec.languages:
-        raise TaskDataError(f"{spec.name} is not evaluated in {lang!r} on the hub; languages: "
-                            f"{' '.join(spec.languages)}")
-    config = source.hub_config.format(lang=lang) if source.hub_config else None
-    rows = datasets.load_dataset(source.hub, config, split=source.hub_splits[split])
-    return examples_from_hub(spec, rows, f"hub:{source.hub}/{config or '-'}/{source.hub_splits[split]}")
+    name, config, hub_split = hub_source(spec, split, lang)
+    where = f"hub:{name}/{config or '-'}/{hub_split}"
+    try:
+        rows = datasets.load_dataset(name, config, split=hub_split)
+    except (OSError, ValueError) as e:  # offline (ConnectionError), not cached, renamed on the hub
+        raise TaskDataError(f"{where}: datasets.load_dataset failed ({type(e).__name__}: {e}). The data root "
+                            f"{HUB!r} needs a network or a Hugging Face datasets cache that holds this split "
+                            f"(HF_DATASETS_OFFLINE=1 reads the cache only); or point the data root at the "
+                            f"task files on disk") from e
+    return examples_from_hub(spec, rows, where)
 
 
 def load_split(spec: TaskSpec, split: str, lang: str, data_dir: str | Path | None = None, *,
                hub: bool = False) -> tuple[list[Example], LoadReport]:
-    """Records for (split, lang): from `data_dir` when given and the file is there, else the hub if `hub`."""
+    """Records for (split, lang): from the hub when `data_dir` is HUB ("hub"), else from `data_dir` when the
+    file is there, else the hub if `hub`."""
     check_split(spec, split, lang)
+    if data_dir is not None and is_hub(data_dir):
+        return load_hub(spec, split, lang)
     if data_dir is not None:
         try:
             path = find_local(spec, split, lang, data_dir)
@@ -362,5 +368,6 @@ def load_split(spec: TaskSpec, split: str, lang: str, data_dir: str | Path | Non
         else:
             return load_file(spec, split, path, lang)
     if not hub:
-        raise TaskDataError(f"{spec.name} {split} {lang}: give a data directory or allow hub=True")
+        raise TaskDataError(f"{spec.name} {split} {lang}: give a data directory, or {HUB!r} to load it from the "
+                            f"hub (or allow hub=True)")
     return load_hub(spec, split, lang)

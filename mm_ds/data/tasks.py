@@ -19,6 +19,16 @@ class TaskDataError(ValueError):
     """A task file (or hub split) that cannot be used at all; the message names the file and the fix."""
 
 
+HUB = "hub"
+"""A data root (recipe `task_root`, `finetune.data_root`, `mm-ds transfer --data-root`) that means: load each
+split from the Hugging Face hub through `datasets` (the table's `hub` names), not from files. A local
+directory called hub is `./hub`."""
+
+
+def is_hub(data_root) -> bool:
+    return str(data_root) == HUB
+
+
 # ------------------------------------------------------------------------------------------- the table
 
 
@@ -32,7 +42,7 @@ class Source:
     """Paths under a data root, `{split}`/`{lang}` filled in; the first that exists is used. The first
     pattern is the layout of the rehearsal's data (../shared/data), the others the official distributions'."""
     hub: str
-    """`datasets.load_dataset` name, used only when asked to (`load_split(..., hub=True)`)."""
+    """`datasets.load_dataset` name, used only when asked to (data root `hub`, or `load_split(..., hub=True)`)."""
     hub_config: str | None
     """Config-name template (`{lang}`), None for single-config datasets."""
     hub_splits: Mapping[str, str]
@@ -147,6 +157,15 @@ def check_split(spec: TaskSpec, split: str, lang: str) -> Source:
     return spec.eval
 
 
+def hub_source(spec: TaskSpec, split: str, lang: str) -> tuple[str, str | None, str]:
+    """(dataset, config, hub split) that `datasets.load_dataset` reads for (split, lang)."""
+    source = check_split(spec, split, lang)
+    if lang not in spec.languages:
+        raise TaskDataError(f"{spec.name} is not evaluated in {lang!r} on the hub; languages: "
+                            f"{' '.join(spec.languages)}")
+    return source.hub, source.hub_config.format(lang=lang) if source.hub_config else None, source.hub_splits[split]
+
+
 def find_local(spec: TaskSpec, split: str, lang: str, data_dir: str | Path) -> Path:
     """The first existing file for (split, lang) under `data_dir`, or an error listing what was tried."""
     source = check_split(spec, split, lang)
@@ -156,4 +175,4 @@ def find_local(spec: TaskSpec, split: str, lang: str, data_dir: str | Path) -> P
             return path
     raise TaskDataError(f"no {spec.name} {split} file for {lang!r} under {data_dir}; tried "
                         f"{', '.join(map(str, tried))}. Put the official file there, pass its path, or "
-                        f"load it from the hub ({source.hub})")
+                        f"load it from the hub ({source.hub}) with the data root {HUB!r}")

@@ -7,6 +7,7 @@ Pure functions on (config, state dict), like mm_ds.surgery: no files, no engines
     to_hf_keys              our keys -> HF names for the rows of HF_KEYS a state dict has: the one loop both
                             MLM and task exports (mm_ds.interop.export) go through
     to_hf_roberta, from_hf_roberta, hf_config   a whole RobertaForMaskedLM
+    token_type_fold         what an import does with the token-type table (recorded in the import's meta)
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ HF_TASK_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 # HF keeps tied copies of the output projection: written on export, checked equal on import.
 HF_TIED = {"lm_head.decoder.weight": "embed.tokens.weight", "lm_head.decoder.bias": "head.bias"}
-# RoBERTa's single token-type row is added to every token: folded into our positions (import), zeros (export).
+# Row 0 of the token-type table is added to every token of a single-segment input (all RoBERTa ever sees; mm-ds
+# feeds no token types): folded into our positions on import, one row of zeros on export.
 HF_TOKEN_TYPE = "roberta.embeddings.token_type_embeddings.weight"
 # Present in some HF state dicts, unused by an MLM: ignored on import.
 HF_IGNORED_PREFIXES = ("roberta.embeddings.position_ids", "roberta.embeddings.token_type_ids", "roberta.pooler.")
@@ -121,9 +123,10 @@ def to_hf_roberta(cfg: ModelConfig, sd: StateDict, drop_secondary_head: bool = F
 
 def from_hf_roberta(hf_cfg: Mapping, hf_sd: StateDict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """An HF `RobertaForMaskedLM` (config as a dict, e.g. `config.to_dict()`, and state dict) as our
-    (ModelConfig, state dict). The single token-type row is added to every row of our position table:
-    HF adds it to every token, so the forward pass is the same up to float rounding. Needs pad_token_id=1,
-    hidden_act=gelu, absolute positions, type_vocab_size=1 and tied output embeddings."""
+    (ModelConfig, state dict). Row 0 of the token-type table is added to every row of our position table:
+    HF adds it to every token whose token_type_ids is 0, so the forward pass of single-segment input is the
+    same up to float rounding; rows 1.. are dropped (see token_type_fold). Needs pad_token_id=1,
+    hidden_act=gelu, absolute positions and tied output embeddings."""
     def need(key, ok, want):
         if key in hf_cfg and not ok(hf_cfg[key]):
             raise SurgeryError(f"HF config {key}={hf_cfg[key]!r} is not supported: our model needs {key}={want}")
@@ -135,7 +138,6 @@ def from_hf_roberta(hf_cfg: Mapping, hf_sd: StateDict) -> tuple[ModelConfig, dic
     need("pad_token_id", lambda v: v == PAD, PAD)
     need("hidden_act", lambda v: v == "gelu", "'gelu'")
     need("position_embedding_type", lambda v: v == "absolute", "'absolute'")
-    need("type_vocab_size", lambda v: v == 1, 1)
     need("tie_word_embeddings", lambda v: v is True, True)
     need("is_decoder", lambda v: v is False, False)
     if hf_cfg["max_position_embeddings"] <= PAD + 1:
@@ -174,13 +176,32 @@ def from_hf_roberta(hf_cfg: Mapping, hf_sd: StateDict) -> tuple[ModelConfig, dic
             sd[ours] = torch.cat([hf_sd[n].detach() for n in hf], dim=0)
         else:
             sd[ours] = hf_sd[hf].detach().clone()
-    tt = hf_sd[HF_TOKEN_TYPE]
-    if tuple(tt.shape) != (1, cfg.hidden_size):
-        raise SurgeryError(f"HF {HF_TOKEN_TYPE} has shape {tuple(tt.shape)}, expected (1, {cfg.hidden_size})")
-    sd["embed.positions.weight"] = sd["embed.positions.weight"] + tt.detach().to(sd["embed.positions.weight"].dtype)
+    token_type_fold(hf_cfg, hf_sd)  # checks the table's shape
+    row0 = hf_sd[HF_TOKEN_TYPE][0].detach().to(sd["embed.positions.weight"].dtype)
+    sd["embed.positions.weight"] = sd["embed.positions.weight"] + row0  # (P, H) + (H,): every position
     check_state_dict(cfg, sd, "imported HF model")
     for hf, ours in HF_TIED.items():
         if hf in hf_sd and not torch.equal(hf_sd[hf], sd[ours]):
             raise SurgeryError(f"HF {hf} is not tied to {dict(hf_rows(cfg))[ours]}: our model ties the "
                                f"output projection to the token embeddings")
     return cfg, sd
+
+
+def token_type_fold(hf_cfg: Mapping, hf_sd: StateDict) -> dict:
+    """What `from_hf_roberta` does with HF's token-type table, as recorded in an import's meta: row 0 is
+    folded into the positions; rows 1.. (type_vocab_size > 1, e.g. transformers' default 2) are dropped, so
+    the import reproduces the model on token_type_ids = 0 only. That is how RoBERTa and XLM-R are trained and
+    used (pairs are joined with </s></s>, not token types) and all mm-ds feeds. A model fine-tuned to read
+    token type 1 is imported without it: its pair inputs will differ. Refused: a table that does not match the
+    config (shape (type_vocab_size, hidden_size), at least one row)."""
+    tt, h = hf_sd[HF_TOKEN_TYPE], hf_cfg["hidden_size"]
+    n = hf_cfg.get("type_vocab_size", tt.shape[0])
+    if tt.dim() != 2 or tt.shape[0] < 1 or tuple(tt.shape) != (n, h):
+        raise SurgeryError(f"HF {HF_TOKEN_TYPE} has shape {tuple(tt.shape)}, expected (type_vocab_size={n}, "
+                           f"hidden_size={h}) with at least one row: row 0 is the one folded into the positions")
+    note = {"token_type_rows": int(tt.shape[0]), "folded": "row 0 added to every position embedding"}
+    if tt.shape[0] > 1:
+        same = bool(torch.equal(tt[1:], tt[:1].expand_as(tt[1:])))
+        note["dropped"] = (f"rows 1..{tt.shape[0] - 1} ({'equal to' if same else 'different from'} row 0): "
+                           f"the model is imported for token_type_ids = 0 only, as RoBERTa is used")
+    return note

@@ -136,7 +136,8 @@ def import_hf(src: str | Path, out: str | Path, tokenizer: str | Path | None = N
     Tokenizer: `tokenizer` if given, else the directory's `spm.model` (an mm-ds export) or
     `sentencepiece.bpe.model` (XLM-R, converted: see mm_ds.interop.spm). A byte-level BPE RoBERTa
     (vocab.json + merges.txt) has no SentencePiece pieces: pass `tokenizer` (ids = embedding rows) or
-    `no_tokenizer=True` to import the weights alone."""
+    `no_tokenizer=True` to import the weights alone. The token-type table's row 0 is folded into the
+    positions, rows 1.. dropped (hf.token_type_fold): recorded in the meta's `imported_from`."""
     src = Path(src)
     if not src.is_dir():
         raise InteropError(f"--from hf expects a directory holding config.json, got {src}")
@@ -154,7 +155,8 @@ def import_hf(src: str | Path, out: str | Path, tokenizer: str | Path | None = N
     spm_src = _find_tokenizer(src, tokenizer, no_tokenizer, "--from hf")
     rows = spm_io.rows_of(spm_src, cfg.vocab_size, f"{wfile.name} {HF_EMBED}") if spm_src else None
     source = {"format": "hf", "path": str(src.resolve()), "weights": wfile.name, "dtype": dtypes,
-              "model_type": hf_cfg.get("model_type"), "architectures": hf_cfg.get("architectures")}
+              "model_type": hf_cfg.get("model_type"), "architectures": hf_cfg.get("architectures"),
+              "token_type_embeddings": hf.token_type_fold(hf_cfg, hf_sd)}
     return _finish(final, cfg, sd, _import_meta(cfg, system, lang, source), spm_src, rows)
 
 

@@ -42,7 +42,8 @@ def _spec_and_parent(cfg: RunConfig):
 def _train_features(task: str, data_root: str, tokenizer: str, max_length: int, limit: int | None):
     spec = get_task(task)
     if not data_root:
-        raise ConfigError("finetune.data_root is unset: the directory with the task files (e.g. the world)")
+        raise ConfigError("finetune.data_root is unset: the directory with the task files (e.g. the world), or "
+                          "hub to load them from the Hugging Face hub")
     examples, report = load_split(spec, "train", "en", data_root)
     print(f"[mm-ds] {report.summary()}", flush=True)
     examples = examples[:limit] if limit else examples

@@ -28,7 +28,7 @@ import sentencepiece as spm
 from .. import checkpoint, flops, surgery
 from ..config import ConfigError, model_config_from_dict
 from ..data.task_files import load_split
-from ..data.tasks import find_local, get_task
+from ..data.tasks import find_local, get_task, hub_source, is_hub
 from ..data.tokenizer import pieces
 from ..evaluate import evaluate, features_for
 from ..heads import RobertaForTask
@@ -185,8 +185,9 @@ def run_unit(unit: Unit, data_root: str, device="cpu") -> list[dict]:
 
 def fingerprint(unit: Unit, data_root: str, base: Path) -> str:
     """Changes when any input of the unit changes: the manifests (sha256 of every weight file) of the
-    finetuned models and of the Step-2 checkpoint, and the task file's size and time. Paths count relative to
-    `base` (the run tree), so a run tree moved elsewhere keeps its results."""
+    finetuned models and of the Step-2 checkpoint, and the task file's size and time (the hub's dataset, config
+    and split for data root `hub`). Paths count relative to `base` (the run tree), so a run tree moved elsewhere
+    keeps its results."""
     base = base.resolve()
 
     def rel(p) -> str:
@@ -200,8 +201,12 @@ def fingerprint(unit: Unit, data_root: str, base: Path) -> str:
         p = Path(run)
         man = p / checkpoint.MANIFEST if (p / checkpoint.MANIFEST).is_file() else p / checkpoint.FINAL / checkpoint.MANIFEST
         h.update(man.read_bytes() if man.is_file() else b"-")
-    f = find_local(get_task(unit.task), unit.split, unit.lang, data_root)
-    h.update(f"{rel(f)}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
+    spec = get_task(unit.task)
+    if is_hub(data_root):  # the hub's name for the split; its revision is the datasets cache's business
+        h.update(repr(hub_source(spec, unit.split, unit.lang)).encode())
+    else:
+        f = find_local(spec, unit.split, unit.lang, data_root)
+        h.update(f"{rel(f)}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
     return h.hexdigest()
 
 
@@ -269,7 +274,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--lang", required=True)
     p.add_argument("--finetuned", nargs="+", required=True, help="finetune runs (one per seed) of one primary model")
     p.add_argument("--adapted", help="Step-2 run of --lang (omit to score the source language as is)")
-    p.add_argument("--data-root", required=True, help="directory with the task files (official layout)")
+    p.add_argument("--data-root", required=True, help="directory with the task files (official layout), or hub: "
+                                                      "the Hugging Face hub through datasets (network or cache)")
     p.add_argument("--split", default="test")
     p.add_argument("--curve", action="store_true", help="score every checkpoint of --adapted, not only its final")
     p.add_argument("--control", action="store_true", help="also score the untrained target embeddings")
