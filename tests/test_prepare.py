@@ -4,19 +4,18 @@ import gzip
 import json
 import lzma
 import random
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as pb
 
 from mm_ds import tokens
 from mm_ds.data import corpus as corpus_mod
 from mm_ds.data import inputs as inputs_mod
 from mm_ds.data.corpus import decode_shard_lines, prepare
 from mm_ds.data.shards import TokenCorpus, shard_dtype
-from mm_ds.interop.spm import _varint as _pb_varint  # protobuf wire encoding, as the importer writes it
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 
@@ -133,11 +132,9 @@ def test_shard_dtype_choice():
         shard_dtype(2**32 + 1)
 
 
-def _pb_piece(piece: str, score: float) -> bytes:
-    """A ModelProto `pieces` record (field 1) of a NORMAL piece, at the protobuf wire level."""
-    name = piece.encode()
-    body = b"\x0a" + _pb_varint(len(name)) + name + b"\x15" + struct.pack("<f", score) + b"\x18\x01"
-    return b"\x0a" + _pb_varint(len(body)) + body
+def _pb_pieces(pieces: list[tuple[str, float]]) -> bytes:
+    """A serialised ModelProto holding only NORMAL pieces: appended to a model file, it adds them."""
+    return pb.ModelProto(pieces=[pb.ModelProto.SentencePiece(piece=p, score=s) for p, s in pieces]).SerializeToString()
 
 
 def test_uint32_shards_for_large_vocabularies(tmp_path):
@@ -149,8 +146,7 @@ def test_uint32_shards_for_large_vocabularies(tmp_path):
     small = spm.SentencePieceProcessor(model_file=str(tmp_path / "small" / "spm.model"))
     words = sorted({w for d in docs for line in d for w in line.split()
                     if small.piece_to_id("\u2581" + w) == tokens.UNK})
-    extra = b"".join(_pb_piece(f"\u2581zz{i}q", -50.0) for i in range(66000))
-    extra += b"".join(_pb_piece("\u2581" + w, 0.0) for w in words)
+    extra = _pb_pieces([(f"\u2581zz{i}q", -50.0) for i in range(66000)] + [("\u2581" + w, 0.0) for w in words])
     big = tmp_path / "big.model"
     big.write_bytes((tmp_path / "small" / "spm.model").read_bytes() + extra)
     meta = prepare("xx", [str(tmp_path / "a.txt")], str(tmp_path / "out"), spm_model=str(big), workers=1,

@@ -8,7 +8,8 @@ starts from an existing pretrained model).
 
 An import writes `RUN/final/` (model.safetensors, mm_ds.json with stage "pretrain", step 0, FLOPs 0 and
 `imported_from`, spm.model): `parent=RUN` for build-mini (MINIPOST) and adapt (BL_BASE). Key tables:
-interop.hf (HF_KEYS, HF_TASK_KEYS), importers.FAIRSEQ_KEYS (fairseq). Tokenizer layouts: interop.spm.
+interop.hf (HF_KEYS, HF_TASK_KEYS), importers.FAIRSEQ_KEYS (fairseq). Tokenizer layouts: interop.spm;
+the exported transformers tokenizer: interop.hf_tokenizer.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def import_main(argv: list[str]) -> int:
 
 def export_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mm-ds export", description="a checkpoint of any stage as a Hugging Face "
-                                "directory (config.json, model.safetensors, spm.model)")
+                                "directory (config.json, model.safetensors, tokenizer.json + tokenizer_config.json "
+                                "for AutoTokenizer, spm.model)")
     p.add_argument("src", help="run directory, its final/, or a checkpoints/step_* directory")
     p.add_argument("--out", required=True, help="HF directory to write")
     p.add_argument("--lang-from", help="adapt run whose language embeddings (and tokenizer) replace the model's")

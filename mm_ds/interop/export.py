@@ -9,8 +9,9 @@ takes its tokenizer: Step 4 of the paper, as a shareable model. A MINIJOINT mode
 `mini=True` exports its second head as its own mini-model (`surgery.extract_minijoint`).
 
 The directory holds config.json, model.safetensors, the language's SentencePiece model (`spm.model`: its
-ids are the embedding rows, <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4) and a README.md saying how to tokenize.
-No transformers tokenizer class reads such a model with these ids, so none is declared.
+ids are the embedding rows, <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4), the same model as a transformers
+tokenizer (tokenizer.json, tokenizer_config.json: interop.hf_tokenizer), so `AutoTokenizer` and `pipeline`
+load the directory as it is, and a README.md saying how to tokenize.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ..config import ModelConfig, model_config_from_dict
 from ..data.tokenizer import has_our_ids
 from ..model import param_shapes
 from ..tokens import SPECIAL_IDS, SPECIAL_PIECES
-from . import hf
+from . import hf, hf_tokenizer
 from . import spm as spm_io
 from .spm import InteropError
 
@@ -106,6 +107,7 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
                                f"--lang-from the adapt run the embeddings come from")
     else:
         notes.append("no tokenizer recorded: exported without one")
+    hf_tok = _hf_tokenizer(spm_path, cfg.max_positions, notes) if spm_path is not None else None
 
     hf_cfg = hf.hf_config(cfg) | {"architectures": [ARCHS[kind]]}
     if kind is None:
@@ -118,13 +120,31 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
                    "label2id": {s: i for i, s in enumerate(names)}}
         if kind == "pair_classification":
             hf_cfg["classifier_dropout"] = None  # = hidden_dropout_prob, as in our head
-    _write_dir(Path(out), hf_cfg, hf_sd, spm_path, meta | {"exported_from": str(Path(src).resolve())}, force,
-               lang)
+    _write_dir(Path(out), hf_cfg, hf_sd, spm_path, hf_tok, meta | {"exported_from": str(Path(src).resolve())},
+               force, lang)
     return {"out": str(out), "architecture": ARCHS[kind], "lang": lang, "vocab_size": cfg.vocab_size,
-            "num_layers": cfg.num_layers, "tokenizer": str(spm_path) if spm_path else None, "notes": notes}
+            "num_layers": cfg.num_layers, "tokenizer": str(spm_path) if spm_path else None,
+            "tokenizer_class": type(hf_tok).__name__ if hf_tok is not None else None, "notes": notes}
 
 
-def _write_dir(out: Path, hf_cfg: dict, hf_sd: dict, spm_path, meta: dict, force: bool, lang) -> None:
+def _hf_tokenizer(spm_path, max_length: int, notes: list[str]):
+    """The transformers tokenizer to ship beside spm.model, or None with a note saying why not."""
+    try:
+        import transformers  # noqa: F401  (an optional dependency: the export's reader has it)
+    except ImportError:
+        notes.append("transformers is not installed: no tokenizer.json / tokenizer_config.json written "
+                     "(pip install transformers, then export again)")
+        return None
+    try:
+        tok = hf_tokenizer.build(spm_path, max_length)
+        hf_tokenizer.check(tok, spm_path)
+    except hf_tokenizer.TokenizerMismatch as e:
+        notes.append(f"no transformers tokenizer written: {e}; tokenize with spm.model (README.md)")
+        return None
+    return tok
+
+
+def _write_dir(out: Path, hf_cfg: dict, hf_sd: dict, spm_path, hf_tok, meta: dict, force: bool, lang) -> None:
     from safetensors.torch import save_file
 
     if out.exists() and any(out.iterdir()) and not force:
@@ -138,18 +158,28 @@ def _write_dir(out: Path, hf_cfg: dict, hf_sd: dict, spm_path, meta: dict, force
     (tmp / "mm_ds_source.json").write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
     if spm_path is not None:
         shutil.copyfile(spm_path, tmp / "spm.model")
-    (tmp / "README.md").write_text(_readme(hf_cfg["architectures"][0], lang, spm_path is not None))
+    if hf_tok is not None:
+        hf_tok.save_pretrained(str(tmp))
+        # older transformers releases read the special tokens from here, 5 from tokenizer_config.json
+        (tmp / "special_tokens_map.json").write_text(json.dumps(hf_tokenizer.SPECIAL_TOKENS, indent=2) + "\n")
+    (tmp / "README.md").write_text(_readme(hf_cfg["architectures"][0], lang, spm_path is not None,
+                                           hf_tok is not None))
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
 
 
-def _readme(arch: str, lang, has_spm: bool) -> str:
+def _readme(arch: str, lang, has_spm: bool, has_hf_tokenizer: bool) -> str:
     ids = " ".join(f"{p}={i}" for p, i in zip(SPECIAL_PIECES, SPECIAL_IDS))
+    hf_tok = ("""`AutoTokenizer.from_pretrained(this_dir)` loads its tokenizer (tokenizer.json), whose ids are the
+embedding rows: `pipeline("fill-mask" | "text-classification", model=this_dir)` runs as it is, and for
+QA `tokenizer(question, context, return_offsets_mapping=True)` gives the model's input and the answer's
+characters. """ if has_hf_tokenizer else "")
     tok = (f"""## Tokenizer
 
-`spm.model` is a SentencePiece model whose ids are the embedding rows ({ids}). It is not
-XLM-R's layout (no +1 offset), so do not load it with `XLMRobertaTokenizer`; encode with SentencePiece:
+{hf_tok}`spm.model` is the same SentencePiece model; its ids are the embedding rows ({ids}). It is not
+XLM-R's file layout (no +1 offset): do not pass it to `XLMRobertaTokenizer` as `sentencepiece.bpe.model`.
+Encoding with SentencePiece:
 
 ```python
 import sentencepiece as spm

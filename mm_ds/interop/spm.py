@@ -13,16 +13,16 @@ rows to 0..4 keeping the others in order (`our_layout`), permutes the language-s
 and writes a SentencePiece model with the pieces in that order (`write_model`). Each piece keeps its score
 and type, so segmentation is unchanged; the forward pass is the source's up to that id permutation.
 
-The model file is rewritten at the protobuf wire level (the few fields involved are stable since
-SentencePiece 0.1), so no `protobuf` package is needed.
+The model file is read and written as `sentencepiece_model_pb2.ModelProto` (needs `protobuf`).
 """
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 import sentencepiece as spm
+from google.protobuf.message import DecodeError
+from sentencepiece import sentencepiece_model_pb2 as pb
 
 from ..data.tokenizer import has_our_ids, pieces
 from ..tokens import SPECIAL_PIECES
@@ -32,87 +32,23 @@ class InteropError(ValueError):
     """A foreign checkpoint or tokenizer that cannot be imported or exported; the message names file and key."""
 
 
-# SentencePiece piece types (sentencepiece_model.proto)
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED = 1, 2, 3, 4, 5
+Piece = pb.ModelProto.SentencePiece
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED = (Piece.NORMAL, Piece.UNKNOWN, Piece.CONTROL, Piece.USER_DEFINED,
+                                                  Piece.UNUSED)
 SPECIAL_TYPES = {"<s>": CONTROL, "<pad>": CONTROL, "</s>": CONTROL, "<unk>": UNKNOWN, "<mask>": USER_DEFINED}
 FAIRSEQ_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # fairseq Dictionary's first four rows; <mask> is appended
-
-# ModelProto fields: 1 pieces (repeated SentencePiece), 2 trainer_spec, 4 self_test_data.
-# SentencePiece fields: 1 piece, 2 score (float), 3 type. TrainerSpec: 4 vocab_size, 40..43 unk/bos/eos/pad id.
-_TRAINER_IDS = {4: None, 40: "<unk>", 41: "<s>", 42: "</s>", 43: "<pad>"}
+# TrainerSpec fields that record the special ids: rewritten with the pieces' new order
+TRAINER_IDS = {"unk_id": "<unk>", "bos_id": "<s>", "eos_id": "</s>", "pad_id": "<pad>"}
 
 
-# ---------------------------------------------------------------- protobuf wire format (the few bits we need)
-
-def _read_varint(buf: bytes, i: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        b = buf[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, i
-        shift += 7
-
-
-def _varint(v: int) -> bytes:
-    v &= (1 << 64) - 1  # negative int32 fields are 10-byte varints
-    out = bytearray()
-    while True:
-        b, v = v & 0x7F, v >> 7
-        out.append(b | 0x80 if v else b)
-        if not v:
-            return bytes(out)
-
-
-def _records(buf: bytes, where: str):
-    """(field, wire type, value, raw bytes of the whole record) for each top-level record of a message."""
-    i = 0
-    while i < len(buf):
-        start = i
-        key, i = _read_varint(buf, i)
-        field, wt = key >> 3, key & 7
-        if wt == 0:
-            val, i = _read_varint(buf, i)
-        elif wt == 1:
-            val, i = buf[i:i + 8], i + 8
-        elif wt == 2:
-            n, i = _read_varint(buf, i)
-            val, i = buf[i:i + n], i + n
-        elif wt == 5:
-            val, i = buf[i:i + 4], i + 4
-        else:
-            raise InteropError(f"{where}: not a SentencePiece model (protobuf wire type {wt})")
-        if i > len(buf):
-            raise InteropError(f"{where}: truncated SentencePiece model")
-        yield field, wt, val, buf[start:i]
-
-
-def _field(num: int, wt: int, payload: bytes) -> bytes:
-    key = _varint(num << 3 | wt)
-    return key + (_varint(len(payload)) + payload if wt == 2 else payload)
-
-
-def _piece(name: str, score: bytes, type_: int) -> bytes:
-    body = _field(1, 2, name.encode()) + _field(2, 5, score) + _field(3, 0, _varint(type_))
-    return _field(1, 2, body)
-
-
-def read_pieces(path: str | Path) -> list[tuple[str, bytes, int]]:
-    """(piece, score as its 4 raw bytes, type) in id order."""
-    out = []
-    for field, _, val, _ in _records(Path(path).read_bytes(), str(path)):
-        if field == 1:
-            name, score, type_ = "", struct.pack("<f", 0.0), NORMAL
-            for f, _, v, _ in _records(val, str(path)):
-                if f == 1:
-                    name = v.decode()
-                elif f == 2:
-                    score = v
-                elif f == 3:
-                    type_ = v
-            out.append((name, score, type_))
-    return out
+def read_proto(path: str | Path) -> pb.ModelProto:
+    """The SentencePiece model file as its protobuf message."""
+    proto = pb.ModelProto()
+    try:
+        proto.ParseFromString(Path(path).read_bytes())
+    except DecodeError as e:
+        raise InteropError(f"{path}: not a SentencePiece model ({e})") from e
+    return proto
 
 
 # ---------------------------------------------------------------- source layouts
@@ -184,39 +120,30 @@ def write_model(src: str | Path, rows: list[str], out: str | Path) -> dict:
     <unk> anyway). Returns counts for the import report."""
     if tuple(rows[:5]) != SPECIAL_PIECES:
         raise InteropError(f"internal: rows must start with {SPECIAL_PIECES}, got {rows[:5]}")
-    src = Path(src)
-    buf = src.read_bytes()
-    by_name = {name: (score, t) for name, score, t in read_pieces(src)}
-    zero = struct.pack("<f", 0.0)
+    proto = read_proto(src)
+    by_name = {p.piece: p for p in proto.pieces}
     body, seen, unused = [], set(), 0
     for i, name in enumerate(rows):
         if i < 5:
-            body.append(_piece(name, zero, SPECIAL_TYPES[name]))
-        elif name in seen or name not in by_name or by_name[name][1] in (UNKNOWN, CONTROL):
-            body.append(_piece(f"<mm-ds-unused-{i}>", zero, UNUSED))
+            body.append(Piece(piece=name, score=0.0, type=SPECIAL_TYPES[name]))
+        elif name in seen or name not in by_name or by_name[name].type in (UNKNOWN, CONTROL):
+            body.append(Piece(piece=f"<mm-ds-unused-{i}>", score=0.0, type=UNUSED))
             unused += 1
-        else:
-            score, t = by_name[name]
-            body.append(_piece(name, score, t))
+        else:  # score and type unchanged: segmentation is the source's
+            p = by_name[name]
+            body.append(Piece(piece=name, score=p.score, type=p.type))
         seen.add(name)
-    dropped = sum(1 for name, (_, t) in by_name.items() if name not in seen and t not in (UNKNOWN, CONTROL)
+    dropped = sum(1 for name, p in by_name.items() if name not in seen and p.type not in (UNKNOWN, CONTROL)
                   and name not in SPECIAL_PIECES)
-    parts = []
-    for field, wt, val, raw in _records(buf, str(src)):
-        if field == 1:
-            if body:  # the pieces go where the first one was
-                parts.extend(body)
-                body = []
-        elif field == 2:  # trainer spec: record the new special ids and size
-            spec = b"".join(r for f, _, _, r in _records(val, str(src)) if f not in _TRAINER_IDS)
-            spec += _field(4, 0, _varint(len(rows)))
-            spec += b"".join(_field(f, 0, _varint(SPECIAL_PIECES.index(p))) for f, p in _TRAINER_IDS.items() if p)
-            parts.append(_field(2, 2, spec))
-        elif field == 4:  # self-test samples were written for the old model: drop them
-            continue
-        else:
-            parts.append(raw)
-    Path(out).write_bytes(b"".join(parts))
+    del proto.pieces[:]
+    proto.pieces.extend(body)
+    proto.trainer_spec.vocab_size = len(rows)
+    for field, piece in TRAINER_IDS.items():
+        setattr(proto.trainer_spec, field, SPECIAL_PIECES.index(piece))
+    # Drop what this pb2 does not model: the self-test samples (ModelProto field 4) were written for the
+    # old ids, and older SentencePiece releases check them on load.
+    proto.DiscardUnknownFields()
+    Path(out).write_bytes(proto.SerializeToString())
     sp = load(out)
     if not has_our_ids(sp) or sp.get_piece_size() != len(rows):
         raise InteropError(f"internal: the converted tokenizer {out} does not have mm-ds's special ids")
