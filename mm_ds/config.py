@@ -168,6 +168,24 @@ class LaunchConfig:
 
 
 @dataclass
+class MonitorConfig:
+    """Training metrics to DeepSpeed's monitors, besides logs/train.jsonl, without editing the engine JSON.
+    Each writes under RUN/logs. A monitor block of the engine JSON wins over these (its keys are kept)."""
+
+    csv: bool = True
+    """CSV files, one per metric, under RUN/logs/STAGE (DeepSpeed's csv_monitor)."""
+    tensorboard: bool = False
+    """TensorBoard event files under RUN/logs/STAGE (needs the `tensorboard` package: the [monitor] extra)."""
+    wandb: bool = False
+    """Weights & Biases (needs `wandb`: the [monitor] extra); its files under RUN/logs. WANDB_MODE=offline
+    logs without an account."""
+    wandb_project: str = "mm-ds"
+    """W&B project the runs go to."""
+    wandb_group: str = ""
+    """W&B group, e.g. one per experiment, so its stages' runs show together. Empty: none."""
+
+
+@dataclass
 class RunConfig:
     """One stage of one system: what trains, on which data, starting from which parent checkpoint."""
 
@@ -184,6 +202,7 @@ class RunConfig:
     mini: MiniConfig = field(default_factory=MiniConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
     ds_config: str = "fp32_zero1.json"
     """DeepSpeed engine JSON: a file path, or a name in the packaged ds_configs/."""
     peak_tflops: float | None = None
