@@ -174,7 +174,8 @@ def _monitors(ds: dict, cfg: RunConfig) -> None:
     """`monitor.*` of the run config as DeepSpeed's monitor blocks; keys the engine JSON sets win."""
     m = cfg.monitor
     wandb = {"project": m.wandb_project} | ({"group": m.wandb_group} if m.wandb_group else {})
-    for block, on, fields in (("csv_monitor", m.csv, {}), ("tensorboard", m.tensorboard, {}), ("wandb", m.wandb, wandb)):
+    for block, on, fields in (("csv_monitor", m.csv, {}), ("tensorboard", m.tensorboard, {}),
+                              ("wandb", m.wandb, wandb)):
         if on:
             ds[block] = {"enabled": True, **fields} | ds.get(block, {})
 
