@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from . import checkpoint as ckpt_io
 from .checkpoint import CheckpointError
-from .config import ConfigError
+from .config import ConfigError, did_you_mean
 
 # command -> (module with build()/preflight(), or module:function taking argv), help
 STAGE_COMMANDS = {
@@ -29,8 +30,6 @@ STAGE_COMMANDS = {
 TOOL_COMMANDS = {
     "prepare": ("mm_ds.cli:prepare_main", "train SentencePiece and encode a corpus into token shards"),
     "run": ("mm_ds.pipeline:main", "a whole experiment from a recipe (tiny, quick, paper), one results table"),
-    "run-job": ("mm_ds.pipeline:job_main", "(internal) the ranks of `mm-ds run`'s one job: every stage in order"),
-    "run-eval": ("mm_ds.stages.transfer:run_eval_main", "(internal) the ranks of `mm-ds run`'s evaluation"),
     "transfer": ("mm_ds.stages.transfer:main", "Step 4: zero-shot transfer by swapping target embeddings in"),
     "world": ("mm_ds.data.world:main", "generate the synthetic multilingual world (the embedded default data)"),
     "score": ("mm_ds.score:main", "score a predictions file as the official evaluation scripts would"),
@@ -39,9 +38,18 @@ TOOL_COMMANDS = {
     "report": ("mm_ds.report:main", "tables, curves and speedups from evaluated checkpoints"),
     "import": ("mm_ds.interop:import_main", "an HF/XLM-R, fairseq or DeepSpeed checkpoint as an mm-ds Step-1 run"),
     "export": ("mm_ds.interop:export_main", "a checkpoint of any stage as a Hugging Face model directory"),
-    "presets": ("mm_ds.cli:presets_main", "list the packaged presets"),
+    "config": ("mm_ds.tools.discover:config_main", "every config key of a stage: type, default (or a preset's "
+               "value) and documentation"),
+    "presets": ("mm_ds.tools.discover:presets_main", "list the packaged presets, recipes and engine configs; "
+                "--show NAME prints one"),
     "verify": ("mm_ds.tools.verify:main", "check checkpoints or final weights against their manifests"),
     "bench": ("mm_ds.tools.bench:main", "time every stage kind vs. a matmul peak and transformers; CPU speed targets"),
+}
+
+# Started by `mm-ds run` for its ranks, not by users: they work but `mm-ds --help` does not list them.
+INTERNAL_COMMANDS = {
+    "run-job": ("mm_ds.pipeline:job_main", "the ranks of `mm-ds run`'s one job: every stage in order"),
+    "run-eval": ("mm_ds.stages.transfer:run_eval_main", "the ranks of `mm-ds run`'s evaluation"),
 }
 
 
@@ -96,16 +104,25 @@ def validated_env(argv: list[str]) -> dict[str, str]:
     return {VALIDATED: fingerprint(argv[0], argv[1:])}
 
 
-def validate(stage_mod, cfg, out: Path, resume: bool, world: int):
+def validate(stage_mod, cfg, out: Path, resume: bool, world: int, skipped: list[str] | None = None):
     """Every check of a stage run that can fail on bad input, before any engine exists: the stage's data and
     parent (`preflight`, which leaves `cfg` as `build` makes it), the engine config through DeepSpeed's
     parser on `world` ranks, the run directory, and the checkpoint a resume would load. Run once per
     process: by the launcher side, and by ranks that no mm-ds launcher validated for. Returns the engine
-    config and geometry (None for a stage of zero updates: it has no engine)."""
+    config and geometry (None for a stage of zero updates: it has no engine).
+
+    `skipped` (`--dry-run`): a parent or corpus that does not exist yet skips the preflight checks that read
+    it, described in this list, so that a Step-2 config can be checked before Step 1 ends."""
     from . import ds_config
 
-    stage_mod.preflight(cfg)
-    resolved = ds_config.resolve(cfg, world) if cfg.train.steps else (None, None)
+    missing = [f"{key}={path}" for key, path in (("parent", cfg.parent), ("data.corpus", cfg.data.corpus))
+               if path and not Path(path).exists()] if skipped is not None else []
+    if missing:
+        checks = " ".join(inspect.getdoc(stage_mod.preflight).split())
+        skipped.append(f"({' and '.join(missing)} not there yet) {checks}")
+    else:
+        stage_mod.preflight(cfg)
+    resolved = ds_config.resolve(cfg, world, out) if cfg.train.steps else (None, None)
     check_run_dir(out, resume=resume)
     if resume and (found := ckpt_io.find_resume_point(out)) is not None:
         check_resumable(found, cfg)
@@ -145,13 +162,17 @@ def preflight_stage(name: str, argv: list[str]):
     args, cfg = stage_config(name, argv)
     stage_mod = importlib.import_module(STAGE_COMMANDS[name][0])
     out = Path(args.out)
-    ds_cfg, geo = validate(stage_mod, cfg, out, args.resume, cfg.launch.world_size)
-    launch.preflight(cfg.launch)
+    skipped = [] if args.dry_run else None
+    ds_cfg, geo = validate(stage_mod, cfg, out, args.resume, cfg.launch.world_size, skipped)
+    launch.preflight(cfg.launch, port=not args.dry_run)
     if args.dry_run:
         print(config.dump_yaml(cfg))
         if ds_cfg is not None:
             print(json.dumps(ds_cfg, indent=2))
             print(f"# geometry: {geo}")
+        if cfg.launch.launcher not in ("none", "srun"):
+            skipped.append(f"whether launch.master_port={cfg.launch.master_port} is free (when the ranks start)")
+        print("\n".join(f"# --dry-run skipped: {s}" for s in skipped))
         return args, cfg, True
     if not cfg.train.steps:  # no engine, no ranks: the stage's model as built is its result
         engine.train(stage_mod.build(cfg), out, resume=args.resume, progress=False)
@@ -189,19 +210,24 @@ def prepare_main(argv: list[str]) -> int:
     from .data.corpus import prepare
 
     p = argparse.ArgumentParser(prog="mm-ds prepare", description=TOOL_COMMANDS["prepare"][1])
-    p.add_argument("--lang", required=True)
+    p.add_argument("--lang", required=True, help="language code of the text, e.g. en or de (recorded in meta.json)")
     p.add_argument("--input", required=True, action="append",
                    help="text files/globs (.txt, .gz, .xz; CC-100 layout) or hf:NAME[:CONFIG][:SPLIT][:COLUMN]; repeatable")
-    p.add_argument("--out", required=True)
-    p.add_argument("--vocab-size", type=int, default=50000)
-    p.add_argument("--character-coverage", type=float, default=0.9998)
+    p.add_argument("--out", required=True, help="directory to write: SentencePiece model, token shards, meta.json "
+                   "(a stage's data.corpus)")
+    p.add_argument("--vocab-size", type=int, default=50000, help="SentencePiece pieces, specials included "
+                   "(fewer, with a warning, when the text cannot support that many) (default: %(default)s)")
+    p.add_argument("--character-coverage", type=float, default=0.9998,
+                   help="share of characters SentencePiece covers; the rest map to <unk> (default: %(default)s)")
     p.add_argument("--sample-sentences", type=int, default=2_000_000,
-                   help="sentences sampled for SentencePiece training (bounded, so CC-100-sized inputs work)")
+                   help="sentences sampled for SentencePiece training (bounded, so CC-100-sized inputs work) "
+                        "(default: %(default)s)")
     p.add_argument("--workers", type=int, default=None, help="encoding processes (default: all cores)")
-    p.add_argument("--spm-model", help="reuse this SentencePiece model instead of training one")
+    p.add_argument("--spm-model", help="reuse this SentencePiece model instead of training one (its size wins "
+                   "over --vocab-size)")
     p.add_argument("--model-type", default="unigram", choices=["unigram", "bpe"],
-                   help="SentencePiece algorithm: unigram (XLM-R, the default) or bpe (small lexicons)")
-    p.add_argument("--seed", type=int, default=0)
+                   help="SentencePiece algorithm: unigram (XLM-R) or bpe (small lexicons) (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sentence sample (default: %(default)s)")
     a = p.parse_args(argv)
     meta = prepare(a.lang, a.input, a.out, vocab_size=a.vocab_size, character_coverage=a.character_coverage,
                    sample_sentences=a.sample_sentences, workers=a.workers, seed=a.seed, spm_model=a.spm_model,
@@ -210,18 +236,22 @@ def prepare_main(argv: list[str]) -> int:
     return 0
 
 
-def presets_main(argv: list[str]) -> int:
-    from .config import preset_names
-
-    print("\n".join(preset_names()))
-    return 0
-
-
 def _usage() -> str:
-    lines = ["usage: mm-ds <command> [options]", "", "commands:"]
+    lines = ["usage: mm-ds <command> [options]    (mm-ds <command> --help: its options; mm-ds --version)", "",
+             "commands:"]
     for name, (_, h) in {**STAGE_COMMANDS, **TOOL_COMMANDS}.items():
         lines.append(f"  {name:<12}{h}")
     return "\n".join(lines)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("mm-ds")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed: pip install -e .)"
 
 
 def _finish(rc: int) -> int:
@@ -236,17 +266,22 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    if argv[0] == "--version":
+        print(f"mm-ds {version()}")
+        return 0
     name, rest = argv[0], argv[1:]
+    tools = TOOL_COMMANDS | INTERNAL_COMMANDS
     try:
         if name in STAGE_COMMANDS:
             return _finish(run_stage(name, rest))
-        if name in TOOL_COMMANDS:
-            module_name, func = TOOL_COMMANDS[name][0].split(":")
+        if name in tools:
+            module_name, func = tools[name][0].split(":")
             return _finish(int(getattr(importlib.import_module(module_name), func)(rest) or 0))
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError) as e:
         print(f"mm-ds {name}: error: {e}", file=sys.stderr)
         return 2
-    print(f"mm-ds: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+    hint = did_you_mean(name, [*STAGE_COMMANDS, *TOOL_COMMANDS])
+    print(f"mm-ds: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
     return 2
 
 

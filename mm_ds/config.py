@@ -17,11 +17,18 @@ from pathlib import Path
 
 import yaml
 
+from .data.tasks import TASKS
 from .systems import STAGES, SYSTEMS
 
 
 class ConfigError(ValueError):
     """A configuration problem, reported with the offending key/file and how to fix it."""
+
+
+def did_you_mean(word: str, choices) -> str:
+    """" (did you mean 'X'?)" with the valid name closest to a mistyped `word`, or "" when none is close."""
+    match = difflib.get_close_matches(str(word), [str(c) for c in choices], 1)
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 @dataclass
@@ -31,15 +38,21 @@ class ModelConfig:
     vocab_size: int | None = None
     """Rows of the token embedding. None: taken from the stage's SentencePiece model."""
     hidden_size: int = 768
+    """Width of every layer (d): embeddings, attention and residual stream."""
     num_layers: int = 12
+    """Transformer layers (L): 12 for the paper's primary models, 4 for BL_SMALL."""
     num_heads: int = 12
+    """Attention heads per layer; must divide hidden_size."""
     ffn_size: int = 3072
+    """Inner width of each layer's feed-forward block (4 x hidden_size in RoBERTa)."""
     max_positions: int = 512
     """Longest sequence. The position table has 2 more rows: RoBERTa offsets positions past the pad id."""
     dropout: float = 0.1
     """Dropout on embeddings, attention probabilities and residual branches."""
     layer_norm_eps: float = 1e-5
+    """Epsilon of every LayerNorm."""
     init_std: float = 0.02
+    """Standard deviation of the normal initialisation of fresh weights."""
     secondary_head_layer: int | None = None
     """MINIJOINT: attach a second MLM head after this many layers (paper N=4). None: one head."""
 
@@ -64,10 +77,13 @@ class DataConfig:
     corpus: str = ""
     """Directory written by `mm-ds prepare` (SentencePiece model + token shards)."""
     seq_len: int = 512
+    """Tokens per MLM sample (at most model.max_positions)."""
     mask_prob: float = 0.15
     """Share of tokens selected for prediction (80% <mask>, 10% random, 10% unchanged)."""
     random_prob: float = 0.1
+    """Share of the selected tokens replaced by a random piece."""
     keep_prob: float = 0.1
+    """Share of the selected tokens left unchanged (the rest become <mask>)."""
 
 
 @dataclass
@@ -86,10 +102,13 @@ class TrainConfig:
     micro_batch: int | None = None
     """Sequences per rank per forward pass. None: the DeepSpeed JSON's."""
     seed: int = 0
+    """Seed of initialisation, MLM masking and example order (the finetuning seed in Step 3)."""
     checkpoint_steps: list[int] = field(default_factory=lambda: [1000, 2000, 3000, 4000])
     """Explicit checkpoint steps, in addition to every `checkpoint_every` steps and the last step."""
     checkpoint_every: int = 5000
+    """Checkpoint every this many updates (and at `checkpoint_steps` and the last)."""
     log_every: int = 10
+    """Updates between lines of logs/train.jsonl (and the monitors)."""
     max_nonfinite_steps: int = 10
     """Updates with a non-finite loss or gradients that are skipped (not applied, counted, resumed with the
     run) before training stops with a diagnostic. 0: stop at the first. fp16 loss-scale skips do not count."""
@@ -124,9 +143,13 @@ class FinetuneConfig:
     """Directory holding the task files in their official layout (the generated world, or real data), or `hub`:
     the Hugging Face hub through `datasets` (needs a network or a populated datasets cache)."""
     epochs: float | None = None
+    """Passes over the English training set; they set train.steps."""
     lr: float | None = None
+    """Peak learning rate (replaces train.lr)."""
     warmup_ratio: float | None = None
+    """Share of the updates spent warming up (sets train.warmup_steps)."""
     max_length: int | None = None
+    """Tokens per example (capped at the parent's max_positions)."""
     max_train_examples: int | None = None
     """Use only the first N English training examples (quick runs)."""
 
@@ -140,6 +163,7 @@ class LaunchConfig:
     launcher: str = "deepspeed"
     """deepspeed | mpirun | srun (inside a SLURM allocation) | none (run in this process; needs ranks=1)."""
     master_port: int = 29500
+    """Rank 0's rendezvous port; `--dry-run` does not check that it is free."""
     master_addr: str = "127.0.0.1"
     """Rank 0's address. On several nodes: an address of the first host that the others can reach."""
     nodes: int = 1
@@ -169,6 +193,24 @@ class LaunchConfig:
 
 
 @dataclass
+class MonitorConfig:
+    """Training metrics to DeepSpeed's monitors, besides logs/train.jsonl, without editing the engine JSON.
+    Each writes under RUN/logs. A monitor block of the engine JSON wins over these (its keys are kept)."""
+
+    csv: bool = True
+    """CSV files, one per metric, under RUN/logs/STAGE (DeepSpeed's csv_monitor)."""
+    tensorboard: bool = False
+    """TensorBoard event files under RUN/logs/STAGE (needs the `tensorboard` package: the [monitor] extra)."""
+    wandb: bool = False
+    """Weights & Biases (needs `wandb`: the [monitor] extra); its files under RUN/logs. WANDB_MODE=offline
+    logs without an account."""
+    wandb_project: str = "mm-ds"
+    """W&B project the runs go to."""
+    wandb_group: str = ""
+    """W&B group, e.g. one per experiment, so its stages' runs show together. Empty: none."""
+
+
+@dataclass
 class RunConfig:
     """One stage of one system: what trains, on which data, starting from which parent checkpoint."""
 
@@ -177,6 +219,7 @@ class RunConfig:
     system: str = "bl_base"
     """bl_base | bl_small | minijoint | minipost"""
     lang: str = "en"
+    """Language of the stage's corpus: the source language, or Step 2's target language."""
     parent: str = ""
     """Run directory (or its final/) this stage starts from: build_mini, adapt and finetune need one."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -185,6 +228,7 @@ class RunConfig:
     mini: MiniConfig = field(default_factory=MiniConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
     ds_config: str = "fp32_zero1.json"
     """DeepSpeed engine JSON: a file path, or a name in the packaged ds_configs/."""
     peak_tflops: float | None = None
@@ -193,9 +237,14 @@ class RunConfig:
 
     def check(self) -> None:
         if self.stage not in STAGES:
-            raise ConfigError(f"stage={self.stage!r} is not one of {', '.join(STAGES)}")
+            raise ConfigError(f"stage={self.stage!r} is not one of {', '.join(STAGES)}"
+                              f"{did_you_mean(self.stage, STAGES)}")
         if self.system not in SYSTEMS:
-            raise ConfigError(f"system={self.system!r} is not one of {', '.join(SYSTEMS)}")
+            raise ConfigError(f"system={self.system!r} is not one of {', '.join(SYSTEMS)}"
+                              f"{did_you_mean(self.system, SYSTEMS)}")
+        if self.finetune.task and self.finetune.task not in TASKS:
+            raise ConfigError(f"finetune.task={self.finetune.task!r} is not a task"
+                              f"{did_you_mean(self.finetune.task, TASKS)}; choose one of {', '.join(TASKS)}")
         if self.stage != "pretrain" and not self.parent:
             raise ConfigError(f"stage {self.stage} starts from a parent checkpoint: set parent=RUN_DIR")
         self.model.check()
@@ -343,7 +392,8 @@ def preset_names() -> list[str]:
 def read_preset(name: str) -> dict:
     path = resources.files("mm_ds") / "presets" / f"{name}.yaml"
     if not path.is_file():
-        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(preset_names())}")
+        raise ConfigError(f"unknown preset {name!r}{did_you_mean(name, preset_names())}; available: "
+                          f"{', '.join(preset_names())}")
     data = yaml.safe_load(path.read_text()) or {}
     return _resolve_bases(data, Path(str(path)).parent)
 
@@ -369,8 +419,10 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def load(preset: str | None = None, file: str | None = None, overrides: list[str] = ()) -> RunConfig:
-    """Build the effective RunConfig: defaults < preset < file < overrides. Raises ConfigError."""
+def load(preset: str | None = None, file: str | None = None, overrides: list[str] = (), check: bool = True
+         ) -> RunConfig:
+    """Build the effective RunConfig: defaults < preset < file < overrides. Raises ConfigError. `check=False`:
+    keys and types only (`mm-ds config` shows a stage's keys before its parent is known)."""
     data: dict = {}
     if preset:
         data = _deep_merge(data, read_preset(preset))
@@ -378,7 +430,8 @@ def load(preset: str | None = None, file: str | None = None, overrides: list[str
         data = _deep_merge(data, read_file(file))
     data = apply_overrides(data, list(overrides))
     cfg = from_dict(RunConfig, data)
-    cfg.check()
+    if check:
+        cfg.check()
     return cfg
 
 

@@ -43,8 +43,9 @@ FILLED_IN = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_acc
              "optimizer.params.lr", "scheduler.params.total_num_steps", "scheduler.params.warmup_max_lr",
              "scheduler.params.warmup_num_steps", "scheduler.params.warmup_min_lr")
 
-# Monitors that write files: their output goes under RUN/logs unless the JSON says otherwise. W&B and Comet
-# have no such fields (W&B's directory comes from WANDB_DIR, which the engine points at RUN/logs).
+# Monitors that write files (`monitor.*` turns them on): their output goes under RUN/logs unless the JSON says
+# otherwise. W&B and Comet have no such fields (W&B's directory comes from WANDB_DIR, which the engine points
+# at RUN/logs).
 FILE_MONITORS = ("csv_monitor", "tensorboard")
 
 
@@ -158,7 +159,7 @@ def resolve(cfg: RunConfig, world_size: int, run_dir: Path | None = None, on_thi
         # (base shape on CPU: 0.2 s instead of 1.9 s per step on one core).
         opt["params"].setdefault("fused", True)
     if run_dir is not None:
-        ds.setdefault("csv_monitor", {"enabled": True})
+        _monitors(ds, cfg)
         for k in FILE_MONITORS:
             if ds.get(k, {}).get("enabled"):
                 ds[k].setdefault("output_path", str(Path(run_dir) / "logs"))
@@ -167,6 +168,16 @@ def resolve(cfg: RunConfig, world_size: int, run_dir: Path | None = None, on_thi
     validate(ds, geo, path)
     _precision(ds, path, on_this_machine)
     return ds, geo
+
+
+def _monitors(ds: dict, cfg: RunConfig) -> None:
+    """`monitor.*` of the run config as DeepSpeed's monitor blocks; keys the engine JSON sets win."""
+    m = cfg.monitor
+    wandb = {"project": m.wandb_project} | ({"group": m.wandb_group} if m.wandb_group else {})
+    for block, on, fields in (("csv_monitor", m.csv, {}), ("tensorboard", m.tensorboard, {}),
+                              ("wandb", m.wandb, wandb)):
+        if on:
+            ds[block] = {"enabled": True, **fields} | ds.get(block, {})
 
 
 def _precision(ds: dict, path: Path, on_this_machine: bool) -> None:

@@ -63,8 +63,9 @@ def command(launch: LaunchConfig, argv: list[str]) -> list[str]:
                       f"use deepspeed, mpirun or srun")
 
 
-def preflight(launch: LaunchConfig) -> None:
-    """Fail before any rank starts: hostfile lines, ranks vs. slots, the master address and port."""
+def preflight(launch: LaunchConfig, port: bool = True) -> None:
+    """Fail before any rank starts: hostfile lines, ranks vs. slots, the master address and port (`port=False`,
+    `--dry-run`: whether the port is free is not checked, it need only be free when the ranks start)."""
     if launch.launcher == "none":
         return
     if launch.hostfile:
@@ -78,7 +79,7 @@ def preflight(launch: LaunchConfig) -> None:
     # Rank 0 runs here on one node, or on node 0 of a --no_ssh start; a pdsh/openmpi start may be elsewhere.
     # The other --no_ssh nodes only need the address to resolve (node 0 may already be listening).
     check_master(launch.master_addr, launch.master_port, must_be_local=launch.nodes == 1 or launch.node_rank == 0,
-                 bind=launch.node_rank in (None, 0))
+                 bind=port and launch.node_rank in (None, 0))
 
 
 def check_master(addr: str, port: int, must_be_local: bool, bind: bool = True) -> None:

@@ -34,6 +34,10 @@ from .recipe import Recipe, StageRun, load_recipe, stage_runs, task_root, text_i
 from .systems import REFERENCE, SYSTEMS
 
 
+class StageFailed(RuntimeError):
+    """A process `mm-ds run` started failed; the message names its log and shows its last lines."""
+
+
 def complete(run: Path) -> bool:
     try:
         checkpoint.verify(run / checkpoint.FINAL, checksums=False)
@@ -91,9 +95,9 @@ def _run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: di
             raise
     if proc.returncode != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
-        raise RuntimeError(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}; its output is in {log}:\n"
-                           f"{tail}\nFix the cause and re-run the same `mm-ds run` command: finished stages are "
-                           f"skipped and interrupted ones resume")
+        raise StageFailed(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}; its output is in {log}:\n"
+                          f"{tail}\nFix the cause and re-run the same `mm-ds run` command: finished stages are "
+                          f"skipped and interrupted ones resume")
 
 
 def job_main(argv: list[str]) -> int:
@@ -292,4 +296,8 @@ def main(argv: list[str]) -> int:
         report = check(recipe, Path(a.out), strict=False)
         print(f"mm-ds run {a.recipe} --check: {report.format()}")
         return 1 if report.problems else 0
-    return run(recipe, Path(a.out), a.plan)
+    try:
+        return run(recipe, Path(a.out), a.plan)
+    except StageFailed as e:  # the stage's own traceback is in its log; ours would bury the message
+        print(f"mm-ds run: error: {e}", file=sys.stderr)
+        return 1

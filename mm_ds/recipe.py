@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, from_dict
+from .config import ConfigError, did_you_mean, from_dict
 from .data.tasks import HUB, TASKS, is_hub
 from .systems import STAGES, SYSTEMS
 
@@ -82,10 +82,12 @@ class Recipe:
     def check(self, where: str) -> None:
         bad = [s for s in self.systems if s not in SYSTEMS]
         if bad:
-            raise ConfigError(f"{where}: unknown system(s) {bad}; choose from {', '.join(SYSTEMS)}")
+            raise ConfigError(f"{where}: unknown system(s) {bad}{did_you_mean(bad[0], SYSTEMS)}; choose from "
+                              f"{', '.join(SYSTEMS)}")
         bad = [t for t in self.tasks if t not in TASKS]
         if bad:
-            raise ConfigError(f"{where}: unknown task(s) {bad}; choose from {', '.join(TASKS)}")
+            raise ConfigError(f"{where}: unknown task(s) {bad}{did_you_mean(bad[0], TASKS)}; choose from "
+                              f"{', '.join(TASKS)}")
         if not self.langs or not self.tasks:
             raise ConfigError(f"{where}: a recipe needs at least one target language (langs) and one task")
         if self.world is None:
@@ -143,7 +145,8 @@ def load_recipe(name: str, sets: list[str] = ()) -> Recipe:
     if not path.is_file():
         packaged = resources.files("mm_ds") / "presets" / "recipes" / f"{name}.yaml"
         if not packaged.is_file():
-            raise ConfigError(f"recipe {name!r} is neither a file nor a packaged recipe ({', '.join(recipe_names())})")
+            raise ConfigError(f"recipe {name!r} is neither a file nor a packaged recipe "
+                              f"({', '.join(recipe_names())}){did_you_mean(name, recipe_names())}")
         path = Path(str(packaged))
     try:
         data = yaml.safe_load(path.read_text()) or {}

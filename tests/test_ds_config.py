@@ -117,9 +117,10 @@ def test_monitor_blocks_get_only_the_fields_deepspeed_defines(tmp_path):
     assert out["csv_monitor"]["output_path"] == str(tmp_path / "run" / "logs")
 
 
-def test_tensorboard_and_wandb_log_a_run(corpus, tmp_path):
-    """Both monitors enabled in a user's JSON: TensorBoard writes event files and W&B (offline) a run, both
-    under RUN/logs, with mm-ds's training metrics."""
+@pytest.mark.parametrize("how", ["engine JSON", "monitor.*"])
+def test_tensorboard_and_wandb_log_a_run(corpus, tmp_path, how):
+    """Both monitors enabled in a user's JSON or by the run config's monitor.*: TensorBoard writes event files
+    and W&B (offline) a run, both under RUN/logs, with mm-ds's training metrics."""
     import os
     import subprocess
     import sys
@@ -127,7 +128,10 @@ def test_tensorboard_and_wandb_log_a_run(corpus, tmp_path):
     pytest.importorskip("tensorboard")
     pytest.importorskip("wandb")
     ds = json.loads(ds_config.find("fp32_zero1.json").read_text())
-    ds |= {"tensorboard": {"enabled": True}, "wandb": {"enabled": True, "project": "mm-ds-test"}}
+    monitor = ["monitor.tensorboard=true", "monitor.wandb=true", "monitor.wandb_project=mm-ds-test"]
+    if how == "engine JSON":
+        ds |= {"tensorboard": {"enabled": True}, "wandb": {"enabled": True, "project": "mm-ds-test"}}
+        monitor = []
     (tmp_path / "ds.json").write_text(json.dumps(ds))
     out = tmp_path / "run"
     proc = subprocess.run(
@@ -135,7 +139,7 @@ def test_tensorboard_and_wandb_log_a_run(corpus, tmp_path):
          f"data.corpus={corpus}", f"ds_config={tmp_path / 'ds.json'}", "launch.launcher=none", "launch.ranks=1",
          "model.hidden_size=16", "model.num_layers=1", "model.num_heads=2", "model.ffn_size=32", "data.seq_len=16",
          "model.max_positions=16", "train.steps=4", "train.log_every=2", "train.global_batch=4", "train.micro_batch=4",
-         "train.warmup_steps=1", "train.checkpoint_steps=[]"],
+         "train.warmup_steps=1", "train.checkpoint_steps=[]", *monitor],
         capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     events = list((out / "logs" / "pretrain").glob("events.out.tfevents.*"))
@@ -147,3 +151,24 @@ def test_tensorboard_and_wandb_log_a_run(corpus, tmp_path):
     assert [e.step for e in acc.Scalars("train/loss")] == [2, 4]
     runs = list((out / "logs" / "wandb").glob("offline-run-*"))
     assert runs and list(runs[0].glob("*.wandb")), list((out / "logs").rglob("*"))[:20]
+
+
+def test_monitor_keys_of_the_run_config_turn_deepspeeds_monitors_on(tmp_path):
+    """`monitor.*` reaches DeepSpeed's blocks as it defines them, outputs under RUN/logs; the JSON's keys win."""
+    cfg = cfg_with(base(), tmp_path, "monitor.tensorboard=true", "monitor.wandb=true", "monitor.wandb_group=exp1")
+    out, geo = ds_config.resolve(cfg, 1, run_dir=tmp_path / "run", on_this_machine=False)
+    logs = str(tmp_path / "run" / "logs")
+    assert out["tensorboard"] == {"enabled": True, "output_path": logs, "job_name": "pretrain"}
+    assert out["wandb"] == {"enabled": True, "project": "mm-ds", "group": "exp1"}
+    assert out["csv_monitor"]["enabled"] and out["csv_monitor"]["output_path"] == logs
+    ds_config.validate(out, geo, "resolved")  # DeepSpeed's parser accepts the blocks
+    from deepspeed.monitor.config import get_monitor_config
+    assert get_monitor_config(out).tensorboard.enabled and get_monitor_config(out).wandb.group == "exp1"
+
+    mine = base() | {"tensorboard": {"enabled": False}, "csv_monitor": {"enabled": False}}
+    out, _ = ds_config.resolve(cfg_with(mine, tmp_path, "monitor.tensorboard=true"), 1, run_dir=tmp_path / "run",
+                               on_this_machine=False)
+    assert not out["tensorboard"]["enabled"] and not out["csv_monitor"]["enabled"]
+    out, _ = ds_config.resolve(cfg_with(base(), tmp_path, "monitor.csv=false"), 1, run_dir=tmp_path / "run",
+                               on_this_machine=False)
+    assert not {"csv_monitor", "tensorboard", "wandb"} & set(out)

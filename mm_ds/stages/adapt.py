@@ -37,6 +37,8 @@ def _target_model(cfg: RunConfig):
 
 
 def preflight(cfg: RunConfig) -> None:
+    """Checks the parent (the checkpoint this system adapts over, recording its tokenizer), the corpus's
+    vocabulary against it (overlap initialisation), and data.seq_len against its positions."""
     _, new_cfg, _, _, report = _target_model(cfg)
     cfg.model = new_cfg  # as build() makes it: a resumed run's checkpoint is checked against it
     if cfg.data.seq_len > new_cfg.max_positions:

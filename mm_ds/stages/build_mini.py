@@ -38,6 +38,8 @@ def _mini_model(cfg: RunConfig):
 
 
 def preflight(cfg: RunConfig) -> None:
+    """Checks the parent: a pretrain checkpoint with a second head (MINIJOINT) or more layers than mini.layers
+    (MINIPOST); and that MINIPOST's corpus has the parent's vocabulary."""
     if cfg.system not in ("minijoint", "minipost"):
         raise ConfigError(f"build-mini is for minijoint or minipost, not system={cfg.system!r}: the baselines "
                           f"adapt over their full model")

@@ -70,6 +70,8 @@ def _features(cfg: RunConfig, spec, meta):
 
 
 def preflight(cfg: RunConfig) -> None:
+    """Checks the parent (a pretrain checkpoint recording its tokenizer) and the English training examples
+    under finetune.data_root, and makes the schedule from their number."""
     spec, meta, mcfg, _ = _spec_and_parent(cfg)
     mcfg.secondary_head_layer = None
     cfg.model = mcfg  # as build() makes it: a resumed run's checkpoint is checked against it

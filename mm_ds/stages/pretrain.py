@@ -11,6 +11,7 @@ from .common import mlm_batches, open_corpus, resolve_vocab, stage_flops
 
 
 def preflight(cfg: RunConfig) -> None:
+    """Checks model.vocab_size against the corpus's SentencePiece model (and takes it from there when null)."""
     resolve_vocab(cfg, open_corpus(cfg))
 
 
