@@ -107,7 +107,7 @@ def validated_env(argv: list[str]) -> dict[str, str]:
 def validate(stage_mod, cfg, out: Path, resume: bool, world: int, skipped: list[str] | None = None):
     """Every check of a stage run that can fail on bad input, before any engine exists: the stage's data and
     parent (`preflight`, which leaves `cfg` as `build` makes it), the engine config through DeepSpeed's
-    parser on `world` ranks, the run directory, and the checkpoint a resume would load. Run once per
+    parser on `world` ranks, the run directory (first), and the checkpoint a resume would load. Run once per
     process: by the launcher side, and by ranks that no mm-ds launcher validated for. Returns the engine
     config and geometry (None for a stage of zero updates: it has no engine).
 
@@ -115,6 +115,7 @@ def validate(stage_mod, cfg, out: Path, resume: bool, world: int, skipped: list[
     it, described in this list, so that a Step-2 config can be checked before Step 1 ends."""
     from . import ds_config
 
+    check_run_dir(out, resume=resume)  # first: a run that cannot write its directory reads no data
     missing = [f"{key}={path}" for key, path in (("parent", cfg.parent), ("data.corpus", cfg.data.corpus))
                if path and not Path(path).exists()] if skipped is not None else []
     if missing:
@@ -123,14 +124,18 @@ def validate(stage_mod, cfg, out: Path, resume: bool, world: int, skipped: list[
     else:
         stage_mod.preflight(cfg)
     resolved = ds_config.resolve(cfg, world, out) if cfg.train.steps else (None, None)
-    check_run_dir(out, resume=resume)
     if resume and (found := ckpt_io.find_resume_point(out)) is not None:
         check_resumable(found, cfg)
     return resolved
 
 
 def check_run_dir(run_dir: Path, resume: bool) -> None:
-    """A new run never overwrites another's checkpoints or final weights."""
+    """A new run never overwrites another's checkpoints or final weights, and its directory can be written."""
+    from .check import unwritable
+
+    problem = unwritable(run_dir)
+    if problem:
+        raise ConfigError(problem)
     if resume or not run_dir.exists():
         return
     if ckpt_io.list_checkpoints(run_dir) or (run_dir / ckpt_io.FINAL).exists():

@@ -193,3 +193,9 @@ def test_dry_run_with_the_inputs_there_runs_every_check(capsys, tmp_path, corpus
     rc, _, err = run(capsys, "pretrain", "--preset", "tiny/bl_base", "--out", str(tmp_path / "run"),
                      f"data.corpus={corpus}", "model.vocab_size=99", "--dry-run")
     assert rc == 2 and "model.vocab_size=99 but the tokenizer" in err
+
+
+def test_an_unwritable_out_stops_a_stage_before_it_reads_any_data(capsys):
+    rc, _, err = run(capsys, "pretrain", "--preset", "tiny/bl_base", "--out", "/proc/mm-ds-out",
+                     "data.corpus=/nonexistent")  # the corpus check would fail too: the run directory comes first
+    assert rc != 0 and "/proc/mm-ds-out cannot be written" in err and "prepared corpus" not in err
