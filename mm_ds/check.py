@@ -12,7 +12,6 @@ fails after days of training for a reason knowable at the start.
 from __future__ import annotations
 
 import glob
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,28 +84,11 @@ def check(recipe, out: Path, strict: bool) -> Report:
 # ---------------------------------------------------------------- the output directory
 
 def _check_out(out: Path, report: Report) -> None:
+    from .checkpoint import unwritable
+
     problem = unwritable(out)
     if problem:
         report.add("--out", problem)
-
-
-def unwritable(out: Path) -> str | None:
-    """Why `out`, or the directory it would be created in, cannot take a file (tried for real, then removed:
-    permission bits do not tell for root, read-only mounts or /proc); None when it can."""
-    import tempfile
-
-    here = out.resolve()
-    while not here.exists() and here != here.parent:
-        here = here.parent
-    if not here.is_dir():
-        return f"{here} is not a directory, so {out} cannot be created there"
-    try:
-        fd, probe = tempfile.mkstemp(dir=here, prefix=".mm-ds-write-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        return f"{out} cannot be written ({here}: {e.strerror}); choose another --out"
-    return None
 
 
 # ---------------------------------------------------------------- tasks x languages

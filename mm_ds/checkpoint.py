@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -402,6 +403,23 @@ def load_final(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
         return read_meta(path), consolidate(path)
     raise CheckpointError(f"{path} holds neither {FINAL}/{WEIGHTS} nor an engine checkpoint; pass a run "
                           f"directory that finished, its {FINAL}/ directory, or a checkpoints/step_* directory")
+
+
+def unwritable(out: Path) -> str | None:
+    """Why `out`, or the directory it would be created in, cannot take a file (tried for real, then removed:
+    permission bits do not tell for root, read-only mounts or /proc); None when it can."""
+    here = out.resolve()
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir():
+        return f"{here} is not a directory, so {out} cannot be created there"
+    try:
+        fd, probe = tempfile.mkstemp(dir=here, prefix=".mm-ds-write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"{out} cannot be written ({here}: {e.strerror}); choose another --out"
+    return None
 
 
 def now() -> str:

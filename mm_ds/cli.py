@@ -131,9 +131,7 @@ def validate(stage_mod, cfg, out: Path, resume: bool, world: int, skipped: list[
 
 def check_run_dir(run_dir: Path, resume: bool) -> None:
     """A new run never overwrites another's checkpoints or final weights, and its directory can be written."""
-    from .check import unwritable
-
-    problem = unwritable(run_dir)
+    problem = ckpt_io.unwritable(run_dir)
     if problem:
         raise ConfigError(problem)
     if resume or not run_dir.exists():

@@ -266,7 +266,7 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         results, warnings = clean_records(rows, str(out / "results.jsonl"))
         rep = report.build_report(results, warnings=warnings)
         written = report.write_report(rep, out / "report")
-        print(report.format_tables(rep, table2s=False))  # results.md above is Table 2 with the controls
+        print("\n" + report.format_tables(rep, table2s=False))  # results.md above is Table 2 with the controls
         say("report: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
     say(f"{len(runs)} stages, {time.time() - t0:.0f} s; results: {out / 'results.md'} (rows: {out / 'results.jsonl'})")
     return 0
