@@ -74,10 +74,8 @@ def _launch_stage(name: str, argv: list[str], log: Path, follow: Follow | None =
 
 
 def _watched(run: StageRun, i: int, n: int, log: Path) -> Watched:
-    from .cli import stage_config
-
     name = str(run.out.relative_to(run.out.parents[len(run.name.split("/")) - 2]))  # adapt/minipost/t1
-    return Watched(name, run.out, stage_config(run.argv[0], run.argv[1:])[1].train.steps, log, i, n)
+    return Watched(name, run.out, log, i, n)
 
 
 def _run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: dict[str, str] | None = None) -> None:

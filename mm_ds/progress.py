@@ -44,8 +44,9 @@ def last_row(path: Path) -> dict | None:
     return None
 
 
-def train_line(row: dict, total: int) -> str:
-    step = int(row["step"])
+def train_line(row: dict) -> str:
+    """From a train.jsonl row; its total_steps is the stage's own count (finetuning's comes from epochs)."""
+    step, total = int(row["step"]), int(row["total_steps"])
     parts = [f"step {step}/{total}"]
     if "loss" in row:
         parts.append(f"loss {row['loss']:.3f}")
@@ -60,8 +61,6 @@ def train_line(row: dict, total: int) -> str:
 class Watched:
     name: str
     run_dir: Path
-    steps: int
-    """The stage config's train.steps; a row's total_steps wins (finetuning counts its updates from epochs)."""
     log: Path
     index: int = 0
     """Its place among the stage runs this `mm-ds run` starts, and their number."""
@@ -113,10 +112,10 @@ class Follow:
 
     def train_progress(self, s: Watched, now: float) -> None:
         row = last_row(s.run_dir / "logs" / "train.jsonl")
-        if row is None or "step" not in row or row["step"] == s.last_step or now - s.shown < self.interval_s:
+        if row is None or "total_steps" not in row or row["step"] == s.last_step or now - s.shown < self.interval_s:
             return
         s.last_step, s.shown = row["step"], now
-        say(f"  {s.name}  {train_line(row, int(row.get('total_steps', s.steps)))}")
+        say(f"  {s.name}  {train_line(row)}")
 
     def eval_progress(self, now: float) -> None:
         if now - self.eval_shown < self.interval_s:

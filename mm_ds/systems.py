@@ -62,14 +62,3 @@ REFERENCE = "bl_base"
 """The system that defines near-maximal performance (§4.2)."""
 
 MINI_SYSTEMS = tuple(s.name for s in SYSTEMS.values() if s.mini)
-
-
-def system(name: str) -> System:
-    try:
-        return SYSTEMS[name]
-    except KeyError:
-        raise ValueError(f"system={name!r} is not one of {', '.join(SYSTEMS)}") from None
-
-
-def by_label(label: str) -> System | None:
-    return next((s for s in SYSTEMS.values() if s.label == label), None)

@@ -22,13 +22,13 @@ def log_row(run, **row):
 
 def test_stages_start_progress_and_end_in_order(tmp_path, capsys):
     a, b = tmp_path / "pretrain" / "a", tmp_path / "adapt" / "b"
-    follow = Follow([Watched("pretrain/a", a, 100, tmp_path / "job.log", 0, 2),
-                     Watched("adapt/b", b, 10, tmp_path / "job.log", 1, 2)], interval_s=30)
+    follow = Follow([Watched("pretrain/a", a, tmp_path / "job.log", 0, 2),
+                     Watched("adapt/b", b, tmp_path / "job.log", 1, 2)], interval_s=30)
     follow.poll(now=0)
     log_row(a, step=40, total_steps=100, loss=5.25, tokens_per_s=12_300, step_time_s=0.5)
     follow.poll(now=1)  # within the interval of the start: nothing yet
     follow.poll(now=31)
-    log_row(a, step=50, loss=5.0, tokens_per_s=12_000, step_time_s=0.5)
+    log_row(a, step=50, total_steps=100, loss=5.0, tokens_per_s=12_000, step_time_s=0.5)
     follow.poll(now=40)  # a new step, but too soon after the last line
     finish(a)
     follow.poll(now=95)
@@ -68,8 +68,8 @@ def test_last_row_skips_a_line_being_written(tmp_path):
 
 def test_the_total_comes_from_the_stage_and_a_broken_display_does_not_stop_the_run(tmp_path, capsys):
     run = tmp_path / "finetune"
-    log_row(run, step=10, total_steps=40, loss=1.0)  # finetuning counts its updates from epochs
-    follow = Follow([Watched("finetune/x", run, 125_000, tmp_path / "job.log")], interval_s=0)
+    log_row(run, step=10, total_steps=40, loss=1.0)  # finetuning counts its updates from epochs, not train.steps
+    follow = Follow([Watched("finetune/x", run, tmp_path / "job.log")], interval_s=0)
     follow.poll(now=0)
     assert "step 10/40" in capsys.readouterr().out
     follow.stages = None  # anything going wrong in the display

@@ -14,6 +14,7 @@ from .. import surgery
 from ..config import ConfigError, RunConfig
 from ..engine import Stage
 from ..model import RobertaMLM
+from ..systems import MINI_SYSTEMS, SYSTEMS
 from .common import load_parent, mlm_batches, open_corpus, stage_flops
 
 
@@ -21,7 +22,7 @@ def _mini_model(cfg: RunConfig):
     """(parent meta, mini-model config, its state dict), with `cfg` made the stage's: its architecture, and
     for MINIJOINT zero updates in the parent's language."""
     meta, mcfg, sd = load_parent(cfg, ("pretrain",))
-    if cfg.system == "minijoint":
+    if SYSTEMS[cfg.system].mini == "extract":
         if mcfg.secondary_head_layer is None:
             raise ConfigError(f"parent={cfg.parent} has no second head; MINIJOINT's mini-model is cut from a "
                               f"model pretrained with model.secondary_head_layer=N (preset */minijoint)")
@@ -40,11 +41,11 @@ def _mini_model(cfg: RunConfig):
 def preflight(cfg: RunConfig) -> None:
     """Checks the parent: a pretrain checkpoint with a second head (MINIJOINT) or more layers than mini.layers
     (MINIPOST); and that MINIPOST's corpus has the parent's vocabulary."""
-    if cfg.system not in ("minijoint", "minipost"):
-        raise ConfigError(f"build-mini is for minijoint or minipost, not system={cfg.system!r}: the baselines "
-                          f"adapt over their full model")
+    if not SYSTEMS[cfg.system].mini:
+        raise ConfigError(f"build-mini is for {' or '.join(MINI_SYSTEMS)}, not system={cfg.system!r}: the "
+                          f"baselines adapt over their full model")
     _, mini_cfg, _ = _mini_model(cfg)
-    if cfg.system == "minipost":
+    if SYSTEMS[cfg.system].mini == "build":
         corpus = open_corpus(cfg)
         if corpus.vocab_size != mini_cfg.vocab_size:
             raise ConfigError(f"data.corpus={cfg.data.corpus} has {corpus.vocab_size} pieces but the parent's "
@@ -58,7 +59,7 @@ def build(cfg: RunConfig) -> Stage:
     stage_meta = {"tokenizer": meta.get("tokenizer"), "primary": cfg.parent, "mini_layers": cfg.mini.layers}
     common = dict(cfg=cfg, model=model, tokens_per_sample=cfg.data.seq_len, parent=cfg.parent,
                   parent_flops=meta.get("flops_cumulative", 0.0), meta=stage_meta)
-    if cfg.system == "minijoint":  # nothing trains, nothing is read
+    if SYSTEMS[cfg.system].mini == "extract":  # nothing trains, nothing is read
         return Stage(trainable=lambda name: False, batches=None, flops_per_step=lambda global_batch: 0.0,
                      **common)
     corpus = open_corpus(cfg)

@@ -48,6 +48,7 @@ import torch
 from .. import engine as eng
 from ..config import DataConfig, FinetuneConfig, MiniConfig, ModelConfig, RunConfig, TrainConfig, read_preset
 from ..peaks import measure_matmul_peak
+from ..systems import SYSTEMS
 from .bench_data import pair_batches, prepare_corpus, write_pair_task
 from .bench_peer import RssPeak, maxrss_bytes, release_free_memory, run_peer_stage
 
@@ -134,7 +135,8 @@ class Stages:
         self.tasks = write_pair_task(work / "tasks", text)
 
     def config(self, module: str, system: str, parent: Path | None) -> RunConfig:
-        model = replace(self.mcfg, secondary_head_layer=self.preset.mini_layers if system == "minijoint" else None)
+        dual = SYSTEMS[system].step1 == "pretrain_dual"  # the parent of MINIJOINT's extraction has the second head
+        model = replace(self.mcfg, secondary_head_layer=self.preset.mini_layers if dual else None)
         return RunConfig(stage=module, system=system, parent=str(parent or ""), model=model,
                          data=DataConfig(corpus=str(self.corpus), seq_len=self.seq), ds_config=self.ds_config,
                          train=TrainConfig(seed=0, global_batch=self.micro_batch, micro_batch=self.micro_batch,
