@@ -74,8 +74,7 @@ def _launch_stage(name: str, argv: list[str], log: Path, follow: Follow | None =
 
 
 def _watched(run: StageRun, i: int, n: int, log: Path) -> Watched:
-    name = str(run.out.relative_to(run.out.parents[len(run.name.split("/")) - 2]))  # adapt/minipost/t1
-    return Watched(name, run.out, log, i, n)
+    return Watched(run.name.partition("/")[2], run.out, log, i, n)  # its run directory under OUT: adapt/minipost/t1
 
 
 def _run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: dict[str, str] | None = None) -> None:

@@ -57,9 +57,10 @@ CHANGES = ("steps", "global_batch", "seq_len", "hidden", "vocab", "mask_prob")
 """What a cost estimate may change in every stage (`--steps`, `--batch`, ...)."""
 
 
-def recipe_costs(recipe, systems: list[str] | None = None, **changes) -> list[StageCost]:
+def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = None, **changes) -> list[StageCost]:
     """Steps 1, 1b and 2 of each system (label or config name) of an `mm-ds run` recipe, from its stage configs
-    (the first target language's Step 2 stands for every language's), with `changes` applied to every stage."""
+    (`recipe.stage_configs`, parsed here unless given; the first target language's Step 2 stands for every
+    language's), with `changes` applied to every stage."""
     from ..ds_config import global_batch
     from ..recipe import stage_configs
 
@@ -72,7 +73,7 @@ def recipe_costs(recipe, systems: list[str] | None = None, **changes) -> list[St
     if missing:
         raise ValueError(f"--system {', '.join(missing)} not in the recipe (it has "
                          f"{', '.join(SYSTEMS[s].label for s in recipe.systems)})")
-    cfgs = stage_configs(recipe)
+    cfgs = stage_configs(recipe) if cfgs is None else cfgs
     vocab = int(recipe.prepare.get("vocab_size", 50_000))
     rows = []
     for name in chosen:
@@ -117,12 +118,15 @@ def add_recipe_args(ap: argparse.ArgumentParser) -> None:
                     help="change a recipe key (repeatable), as `mm-ds run --set`")
 
 
-def costs_from_args(a: argparse.Namespace, **extra) -> list[StageCost]:
-    from ..recipe import load_recipe
+def costs_from_args(a: argparse.Namespace, **extra) -> tuple[object, dict, list[StageCost]]:
+    """(the recipe, its stage configs, their costs) as `add_recipe_args`' arguments ask."""
+    from ..recipe import load_recipe, stage_configs
 
     changes = {k: v for k, v in dict(steps=a.steps, global_batch=a.batch, seq_len=a.seq, **extra).items()
                if v is not None}
-    return recipe_costs(load_recipe(a.recipe, a.set), a.system, **changes)
+    recipe = load_recipe(a.recipe, a.set)
+    cfgs = stage_configs(recipe)  # ~3 s for the paper recipe's 121 stage runs: parsed once per command
+    return recipe, cfgs, recipe_costs(recipe, a.system, cfgs, **changes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.recipe = args.recipe_opt or args.recipe
     try:
-        rows = costs_from_args(args, hidden=args.hidden, vocab=args.vocab, mask_prob=args.mask_prob)
+        _, _, rows = costs_from_args(args, hidden=args.hidden, vocab=args.vocab, mask_prob=args.mask_prob)
     except (OSError, ValueError) as e:  # ConfigError is a ValueError
         print(f"mm-ds flops: {e}", file=sys.stderr)
         return 2

@@ -199,7 +199,7 @@ class EvalPlan:
     gpu_hours: float
 
 
-def plan_evaluation(recipe, cluster: Cluster) -> EvalPlan:
+def plan_evaluation(recipe, cluster: Cluster, cfgs: dict | None = None) -> EvalPlan:
     """Step 4 of a pipeline recipe (`mm-ds run`'s units, mm_ds/stages/transfer.py) on the cluster: per task, the
     languages it covers, every Step-2 checkpoint of each system when the recipe draws curves (the adapt stage's
     checkpoint schedule) plus a control, and the source language once per primary model, each scored by every
@@ -209,7 +209,7 @@ def plan_evaluation(recipe, cluster: Cluster) -> EvalPlan:
     from ..recipe import primaries, stage_configs
     from ..systems import SYSTEMS
 
-    cfgs = stage_configs(recipe)
+    cfgs = stage_configs(recipe) if cfgs is None else cfgs
     units = runs = sequences = 0
     flops = 0.0
     seeds = len(recipe.seeds)
@@ -373,12 +373,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print JSON rows instead of tables")
     a = ap.parse_args(argv)
     try:
-        from ..recipe import load_recipe
-        costs = costs_from_args(a)
+        recipe, cfgs, costs = costs_from_args(a)
         cluster = Cluster(a.nodes, a.gpus_per_node, a.peak_tflops, a.mfu, a.intra_gbps, a.inter_gbps, a.zero,
                           a.dtype, a.micro_batch, a.overlap, a.usd_per_gpu_hour)
         rows = plan_stages(costs, cluster)
-        evaluation = plan_evaluation(load_recipe(a.recipe, a.set), cluster)
+        evaluation = plan_evaluation(recipe, cluster, cfgs)
         bench = read_bench(a.bench) if a.bench else None
         if a.measured_tflops is not None and a.measured_tflops <= 0:
             raise ValueError(f"--measured-tflops must be positive, got {a.measured_tflops}")
