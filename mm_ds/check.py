@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import ConfigError, ModelConfig, RunConfig
-from .systems import MINI_SYSTEMS, SYSTEMS
+from .systems import MINI_SYSTEMS, system_of
 
 PREPARED = "meta.json"  # `mm-ds prepare` writes it last: a prepared corpus needs no text inputs
 
@@ -215,7 +215,7 @@ def _inherited(cfg: RunConfig, configs: dict[Path, RunConfig]) -> None:
         return  # an existing run given as parent: its checkpoint is checked at launch
     pm = _model_after(parent, configs)
     if cfg.stage == "build_mini":
-        kind = SYSTEMS[cfg.system].mini
+        kind = system_of(cfg.system).mini
         if kind is None:
             raise ConfigError(f"build-mini is for {' or '.join(MINI_SYSTEMS)}, not system={cfg.system!r}")
         if kind == "extract" and pm.secondary_head_layer is None:
@@ -227,7 +227,7 @@ def _inherited(cfg: RunConfig, configs: dict[Path, RunConfig]) -> None:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the parent's model.max_positions="
                           f"{pm.max_positions}")
     if cfg.stage == "adapt":
-        want = SYSTEMS[cfg.system].adapts_over
+        want = system_of(cfg.system).adapts_over
         if parent.stage != want:
             raise ConfigError(f"{cfg.system} adapts over a {want} run, but its parent is a {parent.stage} run")
 
@@ -240,5 +240,5 @@ def _model_after(cfg: RunConfig, configs: dict[Path, RunConfig]) -> ModelConfig:
     m = _model_after(configs[Path(cfg.parent).resolve()], configs)
     if cfg.stage != "build_mini":
         return m
-    layers = SYSTEMS[cfg.system].adapted_layers(m, cfg.mini)
+    layers = system_of(cfg.system).adapted_layers(m, cfg.mini)
     return ModelConfig(**{**m.__dict__, "num_layers": layers or m.num_layers, "secondary_head_layer": None})

@@ -18,7 +18,8 @@ from pathlib import Path
 import yaml
 
 from .data.tasks import TASKS
-from .systems import STAGES, SYSTEMS
+from . import systems
+from .systems import STAGES
 
 
 class ConfigError(ValueError):
@@ -239,9 +240,12 @@ class RunConfig:
         if self.stage not in STAGES:
             raise ConfigError(f"stage={self.stage!r} is not one of {', '.join(STAGES)}"
                               f"{did_you_mean(self.stage, STAGES)}")
-        if self.system not in SYSTEMS:
-            raise ConfigError(f"system={self.system!r} is not one of {', '.join(SYSTEMS)}"
-                              f"{did_you_mean(self.system, SYSTEMS)}")
+        try:
+            row = systems.system_of(self.system)
+        except systems.SystemNameError as e:
+            raise ConfigError(str(e)) from None
+        if problem := row.depth_mismatch(self):
+            raise ConfigError(problem)
         if self.finetune.task and self.finetune.task not in TASKS:
             raise ConfigError(f"finetune.task={self.finetune.task!r} is not a task"
                               f"{did_you_mean(self.finetune.task, TASKS)}; choose one of {', '.join(TASKS)}")

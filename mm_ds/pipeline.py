@@ -30,8 +30,8 @@ from pathlib import Path
 from . import checkpoint
 from .config import ConfigError, from_dict
 from .progress import Follow, Watched, say
-from .recipe import Recipe, StageRun, load_recipe, stage_runs, task_root, text_inputs
-from .systems import REFERENCE, SYSTEMS
+from .recipe import Recipe, StageRun, load_recipe, minis_in_english, stage_runs, task_root, text_inputs
+from .systems import REFERENCE, system_of
 
 
 class StageFailed(RuntimeError):
@@ -192,7 +192,7 @@ def results_table(recipe: Recipe, rows: list[dict], out: Path) -> str:
     for s in recipe.systems:
         adapted = [final(s, t, lang, "adapted") for t in recipe.tasks for lang in recipe.langs]
         cost = statistics.mean(r["flops"] for r in adapted if r) if any(adapted) else 0.0
-        cells = [SYSTEMS[s].label, f"{cost / 1e18:.3g}", f"{to_v100_days(cost):.2g}"]
+        cells = [system_of(s).label, f"{cost / 1e18:.3g}", f"{to_v100_days(cost):.2g}"]
         for t, lang in cols:
             if lang == recipe.source_lang:
                 r = final(s, t, lang, "source")
@@ -257,6 +257,11 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     with open(out / "results.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     print(results_table(recipe, rows, out))
+    if minis_in_english(recipe):  # Table 5: the mini-models' own English scores beside the primary models'
+        from .analyses import english_table
+        english = english_table(recipe, rows)
+        (out / "english.md").write_text(english + "\n")
+        print("\nEnglish performance of the primary models and their mini-models (Table 5):\n" + english)
     if REFERENCE in recipe.systems:  # near-maximal performance is defined against BL_BASE (paper §4.2)
         from . import report
         from .records import clean_records

@@ -11,7 +11,7 @@ if TYPE_CHECKING:  # report.py imports this module when it writes figures
     from .report import Report
 
 
-def _mean_curve(report: Report, task: str, system: str) -> list[tuple[float, float]]:
+def mean_curve(report: Report, task: str, system: str) -> list[tuple[float, float]]:
     """(days, score) averaged over the system's languages, at the steps every one of them was evaluated."""
     cs = [report.curves[(task, l, system)] for l in report.langs[task] if (task, l, system) in report.curves]
     if not cs:
@@ -31,7 +31,7 @@ def write_plots(report: Report, out: Path, xmax_days: float | None = None) -> li
     fig = Figure(figsize=(5 * max(n, 1), 4))
     for ax, t in zip(fig.subplots(1, n, squeeze=False)[0], report.tasks):
         for s in report.systems:
-            pts = _mean_curve(report, t, s)
+            pts = mean_curve(report, t, s)
             if pts:
                 ax.plot(*zip(*pts), marker=".", label=s, c=color[s])
         tg = [v for (tt, _), v in report.targets.items() if tt == t]

@@ -16,7 +16,7 @@ import yaml
 
 from .config import ConfigError, did_you_mean, from_dict
 from .data.tasks import HUB, TASKS, is_hub
-from .systems import STAGES, SYSTEMS
+from .systems import STAGES, SYSTEMS, SystemNameError, sort_key, system_of
 
 
 @dataclass
@@ -59,6 +59,9 @@ class Recipe:
     single launch whose ranks run every stage in order (small runs, where start-up would dominate)."""
     curve: bool = False
     """Score every Step-2 checkpoint (training curves), not only the final one."""
+    english_minis: bool = False
+    """Also finetune each mini-model (Step 1b's final/) on the English tasks and score it in English, beside the
+    primary models (§5.3, Table 5: does dual-head pretraining hurt either?)."""
     eval_split: str = "test"
     eval_splits: dict = field(default_factory=dict)
     """task -> evaluation split, over eval_split (e.g. {mlqa: dev} where only MLQA's dev files are at hand)."""
@@ -80,10 +83,14 @@ class Recipe:
         return self.eval_splits.get(task, self.eval_split)
 
     def check(self, where: str) -> None:
-        bad = [s for s in self.systems if s not in SYSTEMS]
-        if bad:
-            raise ConfigError(f"{where}: unknown system(s) {bad}{did_you_mean(bad[0], SYSTEMS)}; choose from "
-                              f"{', '.join(SYSTEMS)}")
+        for s in self.systems:
+            try:
+                system_of(s)
+            except SystemNameError as e:
+                raise ConfigError(f"{where}: systems: {e}") from None
+        self.systems = [system_of(s).name for s in self.systems]  # minijoint@02 -> minijoint@2: one run dir
+        if len(set(self.systems)) < len(self.systems):
+            raise ConfigError(f"{where}: systems lists a system twice: {self.systems}")
         bad = [t for t in self.tasks if t not in TASKS]
         if bad:
             raise ConfigError(f"{where}: unknown task(s) {bad}{did_you_mean(bad[0], TASKS)}; choose from "
@@ -124,10 +131,11 @@ class Recipe:
                 raise ConfigError(f"{where}: presets.{stage} is unset")
         for k in self.overrides:
             stage, _, which = k.partition("/")
-            if stage not in STAGES or which and not (which in SYSTEMS or stage == "finetune" and which in TASKS):
+            named = which in SYSTEMS or which in self.systems or stage == "finetune" and which in TASKS
+            if stage not in STAGES or which and not named:
                 raise ConfigError(f"{where}: overrides.{k} names no stage; use {', '.join(STAGES)}, "
-                                  f"<stage>/<system> with a system of {', '.join(SYSTEMS)}, or finetune/<task> "
-                                  f"with a task of {', '.join(TASKS)}")
+                                  f"<stage>/<system> with a system of {', '.join(SYSTEMS)} or of the recipe, or "
+                                  f"finetune/<task> with a task of {', '.join(TASKS)}")
             if not isinstance(self.overrides[k], list):
                 raise ConfigError(f"{where}: overrides.{k} must be a list of key=value strings")
 
@@ -175,9 +183,12 @@ def stage_runs(recipe: Recipe, out: Path) -> list[StageRun]:
     runs: list[StageRun] = []
 
     def stage(kind: str, run: Path, system: str, lang: str, parent: Path | None, extra: list[str]) -> None:
-        preset = recipe.presets.get(kind, "").format(system=system)
+        row = system_of(system)  # a variant takes its row's presets and overrides, then its own, then its depth
+        preset = recipe.presets.get(kind, "").format(system=row.base)
+        own = [*recipe.overrides.get(f"{kind}/{row.base}", [])] + (
+            recipe.overrides.get(f"{kind}/{system}", []) if system != row.base else [])
         argv = [kind.replace("_", "-"), "--preset", preset, "--out", str(run), f"system={system}", f"lang={lang}",
-                *launch, *recipe.overrides.get(kind, []), *recipe.overrides.get(f"{kind}/{system}", []), *extra]
+                *launch, *recipe.overrides.get(kind, []), *own, *row.overrides(kind), *extra]
         if parent is not None:
             argv.append(f"parent={parent}")
         runs.append(StageRun(f"{kind}/{run.relative_to(out)}", run, argv))
@@ -185,25 +196,39 @@ def stage_runs(recipe: Recipe, out: Path) -> list[StageRun]:
     for p in primaries(recipe):
         stage("pretrain", out / "pretrain" / p, p, recipe.source_lang, None, [f"data.corpus={data / recipe.source_lang}"])
     for s in recipe.systems:
-        if SYSTEMS[s].mini:
-            stage("build_mini", out / "build_mini" / s, s, recipe.source_lang, out / "pretrain" / SYSTEMS[s].primary,
+        if system_of(s).mini:
+            stage("build_mini", out / "build_mini" / s, s, recipe.source_lang, out / "pretrain" / system_of(s).primary,
                   [f"data.corpus={data / recipe.source_lang}"])
     for s in recipe.systems:
-        parent = out / "build_mini" / s if SYSTEMS[s].mini else out / "pretrain" / SYSTEMS[s].primary
+        parent = out / "build_mini" / s if system_of(s).mini else out / "pretrain" / system_of(s).primary
         for lang in recipe.langs:
             stage("adapt", out / "adapt" / s / lang, s, lang, parent, [f"data.corpus={data / lang}"])
-    for p in primaries(recipe):
+    def finetune(model: str, system: str, parent: Path) -> None:
         for task in recipe.tasks:
             for seed in recipe.seeds:
-                stage("finetune", out / "finetune" / p / task / f"seed{seed}", p, recipe.source_lang,
-                      out / "pretrain" / p, [f"finetune.task={task}", f"train.seed={seed}",
-                                             f"finetune.data_root={task_root(recipe, out)}",
-                                             *recipe.overrides.get(f"finetune/{task}", [])])
+                stage("finetune", out / "finetune" / model / task / f"seed{seed}", system, recipe.source_lang,
+                      parent, [f"finetune.task={task}", f"train.seed={seed}",
+                               f"finetune.data_root={task_root(recipe, out)}",
+                               *recipe.overrides.get(f"finetune/{task}", [])])
+
+    for p in primaries(recipe):
+        finetune(p, p, out / "pretrain" / p)
+    for s in minis_in_english(recipe):
+        finetune(f"{MINI_DIR}/{s}", s, out / "build_mini" / s)
     return runs
 
 
+MINI_DIR = "mini"
+"""OUT/finetune/mini/<system>/: the finetuned mini-models (english_minis); no primary model is called mini."""
+
+
+def minis_in_english(recipe: Recipe) -> list[str]:
+    """The systems whose mini-model is finetuned and scored in English (Table 5)."""
+    return [s for s in recipe.systems if system_of(s).mini] if recipe.english_minis else []
+
+
 def primaries(recipe: Recipe) -> list[str]:
-    return sorted({SYSTEMS[s].primary for s in recipe.systems}, key=list(SYSTEMS).index)
+    return sorted({system_of(s).primary for s in recipe.systems}, key=sort_key)
 
 
 def task_root(recipe: Recipe, out: Path) -> Path:

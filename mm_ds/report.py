@@ -27,11 +27,12 @@ from pathlib import Path
 from statistics import mean
 from typing import Iterable, Sequence
 
+from .analyses import write_sweeps
 from .flops import EXA
+from .mdtable import cost, days_cell, fmt, md
 from .records import Result, load_results
-from .systems import REFERENCE, SYSTEMS
+from .systems import REFERENCE, SYSTEMS, SystemNameError, sort_key
 
-PAPER_SYSTEM_ORDER = tuple(s.label for s in sorted(SYSTEMS.values(), key=lambda s: s.order))
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,13 @@ class Report:
 
 
 def _system_order(systems: Iterable[str], reference: str) -> list[str]:
-    rank = {s: i for i, s in enumerate((reference,) + tuple(s for s in PAPER_SYSTEM_ORDER if s != reference))}
-    return sorted(set(systems), key=lambda s: (rank.get(s, len(rank)), s))
+    """The reference first, then the paper's rows, each followed by its variants by depth, then any other."""
+    def key(label: str):
+        try:
+            return (label != reference, 0, sort_key(label.lower()), label)
+        except SystemNameError:
+            return (label != reference, 1, (), label)
+    return sorted(set(systems), key=key)
 
 
 def build_report(results: Iterable[Result], reference: str = SYSTEMS[REFERENCE].label, fraction: float = 0.95,
@@ -221,20 +227,6 @@ def _speedups(tasks, langs, systems, reference, targets, crossings, curves, warn
 
 # --- Tables ----------------------------------------------------------------------------------------------------
 
-def _fmt(x, nd=1) -> str:
-    return "—" if x is None else f"{x:.{nd}f}"
-
-
-def _cost(x) -> str:
-    """EFLOPs / V100-days: one decimal at paper scale, significant digits for small (CPU) runs."""
-    return "—" if x is None else f"{x:.3g}" if 0 < abs(x) < 0.05 else f"{x:.1f}"
-
-
-def _md(head: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
-
-
 def table2(report: Report) -> dict[str, list[dict]]:
     """Per task: one row per system, final scores per language, their average, and the final Step-2 cost."""
     out = {}
@@ -279,14 +271,6 @@ def table3(report: Report) -> dict[str, list[dict]]:
     return out
 
 
-def _days_cell(days, bounds=None) -> str:
-    if days is None:
-        return "∞"
-    if isinstance(days, str):
-        return days
-    return _cost(days) + (f" ({_cost(bounds[0])}-{_cost(bounds[1])})" if bounds else "")
-
-
 def format_tables(report: Report, bounds: bool = False, table2s: bool = True) -> str:
     """Markdown tables; with bounds, Table 3 cells carry Table A4's (lower-upper) checkpoint bracket; without
     table2s, Tables 3 and the speedups only (`mm-ds run` prints its own Table 2, with the controls)."""
@@ -296,14 +280,14 @@ def format_tables(report: Report, bounds: bool = False, table2s: bool = True) ->
         L = report.langs[t]
         if table2s:
             parts.append(f"## {t}: performance at training completion (Table 2)")
-            parts.append(_md(["system", "EFLOPs", "days"] + L + ["avg"], [
-                [r["system"], _cost(r["eflops"]), _cost(r["v100_days"])] + [_fmt(r["scores"][l]) for l in L]
-                + [_fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in t2[t]]))
+            parts.append(md(["system", "EFLOPs", "days"] + L + ["avg"], [
+                [r["system"], cost(r["eflops"]), cost(r["v100_days"])] + [fmt(r["scores"][l]) for l in L]
+                + [fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in t2[t]]))
         if t3[t]:
             parts.append(f"## {t}: V100-days to {report.fraction:.0%} of {report.reference}'s final score (Table 3)")
-            parts.append(_md(["system"] + L + ["avg"], [
-                [r["system"]] + [_days_cell(r["days"][l], bounds and r["bounds"].get(l)) for l in L]
-                + ["∞" if r["avg"] is None else _cost(r["avg"]) + ("*" if r["avg_partial"] else "")]
+            parts.append(md(["system"] + L + ["avg"], [
+                [r["system"]] + [days_cell(r["days"][l], bounds and r["bounds"].get(l)) for l in L]
+                + ["∞" if r["avg"] is None else cost(r["avg"]) + ("*" if r["avg_partial"] else "")]
                 for r in t3[t]]))
     if report.speedup_summary:
         parts.append(f"## Speedup over {report.reference} (Figure 1: mean of per-language ratios of V100-days)")
@@ -312,8 +296,8 @@ def format_tables(report: Report, bounds: bool = False, table2s: bool = True) ->
             n = f"{r['n_langs']} langs" if r["n_tasks"] is None else f"{r['n_tasks']} tasks"
             sp = "—" if r["mean_speedup"] is None else f"{r['mean_speedup']:.2f}x"
             body.append([r["task"], r["system"], sp, n, ", ".join(r.get("excluded", {})),
-                         _fmt(r.get("ratio_of_mean_days"), 2)])
-        parts.append(_md(["task", "system", "speedup", "used", "left out", "ratio of mean days"], body))
+                         fmt(r.get("ratio_of_mean_days"), 2)])
+        parts.append(md(["task", "system", "speedup", "used", "left out", "ratio of mean days"], body))
     parts.append("* = averaged over fewer languages than the task has (missing results, or never reached); "
                  "∞ = never reached; n/a = no results, or no target (no reference results).")
     return "\n\n".join(parts)
@@ -372,6 +356,7 @@ def write_report(report: Report, out_dir: str | Path, plots: bool = True, xmax_d
             written += write_plots(report, out, xmax_days)
         except Exception as e:  # a plot failure must not cost the numbers
             report.warnings.append(f"plots not written: {type(e).__name__}: {e}")
+    written += write_sweeps(report, out, t2, t3, plots)  # depth sweeps (§5.2): Tables 4, A3 and Figure 4
     doc["warnings"] = report.warnings
     (out / "report.json").write_text(json.dumps(doc, indent=2, default=asdict) + "\n")
     (out / "warnings.txt").write_text("".join(w + "\n" for w in report.warnings))

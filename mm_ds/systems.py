@@ -8,11 +8,18 @@ pipeline, the stages, the recipe check, FLOPs, `mm-ds plan`, the report and the 
     BL_SMALL    itself     pretrain (A1)            -                                  the 4-layer model
     MINIJOINT   itself     pretrain_dual (A1+head)  extract: bottom N + secondary head  the N-layer mini-model
     MINIPOST    BL_BASE    shares BL_BASE's         build: bottom N + 2 new (A4)       the N+2-layer mini-model
+
+A *variant* names a mini-model system with its depth N (§5.2's sweep): `minijoint@2` is MINIJOINT pretrained
+with its secondary head after layer 2 (its own Step 1), `minipost@3` is MINIPOST over BL_BASE's bottom 3
+layers (BL_BASE's Step 1 shared). `minijoint@1+2+4` is the multi-depth MINIJOINT of §7: one model with a
+secondary head after each of those layers, whose Step 2 runs over the shallowest mini-model first and the
+deeper ones after. `system_of(name)` turns any of these names into a row; a recipe may hold any number of them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import difflib
+from dataclasses import dataclass, replace
 
 STAGES = ("pretrain", "build_mini", "adapt", "finetune")
 """The pipeline's training stages in order (Steps 1, 1b, 2, 3); Step 4 (transfer) evaluates."""
@@ -35,6 +42,34 @@ class System:
     """Step 1's FLOPs formula: `pretrain` (A1) or `pretrain_dual` (A1 + the secondary MLM head)."""
     order: int
     """Row order in the paper's tables (BL_BASE, BL_SMALL, MINIPOST, MINIJOINT)."""
+    depth_key: tuple[str, str] | None = None
+    """Where a variant's depth N goes: (stage, config key) of the stage whose config it sets."""
+    depths: tuple[int, ...] = ()
+    """A variant's depths (`minijoint@1+2` -> (1, 2)); empty: the stage presets' own depth."""
+
+    @property
+    def base(self) -> str:
+        """The row a variant derives from (its presets and `<stage>/<system>` overrides are the row's)."""
+        return self.name.partition("@")[0]
+
+    def overrides(self, stage: str) -> list[str]:
+        """The config changes that make `stage` this variant's: its depth(s) at `depth_key`."""
+        if not self.depths or self.depth_key[0] != stage:
+            return []
+        value = self.depths[0] if len(self.depths) == 1 else "[" + ",".join(map(str, self.depths)) + "]"
+        return [f"{self.depth_key[1]}={value}"]
+
+    def depth_mismatch(self, cfg) -> str | None:
+        """Why a stage's RunConfig does not have this variant's depth (None: it does). A variant's depth is
+        its stage config's, or the stage refuses to run: a preset's depth must never pass for the variant's."""
+        if not self.depths or self.depth_key[0] != cfg.stage:
+            return None
+        section, key = self.depth_key[1].split(".")
+        have, (want,) = getattr(getattr(cfg, section), key), self.overrides(cfg.stage)
+        if f"{self.depth_key[1]}={have}".replace(" ", "") == want:
+            return None
+        return (f"system={self.name} sets {want}, but this {cfg.stage} config has {self.depth_key[1]}={have}; "
+                f"add {want} (mm-ds run adds it for you)")
 
     @property
     def adapts_over(self) -> str:
@@ -54,11 +89,51 @@ class System:
 SYSTEMS: dict[str, System] = {s.name: s for s in (
     System("bl_base", "BL_BASE", primary="bl_base", mini=None, step1="pretrain", order=0),
     System("bl_small", "BL_SMALL", primary="bl_small", mini=None, step1="pretrain", order=1),
-    System("minijoint", "MINIJOINT", primary="minijoint", mini="extract", step1="pretrain_dual", order=3),
-    System("minipost", "MINIPOST", primary="bl_base", mini="build", step1="pretrain", order=2),
+    System("minijoint", "MINIJOINT", primary="minijoint", mini="extract", step1="pretrain_dual", order=3,
+           depth_key=("pretrain", "model.secondary_head_layer")),
+    System("minipost", "MINIPOST", primary="bl_base", mini="build", step1="pretrain", order=2,
+           depth_key=("build_mini", "mini.layers")),
 )}
 
 REFERENCE = "bl_base"
 """The system that defines near-maximal performance (§4.2)."""
 
 MINI_SYSTEMS = tuple(s.name for s in SYSTEMS.values() if s.mini)
+
+
+class SystemNameError(ValueError):
+    """A system name that is neither a row of SYSTEMS nor a variant of one; the message says why."""
+
+
+def system_of(name: str) -> System:
+    """The row of a system or of a variant (`minijoint@2`, `minipost@3`, `minijoint@1+2+4`); errors say why not."""
+    base, at, spec = name.partition("@")
+    if base not in SYSTEMS:
+        close = difflib.get_close_matches(base, list(SYSTEMS), 1)
+        raise SystemNameError(f"system={name!r} is not one of {', '.join(SYSTEMS)} (or a variant such as "
+                              f"minijoint@2)" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    row = SYSTEMS[base]
+    if not at:
+        return row
+    if row.depth_key is None:
+        raise SystemNameError(f"system={name!r}: {base} has no mini-model depth; variants are "
+                          f"{' or '.join(s + '@N' for s in MINI_SYSTEMS)}")
+    try:
+        depths = tuple(int(d) for d in spec.split("+"))
+    except ValueError:
+        raise SystemNameError(f"system={name!r}: the depth after @ must be a layer number, e.g. {base}@2, or "
+                          f"ascending numbers joined by + (minijoint@1+2+4)") from None
+    if min(depths) < 1 or list(depths) != sorted(set(depths)):
+        raise SystemNameError(f"system={name!r}: depths must be distinct positive layer numbers in ascending order")
+    if len(depths) > 1 and row.mini != "extract":
+        raise SystemNameError(f"system={name!r}: only MINIJOINT has multi-depth mini-models (one secondary head per "
+                          f"depth); {base} takes one depth, e.g. {base}@{depths[0]}")
+    depth = "+".join(map(str, depths))
+    return replace(row, name=f"{base}@{depth}", label=f"{row.label}@{depth}",
+                   primary=f"{base}@{depth}" if row.primary == base else row.primary, depths=depths)
+
+
+def sort_key(name: str) -> tuple:
+    """Table order: the paper's rows, each followed by its variants by depth."""
+    s = system_of(name)
+    return s.order, len(s.depths) > 1, s.depths

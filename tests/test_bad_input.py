@@ -79,7 +79,7 @@ def _recipe(tmp_path, **kw):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"systems": ["bl_huge"]}, "unknown system(s) ['bl_huge']"),
+    ({"systems": ["bl_huge"]}, "systems: system='bl_huge' is not one of"),
     ({"tasks": ["squad2"]}, "unknown task(s) ['squad2']"),
     ({"langs": ["xx"]}, "language(s) ['xx'] are not generated-world languages"),
     ({"world": None}, "no text inputs for language(s) ['en', 't1']"),

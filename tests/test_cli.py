@@ -130,14 +130,16 @@ def test_did_you_mean_for_every_name_a_user_types(capsys, tmp_path):
     cases = [
         (lambda: config.load("tiny/adpt"), "unknown preset 'tiny/adpt' (did you mean 'tiny/adapt'?); available: "),
         (lambda: config.load("tiny/bl_base", overrides=["system=bl_bse"]),
-         "system='bl_bse' is not one of bl_base, bl_small, minijoint, minipost (did you mean 'bl_base'?)"),
+         "system='bl_bse' is not one of bl_base, bl_small, minijoint, minipost (or a variant such as minijoint@2) "
+         "(did you mean 'bl_base'?)"),
         (lambda: config.load("tiny/finetune", overrides=["finetune.task=xnl", "parent=p"]),
          "finetune.task='xnl' is not a task (did you mean 'xnli'?); choose one of xnli, "),
         (lambda: load_recipe("tinyy"), "recipe 'tinyy' is neither a file nor a packaged recipe"),
         (lambda: load_recipe("tinyy"), "(did you mean 'tiny'?)"),
         (lambda: load_recipe("tiny", ["tasks=[xnli, pawx]"]), "unknown task(s) ['pawx'] (did you mean 'pawsx'?)"),
         (lambda: load_recipe("tiny", ["systems=[minijiont]"]),
-         "unknown system(s) ['minijiont'] (did you mean 'minijoint'?)"),
+         "systems: system='minijiont' is not one of bl_base, bl_small, minijoint, minipost (or a variant such as "
+         "minijoint@2) (did you mean 'minijoint'?)"),
         (lambda: config.load(None, overrides=["train.stpes=3"]), "did you mean train.steps?"),
     ]
     for call, message in cases:

@@ -15,13 +15,13 @@ from ..config import ConfigError, RunConfig
 from ..data.tokenizer import pieces
 from ..engine import Stage
 from ..model import LANGUAGE_PARAMS, RobertaMLM
-from ..systems import SYSTEMS
+from ..systems import system_of
 from .common import load_parent, mlm_batches, open_corpus, stage_flops
 
 
 def _target_model(cfg: RunConfig):
     meta, mcfg, sd = load_parent(cfg)
-    want = SYSTEMS[cfg.system].adapts_over
+    want = system_of(cfg.system).adapts_over
     if meta.get("stage") != want:
         raise ConfigError(f"{cfg.system} adapts over a {want} checkpoint, but parent={cfg.parent} is "
                           f"{meta.get('stage')!r}" + ("; run build-mini first" if want == "build_mini" else ""))

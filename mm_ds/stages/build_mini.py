@@ -14,7 +14,7 @@ from .. import surgery
 from ..config import ConfigError, RunConfig
 from ..engine import Stage
 from ..model import RobertaMLM
-from ..systems import MINI_SYSTEMS, SYSTEMS
+from ..systems import MINI_SYSTEMS, system_of
 from .common import load_parent, mlm_batches, open_corpus, stage_flops
 
 
@@ -22,7 +22,7 @@ def _mini_model(cfg: RunConfig):
     """(parent meta, mini-model config, its state dict), with `cfg` made the stage's: its architecture, and
     for MINIJOINT zero updates in the parent's language."""
     meta, mcfg, sd = load_parent(cfg, ("pretrain",))
-    if SYSTEMS[cfg.system].mini == "extract":
+    if system_of(cfg.system).mini == "extract":
         if mcfg.secondary_head_layer is None:
             raise ConfigError(f"parent={cfg.parent} has no second head; MINIJOINT's mini-model is cut from a "
                               f"model pretrained with model.secondary_head_layer=N (preset */minijoint)")
@@ -41,11 +41,11 @@ def _mini_model(cfg: RunConfig):
 def preflight(cfg: RunConfig) -> None:
     """Checks the parent: a pretrain checkpoint with a second head (MINIJOINT) or more layers than mini.layers
     (MINIPOST); and that MINIPOST's corpus has the parent's vocabulary."""
-    if not SYSTEMS[cfg.system].mini:
+    if not system_of(cfg.system).mini:
         raise ConfigError(f"build-mini is for {' or '.join(MINI_SYSTEMS)}, not system={cfg.system!r}: the "
                           f"baselines adapt over their full model")
     _, mini_cfg, _ = _mini_model(cfg)
-    if SYSTEMS[cfg.system].mini == "build":
+    if system_of(cfg.system).mini == "build":
         corpus = open_corpus(cfg)
         if corpus.vocab_size != mini_cfg.vocab_size:
             raise ConfigError(f"data.corpus={cfg.data.corpus} has {corpus.vocab_size} pieces but the parent's "
@@ -59,7 +59,7 @@ def build(cfg: RunConfig) -> Stage:
     stage_meta = {"tokenizer": meta.get("tokenizer"), "primary": cfg.parent, "mini_layers": cfg.mini.layers}
     common = dict(cfg=cfg, model=model, tokens_per_sample=cfg.data.seq_len, parent=cfg.parent,
                   parent_flops=meta.get("flops_cumulative", 0.0), meta=stage_meta)
-    if SYSTEMS[cfg.system].mini == "extract":  # nothing trains, nothing is read
+    if system_of(cfg.system).mini == "extract":  # nothing trains, nothing is read
         return Stage(trainable=lambda name: False, batches=None, flops_per_step=lambda global_batch: 0.0,
                      **common)
     corpus = open_corpus(cfg)

@@ -32,7 +32,7 @@ def _spec_and_parent(cfg: RunConfig):
     if not cfg.finetune.task:
         raise ConfigError("finetune.task is unset: choose xnli, pawsx, mlqa or xquad")
     spec = get_task(cfg.finetune.task)
-    meta, mcfg, sd = load_parent(cfg, ("pretrain",))
+    meta, mcfg, sd = load_parent(cfg, ("pretrain", "build_mini"))  # a primary model, or a mini-model (Table 5)
     if not meta.get("tokenizer"):
         raise ConfigError(f"parent={cfg.parent} records no tokenizer to encode the English task data with")
     return spec, meta, mcfg, sd

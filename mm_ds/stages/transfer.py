@@ -32,10 +32,11 @@ from ..data.tasks import find_local, get_task, hub_source, is_hub
 from ..data.tokenizer import pieces
 from ..evaluate import evaluate, features_for
 from ..heads import RobertaForTask
-from ..recipe import primaries, task_root
-from ..systems import SYSTEMS
+from ..recipe import MINI_DIR, minis_in_english, primaries, task_root
+from ..systems import system_of
 
-SOURCE, ADAPTED, CONTROL = "source", "adapted", "control"
+SOURCE, ADAPTED, CONTROL, MINI = "source", "adapted", "control", "mini"
+"""MINI: a finetuned mini-model in the source language, as it is (Table 5)."""
 
 
 @dataclass(frozen=True)
@@ -159,10 +160,10 @@ def run_unit(unit: Unit, data_root: str, device="cpu") -> list[dict]:
     examples, skipped = _examples(unit.task, unit.split, unit.lang, str(data_root), unit.limit)
     row = {"task": unit.task, "lang": unit.lang, "split": unit.split, "seeds": len(finetuned), "kind": unit.kind,
            "examples": len(examples), "skipped": skipped}
-    if unit.kind == SOURCE:
+    if unit.kind in (SOURCE, MINI):
         sp = _tokenizer(finetuned[0][0]["tokenizer"])
         s = score(finetuned, None, spec, examples, sp, unit.lang, device)
-        row |= {"step": 0, "flops": 0.0, "v100_days": 0.0}
+        row |= {"step": 0, "flops": 0.0, "v100_days": 0.0, "layers": finetuned[0][1].num_layers}
     else:
         meta, sd = checkpoint.load_final(unit.adapted)
         if meta.get("stage") != "adapt":
@@ -301,13 +302,16 @@ def eval_units(recipe, out: Path) -> list[Unit]:
         split, langs = recipe.split(task), recipe.evaluated(task)
         for p in primaries(recipe):
             ft = [str(out / "finetune" / p / task / f"seed{seed}") for seed in recipe.seeds]
-            systems = [s for s in recipe.systems if SYSTEMS[s].primary == p]
+            systems = [s for s in recipe.systems if system_of(s).primary == p]
             if recipe.source_lang in langs:  # one evaluation for every system sharing the primary model
                 units += units_for(task, recipe.source_lang, systems, ft, split, limit=recipe.eval_examples)
             for s in systems:
                 for lang in (lang for lang in langs if lang != recipe.source_lang):
                     units += units_for(task, lang, [s], ft, split, str(out / "adapt" / s / lang),
                                        curve=recipe.curve, control=True, limit=recipe.eval_examples)
+        for s in minis_in_english(recipe):
+            ft = tuple(str(out / "finetune" / MINI_DIR / s / task / f"seed{seed}") for seed in recipe.seeds)
+            units.append(Unit(task, recipe.source_lang, split, MINI, (s,), ft, limit=recipe.eval_examples))
     return units
 
 

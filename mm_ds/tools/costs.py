@@ -12,7 +12,7 @@ import sys
 from dataclasses import asdict, dataclass, replace
 
 from .. import flops
-from ..systems import SYSTEMS
+from ..systems import system_of
 
 
 @dataclass(frozen=True)
@@ -67,17 +67,17 @@ def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = N
     bad = [k for k in changes if k not in CHANGES]
     if bad:
         raise ValueError(f"cannot change {', '.join(bad)}; only {', '.join(CHANGES)}")
-    names = {s.label: n for n, s in SYSTEMS.items()}
+    names = {system_of(n).label: n for n in recipe.systems}
     chosen = [names.get(s, s) for s in systems] if systems else list(recipe.systems)
     missing = [s for s, n in zip(systems or chosen, chosen) if n not in recipe.systems]
     if missing:
         raise ValueError(f"--system {', '.join(missing)} not in the recipe (it has "
-                         f"{', '.join(SYSTEMS[s].label for s in recipe.systems)})")
+                         f"{', '.join(system_of(s).label for s in recipe.systems)})")
     cfgs = stage_configs(recipe) if cfgs is None else cfgs
     vocab = int(recipe.prepare.get("vocab_size", 50_000))
     rows = []
     for name in chosen:
-        system = SYSTEMS[name]
+        system = system_of(name)
         pre = cfgs[f"pretrain/{system.primary}"]
         model = pre.model
 

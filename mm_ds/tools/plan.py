@@ -207,7 +207,7 @@ def plan_evaluation(recipe, cluster: Cluster, cfgs: dict | None = None) -> EvalP
     length (an upper bound: evaluation batches by length). Forward passes only, at the plan's MFU."""
     from ..data.tasks import get_task
     from ..recipe import primaries, stage_configs
-    from ..systems import SYSTEMS
+    from ..systems import system_of
 
     cfgs = stage_configs(recipe) if cfgs is None else cfgs
     units = runs = sequences = 0
@@ -224,7 +224,7 @@ def plan_evaluation(recipe, cluster: Cluster, cfgs: dict | None = None) -> EvalP
             seq = min(spec.max_length, m.max_positions)
             per_run = n * m.num_layers * F.flop_layer(seq, m.hidden_size)
             count = 1 if recipe.source_lang in langs else 0
-            for system in (s for s in recipe.systems if SYSTEMS[s].primary == p):
+            for system in (s for s in recipe.systems if system_of(s).primary == p):
                 ckpts = cfgs[f"adapt/{system}/{recipe.langs[0]}"].train.checkpoints() if recipe.curve else 1
                 count += len(targets) * (ckpts + 1)  # + the control
             units += count
