@@ -5,7 +5,6 @@ a stage config whose depth is not its variant's, the sweep tables (Tables 4 and 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
