@@ -49,7 +49,7 @@ def complete(run: Path) -> bool:
 # ---------------------------------------------------------------- running
 
 def _mm_ds(argv: list[str], log: Path) -> None:
-    print(f"[mm-ds run] $ mm-ds {' '.join(argv)}", flush=True)
+    say(f"$ mm-ds {' '.join(argv)}")
     _run_logged([sys.executable, "-m", "mm_ds.cli", *argv], log)
 
 
@@ -61,7 +61,7 @@ def _launch_stage(name: str, argv: list[str], log: Path, follow: Follow | None =
     from .cli import preflight_stage, validated_env
     from .launch import command
 
-    print(f"[mm-ds run] $ mm-ds {' '.join(argv)}", flush=True)
+    say(f"$ mm-ds {' '.join(argv)}")
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f, contextlib.redirect_stdout(f):
         try:

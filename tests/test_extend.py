@@ -117,7 +117,7 @@ def test_a_rerun_does_nothing(done, capsys):
     t0 = time.time()
     assert extend(*args) == 0
     said = capsys.readouterr().out
-    assert "skip import: complete" in said and "skip build_mini/build_mini: complete" in said
+    assert "[mm-ds extend] skip import: complete" in said and "skip build_mini/build_mini: complete" in said
     assert "skip adapt/adapt/t1: complete" in said and "skip export" in said
     assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
     assert time.time() - t0 < first / 2

@@ -100,8 +100,8 @@ def text_files(spec: str, flag: str) -> list[str]:
     return [str(p)]
 
 
-def source_model(plan: Plan) -> tuple[ModelConfig, str]:
-    """The source model's config and tokenizer, checked without loading its weights; errors name SRC."""
+def source_model(plan: Plan) -> tuple[ModelConfig, str, str]:
+    """The source model's config, tokenizer and system, checked without loading its weights; errors name SRC."""
     from ..interop.importers import inspect_hf
     from ..interop.spm import InteropError
 
@@ -116,13 +116,13 @@ def source_model(plan: Plan) -> tuple[ModelConfig, str]:
             raise ConfigError(f"SRC {src} is an mm-ds run that has not finished: {e}") from e
         meta = checkpoint.read_meta(final)
         if meta.get("stage") != "pretrain":
-            raise ConfigError(f"SRC {src} is a {meta.get('stage')!r} run; extend starts from a pretrained model "
-                              f"(a pretrain or imported run)")
+            raise ConfigError(f"SRC {src} is a run of stage {meta.get('stage')!r}; extend starts from a pretrained "
+                              f"model (a pretrain or imported run)")
         tok = meta.get("tokenizer")
         if not tok or not Path(tok).is_file():
             raise ConfigError(f"SRC {src} records no tokenizer file ({tok}); Step 2's overlap initialisation "
                               f"needs the source pieces")
-        return model_config_from_dict(meta["model"]), tok
+        return model_config_from_dict(meta["model"]), tok, meta.get("system", "bl_base")
     if not (src / "config.json").is_file():
         raise ConfigError(f"SRC {src} is neither a Hugging Face model directory (no config.json) nor an mm-ds "
                           f"run (no {checkpoint.FINAL}/); pass a RoBERTa/XLM-R directory saved with "
@@ -131,7 +131,7 @@ def source_model(plan: Plan) -> tuple[ModelConfig, str]:
         _, cfg, _, tok = inspect_hf(src, plan.tokenizer)
     except InteropError as e:
         raise ConfigError(f"SRC {src}: {e}") from e
-    return cfg, str(tok)
+    return cfg, str(tok), "bl_base"  # as import_hf records it
 
 
 def stage_runs(plan: Plan, model: ModelConfig) -> list[StageRun]:
@@ -164,7 +164,7 @@ def check(plan: Plan) -> Report:
     report = Report()
     model = None
     try:
-        model, _ = source_model(plan)
+        model, _, system = source_model(plan)
     except ConfigError as e:
         report.add("SRC", str(e))
     for flag, specs in (("--text", plan.text), ("--source-text", plan.source_text)):
@@ -191,7 +191,7 @@ def check(plan: Plan) -> Report:
         stages = [k for k in KINDS if k != "build_mini" or plan.row.mini]
         report.add("overrides", f"{bad[0]}/... names no stage of this plan ({plan.system}: {', '.join(stages)})")
     if model is not None:
-        known = {plan.primary.resolve(): RunConfig(stage="pretrain", system=plan.row.primary, model=model)}
+        known = {plan.primary.resolve(): RunConfig(stage="pretrain", system=system, model=model)}
         check_stages(stage_runs(plan, model), report, known)
     return report
 
@@ -242,7 +242,7 @@ def run(plan: Plan) -> int:
         say(f"import {plan.src} -> {plan.primary}")
         import_hf(plan.src, plan.primary, tokenizer=plan.tokenizer, lang=plan.source_lang,
                   force=(plan.primary / checkpoint.FINAL).exists())  # an import interrupted before its manifest
-    model, tok = source_model(plan)
+    model, tok, _ = source_model(plan)
     data = plan.out / "data"
     if plan.row.mini == "build":  # Step 1b reads the source language in the source model's own pieces
         prepare(plan.source_lang, _files(plan.source_text, "--source-text"), str(data / plan.source_lang),
@@ -261,9 +261,10 @@ def run(plan: Plan) -> int:
     if done is not None and done.get("adapt_manifest_sha256") == want and (plan.hf_out / "config.json").is_file():
         say(f"skip export: {plan.hf_out} holds this Step-2 result")
     else:
+        claim = {"hf_out": str(plan.hf_out.resolve()), "adapt_manifest_sha256": None}
+        checkpoint.write_json_atomic(plan.out / EXPORTED, claim)  # an export cut short is still ours to replace
         summary = export(plan.primary, plan.hf_out, lang_from=adapted, force=done is not None)
-        checkpoint.write_json_atomic(plan.out / EXPORTED, {"hf_out": str(plan.hf_out.resolve()),
-                                                           "adapt_manifest_sha256": want, "summary": summary})
+        checkpoint.write_json_atomic(plan.out / EXPORTED, claim | {"adapt_manifest_sha256": want, "summary": summary})
         say(f"exported: {json.dumps(summary)}")
     say(f"{plan.lang} model: {plan.hf_out} (AutoTokenizer / AutoModelForMaskedLM.from_pretrained)")
     return 0
@@ -328,6 +329,7 @@ def plan_of(argv: list[str]) -> tuple[Plan, bool]:
 
 def main(argv: list[str]) -> int:
     from ..pipeline import StageFailed
+    from ..progress import speaking_as
 
     plan, check_only = plan_of(argv)
     if check_only:
@@ -335,7 +337,8 @@ def main(argv: list[str]) -> int:
         print(f"mm-ds extend --check: {report.format()}")
         return 1 if report.problems else 0
     try:
-        return run(plan)
+        with speaking_as("mm-ds extend"):
+            return run(plan)
     except StageFailed as e:  # the stage's own traceback is in its log
         print(f"mm-ds extend: error: {e}", file=sys.stderr)
         return 1
