@@ -60,7 +60,12 @@ def extend(*argv) -> int:
 @pytest.fixture(scope="module")
 def done(src, world, tmp_path_factory):
     out = tmp_path_factory.mktemp("ext") / "t1"
-    args = [src, "--lang", "t1", "--text", world / "t1.txt", "--source-text", world / "en.txt", "--out", out,
+    text = out.parent / "t1-text"  # a directory of files, as a corpus often comes
+    text.mkdir()
+    lines = (world / "t1.txt").read_text().splitlines(keepends=True)
+    (text / "a.txt").write_text("".join(lines[:400]))
+    (text / "b.txt").write_text("".join(lines[400:]))
+    args = [src, "--lang", "t1", "--text", text, "--source-text", world / "en.txt", "--out", out,
             "--vocab-size", 200, "--model-type", "bpe", *TINY]
     t0 = time.time()
     assert extend(*args) == 0
@@ -77,7 +82,7 @@ def test_the_target_model_loads_with_transformers(done, src):
     vocab = json.loads((out / "data" / "t1" / "meta.json").read_text())["vocab_size"]
     assert len(tok) == model.config.vocab_size == vocab != len(transformers.AutoTokenizer.from_pretrained(str(src)))
     assert (hf / "spm.model").read_bytes() == open(target["tokenizer"], "rb").read()
-    words = open(json.loads((out / "extend.json").read_text())["text"][0]).readline().split()
+    words = open(json.loads((out / "extend.json").read_text())["text"][0] + "/a.txt").readline().split()
     sentence = " ".join(["<mask>", *words[1:]])  # a sentence of the new language, its first word masked
     fill = transformers.pipeline("fill-mask", model=str(hf), device="cpu")
     got = fill(sentence, top_k=3)
@@ -149,6 +154,11 @@ def test_check_names_the_missing_text_and_a_source_that_is_no_model(src, world, 
     assert extend(src, "--lang", "t1", "--text", missing, "--system", "bl_base", "--out", out, "--check") == 1
     said = capsys.readouterr().out
     assert f"--text {missing} does not exist" in said and "1 problem" in said
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("")
+    assert extend(src, "--lang", "t1", "--text", tmp_path / "empty", "--system", "bl_base", "--out", out,
+                  "--check") == 1
+    assert f"--text {tmp_path / 'empty'}: the directory holds no non-empty file" in capsys.readouterr().out
 
     not_model = tmp_path / "notes"
     not_model.mkdir()

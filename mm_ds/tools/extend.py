@@ -39,13 +39,15 @@ from ..systems import SystemNameError, system_of
 SETTINGS = "extend.json"
 """OUT/extend.json: the arguments that made OUT; a re-run with other ones would mix two models' stages."""
 EXPORTED = "export.json"
-"""OUT/export.json, written after the export: which Step-2 result --hf-out holds."""
+"""OUT/export.json: --hf-out is this run's (written before the export) and which Step-2 result it holds (after)."""
 KINDS = ("build_mini", "adapt")
 """The training stages extend may run; `STAGE/key=value` overrides name one of them."""
 
 
 @dataclass
 class Plan:
+    """What `mm-ds extend` was asked to do (its arguments, parsed); the steps follow from it."""
+
     src: Path
     lang: str
     text: list[str]
