@@ -4,6 +4,7 @@ t1 model out that `AutoTokenizer` / `AutoModelForMaskedLM` / the fill-mask pipel
 source's bit for bit, its embeddings are Step 2's; a re-run does nothing; `--check` names what is wrong."""
 
 import json
+import shutil
 import time
 
 import pytest
@@ -130,7 +131,6 @@ def test_a_rerun_does_nothing(done, capsys):
 
 def test_an_interrupted_stage_resumes_from_its_checkpoint(done, capsys):
     out, args, _ = done
-    import shutil
     run = out / "adapt" / "t1"
     shutil.rmtree(run / checkpoint.FINAL)  # as if stopped after the step-3 checkpoint
     for ckpt in checkpoint.list_checkpoints(run):
