@@ -179,3 +179,17 @@ def test_check_catches_stage_configs_against_the_source_model(src, world, tmp_pa
                   tmp_path / "x", "--check", "build_mini/mini.layers=3", "adapt/data.seq_len=100") == 1
     said = capsys.readouterr().out
     assert "mini.layers=3 must lie in [1, 3)" in said and "data.seq_len=100 exceeds" in said
+
+
+def test_check_of_a_finished_run_and_of_other_arguments_into_it(done, src, world, capsys):
+    out, args, _ = done
+    assert extend(*args, "--check") == 0
+    assert "ok: 2 stage runs can start" in capsys.readouterr().out
+    # the same OUT with BL_BASE (no Step 1b, no English text): two models' stages would mix
+    assert extend(src, "--lang", "t1", "--text", world / "t1.txt", "--system", "bl_base", "--out", out,
+                  "--check") == 1
+    said = capsys.readouterr().out
+    assert f"{out} holds an extend run made with other arguments (system: 'minipost' -> 'bl_base'" in said
+    assert extend(src, "--lang", "t1", "--text", world / "t1.txt", "--system", "bl_base", "--out",
+                  out.parent / "bl", "--check") == 0
+    assert "ok: 1 stage runs can start" in capsys.readouterr().out
