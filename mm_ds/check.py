@@ -67,18 +67,28 @@ def check(recipe, out: Path, strict: bool) -> Report:
     except ConfigError as e:
         report.add("recipe", str(e))
         return report
-    report.stages = len(nodes)
-    configs: dict[Path, RunConfig] = {}
+    configs = check_stages(nodes, report)
     vocab = int(recipe.prepare.get("vocab_size", 50_000))  # `mm-ds prepare`'s default
+    for node in nodes:
+        cfg = configs.get(node.out.resolve())
+        if cfg is not None and cfg.stage == "pretrain" and cfg.model.vocab_size not in (None, vocab):
+            report.add(node.name.split("/", 1)[1], f"model.vocab_size={cfg.model.vocab_size} but the recipe "
+                       f"prepares {vocab}-piece tokenizers (prepare.vocab_size); set model.vocab_size=null to "
+                       f"take it from the tokenizer")
+    return report
+
+
+def check_stages(nodes, report: Report, known: dict[Path, RunConfig] | None = None) -> dict[Path, RunConfig]:
+    """Each stage run of a plan, in order, statically (`_stage`); returns their configs by resolved run
+    directory. `known`: configs of parents that are no stage of the plan (an imported model), so that what a
+    stage inherits is checked against them too."""
+    report.stages += len(nodes)
+    configs: dict[Path, RunConfig] = dict(known or {})
     for node in nodes:
         cfg = _stage(node, configs, report)
         if cfg is not None:
             configs[node.out.resolve()] = cfg
-            if cfg.stage == "pretrain" and cfg.model.vocab_size not in (None, vocab):
-                report.add(node.name.split("/", 1)[1], f"model.vocab_size={cfg.model.vocab_size} but the recipe "
-                           f"prepares {vocab}-piece tokenizers (prepare.vocab_size); set model.vocab_size=null to "
-                           f"take it from the tokenizer")
-    return report
+    return configs
 
 
 # ---------------------------------------------------------------- the output directory

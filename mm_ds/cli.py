@@ -31,6 +31,8 @@ TOOL_COMMANDS = {
     "prepare": ("mm_ds.cli:prepare_main", "train SentencePiece and encode a corpus into token shards"),
     "run": ("mm_ds.pipeline:main", "a whole experiment from a recipe (tiny, quick, paper), one results table"),
     "transfer": ("mm_ds.stages.transfer:main", "Step 4: zero-shot transfer by swapping target embeddings in"),
+    "extend": ("mm_ds.tools.extend:main", "an English HF model (or mm-ds run) + target text -> a Hugging Face "
+               "model for the new language: import, Step 1b, prepare, Step 2, export, with resume and --check"),
     "world": ("mm_ds.data.world:main", "generate the synthetic multilingual world (the embedded default data)"),
     "score": ("mm_ds.score:main", "score a predictions file as the official evaluation scripts would"),
     "flops": ("mm_ds.tools.costs:main", "analytic training FLOPs and V100-days of a recipe's stages"),

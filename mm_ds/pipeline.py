@@ -49,7 +49,7 @@ def complete(run: Path) -> bool:
 # ---------------------------------------------------------------- running
 
 def _mm_ds(argv: list[str], log: Path) -> None:
-    print(f"[mm-ds run] $ mm-ds {' '.join(argv)}", flush=True)
+    say(f"$ mm-ds {' '.join(argv)}")
     _run_logged([sys.executable, "-m", "mm_ds.cli", *argv], log)
 
 
@@ -61,7 +61,7 @@ def _launch_stage(name: str, argv: list[str], log: Path, follow: Follow | None =
     from .cli import preflight_stage, validated_env
     from .launch import command
 
-    print(f"[mm-ds run] $ mm-ds {' '.join(argv)}", flush=True)
+    say(f"$ mm-ds {' '.join(argv)}")
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f, contextlib.redirect_stdout(f):
         try:
@@ -71,6 +71,18 @@ def _launch_stage(name: str, argv: list[str], log: Path, follow: Follow | None =
     if not done:
         _run_logged(command(cfg.launch, argv) if cfg.launch.launcher != "none"
                     else [sys.executable, "-m", "mm_ds.cli", *argv], log, follow, validated_env(argv))
+
+
+def run_stages(todo: list[StageRun], logs: Path) -> None:
+    """Each stage run in order, one launch each, its output in `logs`, progress shown meanwhile; an
+    interrupted one resumes from its newest checkpoint. The caller has left out the complete ones."""
+    for i, n in enumerate(todo):
+        resume = ["--resume"] if checkpoint.list_checkpoints(n.out) else []
+        if resume:
+            found = checkpoint.find_resume_point(n.out)
+            say(f"resume {n.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}")
+        log = logs / f"{n.name.replace('/', '_')}.log"
+        _launch_stage(n.name, n.argv + ["--no-progress"] + resume, log, Follow([_watched(n, i, len(todo), log)]))
 
 
 def _watched(run: StageRun, i: int, n: int, log: Path) -> Watched:
@@ -245,14 +257,7 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
                     Follow([_watched(n, i, len(todo), out / "logs" / "job.log") for i, n in enumerate(todo)],
                            out / "logs" / "eval.json"))
         todo, job_ran_eval = [], True
-    for i, n in enumerate(todo):
-        resume = ["--resume"] if checkpoint.list_checkpoints(n.out) else []
-        if resume:
-            found = checkpoint.find_resume_point(n.out)
-            print(f"[mm-ds run] resume {n.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}",
-                  flush=True)
-        log = out / "logs" / f"{n.name.replace('/', '_')}.log"
-        _launch_stage(n.name, n.argv + ["--no-progress"] + resume, log, Follow([_watched(n, i, len(todo), log)]))
+    run_stages(todo, out / "logs")
     rows = evaluate(recipe, out, job_ran_it=job_ran_eval)
     with open(out / "results.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)

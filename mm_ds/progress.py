@@ -6,6 +6,7 @@ for one launch per stage and for one job that runs every stage."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -18,8 +19,22 @@ INTERVAL_S = 20.0
 """Seconds between two progress lines of one stage: enough to see it move, few enough for a CI log."""
 
 
+_speaker = "mm-ds run"
+
+
+@contextlib.contextmanager
+def speaking_as(command: str):
+    """Within it, `say` names `command`: `mm-ds extend` runs its stages through the pipeline too."""
+    global _speaker
+    before, _speaker = _speaker, command
+    try:
+        yield
+    finally:
+        _speaker = before
+
+
 def say(msg: str) -> None:
-    print(f"[mm-ds run] {msg}", flush=True)
+    print(f"[{_speaker}] {msg}", flush=True)
 
 
 def clock(seconds: float) -> str:

@@ -7,6 +7,7 @@ Pure functions on (config, state dict), like mm_ds.surgery: no files, no engines
     to_hf_keys              our keys -> HF names for the rows of HF_KEYS a state dict has: the one loop both
                             MLM and task exports (mm_ds.interop.export) go through
     to_hf_roberta, from_hf_roberta, hf_config   a whole RobertaForMaskedLM
+    model_config            our ModelConfig of an HF config (no weights needed)
     token_type_fold         what an import does with the token-type table (recorded in the import's meta)
 """
 
@@ -121,12 +122,9 @@ def to_hf_roberta(cfg: ModelConfig, sd: StateDict, drop_secondary_head: bool = F
     return out
 
 
-def from_hf_roberta(hf_cfg: Mapping, hf_sd: StateDict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """An HF `RobertaForMaskedLM` (config as a dict, e.g. `config.to_dict()`, and state dict) as our
-    (ModelConfig, state dict). Row 0 of the token-type table is added to every row of our position table:
-    HF adds it to every token whose token_type_ids is 0, so the forward pass of single-segment input is the
-    same up to float rounding; rows 1.. are dropped (see token_type_fold). Needs pad_token_id=1,
-    hidden_act=gelu, absolute positions and tied output embeddings."""
+def model_config(hf_cfg: Mapping) -> ModelConfig:
+    """Our ModelConfig of an HF RoBERTa/XLM-R config (a dict, e.g. config.json's), or a SurgeryError naming
+    the key it cannot take: what `from_hf_roberta` builds, known before any weights are read."""
     def need(key, ok, want):
         if key in hf_cfg and not ok(hf_cfg[key]):
             raise SurgeryError(f"HF config {key}={hf_cfg[key]!r} is not supported: our model needs {key}={want}")
@@ -154,7 +152,16 @@ def from_hf_roberta(hf_cfg: Mapping, hf_sd: StateDict) -> tuple[ModelConfig, dic
         cfg.check()
     except ValueError as e:
         raise SurgeryError(f"HF config does not give a valid model: {e}") from e
+    return cfg
 
+
+def from_hf_roberta(hf_cfg: Mapping, hf_sd: StateDict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """An HF `RobertaForMaskedLM` (config as a dict, e.g. `config.to_dict()`, and state dict) as our
+    (ModelConfig, state dict). Row 0 of the token-type table is added to every row of our position table:
+    HF adds it to every token whose token_type_ids is 0, so the forward pass of single-segment input is the
+    same up to float rounding; rows 1.. are dropped (see token_type_fold). Needs pad_token_id=1,
+    hidden_act=gelu, absolute positions and tied output embeddings."""
+    cfg = model_config(hf_cfg)
     rows = list(hf_rows(cfg))
     known = {n for _, hf in rows for n in (hf if isinstance(hf, tuple) else (hf,))} | set(HF_TIED) | {HF_TOKEN_TYPE}
     present = {k for k in hf_sd if not k.startswith(HF_IGNORED_PREFIXES)}

@@ -103,16 +103,22 @@ def check_hf_config(path: Path) -> dict:
     return cfg
 
 
-def read_hf_weights(src: Path) -> tuple[dict, Path]:
-    """The state dict of an HF directory (safetensors, sharded or not; .bin via weights_only) and its file."""
-    from safetensors.torch import load_file
-
+def hf_weights_file(src: Path) -> Path:
+    """The weights file (or shard index) of an HF directory, or an error saying what is there instead."""
     found = next((src / n for n in HF_WEIGHTS if (src / n).is_file()), None)
     if found is None:
         other = sorted(p.name for p in src.glob("*") if p.suffix in (".h5", ".msgpack", ".ckpt", ".pt"))
         raise InteropError(f"{src}: no weights file; expected one of {', '.join(HF_WEIGHTS)}"
                            + (f" (found {', '.join(other)}: convert it with transformers' save_pretrained "
                               f"first)" if other else ""))
+    return found
+
+
+def read_hf_weights(src: Path) -> tuple[dict, Path]:
+    """The state dict of an HF directory (safetensors, sharded or not; .bin via weights_only) and its file."""
+    from safetensors.torch import load_file
+
+    found = hf_weights_file(src)
     files = [found]
     if found.name.endswith(".index.json"):
         index = json.loads(found.read_text())
@@ -139,25 +145,43 @@ def import_hf(src: str | Path, out: str | Path, tokenizer: str | Path | None = N
     `no_tokenizer=True` to import the weights alone. The token-type table's row 0 is folded into the
     positions, rows 1.. dropped (hf.token_type_fold): recorded in the meta's `imported_from`."""
     src = Path(src)
-    if not src.is_dir():
-        raise InteropError(f"--from hf expects a directory holding config.json, got {src}")
-    cfg_path = src / "config.json"
-    if not cfg_path.is_file():
-        raise InteropError(f"{src}: no config.json; is this a Hugging Face model directory?")
     final = _out_final(out, force)
-    hf_cfg = check_hf_config(cfg_path)
+    hf_cfg, _, _, spm_src = inspect_hf(src, tokenizer, no_tokenizer)
+    cfg_path = src / "config.json"
     hf_sd, wfile = read_hf_weights(src)
     hf_sd, dtypes = _to_fp32(hf_sd)
     try:
         cfg, sd = hf.from_hf_roberta(hf_cfg, hf_sd)
     except (surgery.SurgeryError, ConfigError) as e:
         raise InteropError(f"{wfile} with {cfg_path}: {e}") from e
-    spm_src = _find_tokenizer(src, tokenizer, no_tokenizer, "--from hf")
     rows = spm_io.rows_of(spm_src, cfg.vocab_size, f"{wfile.name} {HF_EMBED}") if spm_src else None
     source = {"format": "hf", "path": str(src.resolve()), "weights": wfile.name, "dtype": dtypes,
               "model_type": hf_cfg.get("model_type"), "architectures": hf_cfg.get("architectures"),
               "token_type_embeddings": hf.token_type_fold(hf_cfg, hf_sd)}
     return _finish(final, cfg, sd, _import_meta(cfg, system, lang, source), spm_src, rows)
+
+
+def inspect_hf(src: str | Path, tokenizer: str | Path | None = None,
+               no_tokenizer: bool = False) -> tuple[dict, ModelConfig, Path, Path | None]:
+    """(config.json, our ModelConfig, weights file, SentencePiece model or None) of an HF RoBERTa/XLM-R MLM
+    directory, checked without reading the weights: the directory, its config, that a weights file is there,
+    and a tokenizer whose pieces fit the embedding rows (what `import_hf` reads, `mm-ds extend --check` checks)."""
+    src = Path(src)
+    if not src.is_dir():
+        raise InteropError(f"--from hf expects a directory holding config.json, got {src}")
+    cfg_path = src / "config.json"
+    if not cfg_path.is_file():
+        raise InteropError(f"{src}: no config.json; is this a Hugging Face model directory?")
+    hf_cfg = check_hf_config(cfg_path)
+    try:
+        cfg = hf.model_config(hf_cfg)
+    except surgery.SurgeryError as e:
+        raise InteropError(f"{cfg_path}: {e}") from e
+    wfile = hf_weights_file(src)
+    spm_src = _find_tokenizer(src, tokenizer, no_tokenizer, "--from hf")
+    if spm_src is not None:
+        spm_io.rows_of(spm_src, cfg.vocab_size, f"{wfile.name} {HF_EMBED}")
+    return hf_cfg, cfg, wfile, spm_src
 
 
 def _find_tokenizer(src: Path, tokenizer, no_tokenizer: bool, flag: str) -> Path | None:
