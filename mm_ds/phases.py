@@ -63,10 +63,10 @@ class DepthSchedule:
     def phases_until(self, step: int) -> list[tuple[int, int, int]]:
         """(depth, first step, end step) of the phases of updates [0, step), empty phases left out."""
         if self.plateau:
-            bounds = self.starts + [step]
+            bounds = [min(a, step) for a in self.starts] + [step]
         else:
             bounds = [0] + [min(e, step) for e in self.ends[:-1]] + [step]
-        return [(d, max(a, 0), b) for d, a, b in zip(self.depths, bounds, bounds[1:]) if b > a]
+        return [(d, a, b) for d, a, b in zip(self.depths, bounds, bounds[1:]) if b > a]
 
     def flops_until(self, step: int, per_update: Callable[[int], float]) -> float:
         """FLOPs of updates [0, step): each phase at its own depth (`per_update(depth)`, formula A3)."""
@@ -81,3 +81,15 @@ class DepthSchedule:
             raise ValueError(f"the checkpoint's depth schedule runs over depths {state['depths']}, this stage's "
                              f"over {list(self.depths)}: resume with the configuration it was written with")
         self.starts, self.best, self.recent = list(state["starts"]), state["best"], list(state["recent"])
+
+
+def schedule_for(depths: tuple[int, ...], steps: int, mini) -> DepthSchedule | None:
+    """The schedule of a Step 2 over a model with heads after `depths` (ascending; the last is its top), from
+    `mini` (MiniConfig): None for one depth. ValueError names the mini.* key that does not fit."""
+    if len(depths) == 1:
+        if mini.depth_shares or mini.plateau_window:
+            raise ValueError("mini.depth_shares / mini.plateau_window schedule the depths of a multi-depth "
+                             "mini-model (system=minijoint@1+2+4), but this Step 2 runs over a model with one "
+                             "head; drop them")
+        return None
+    return DepthSchedule(depths, steps, mini.depth_shares, mini.plateau_window, mini.plateau_delta)
