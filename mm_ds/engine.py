@@ -168,9 +168,8 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
         elif rank == 0:
             print(f"[mm-ds] --resume: no complete checkpoint in {run_dir}, starting from step 0", flush=True)
 
-    flops_step = stage.flops_per_step(geo.global_batch)  # per phase: stage.flops_until
     schedule = stage.schedule
-    # flops_step counts the whole global batch; the peak is one rank's device (GPU, or CPU threads).
+    # FLOPs (stage.flops_until) count the whole global batch; the peak is one rank's device (GPU, or CPU threads).
     peak = device_peak_flops(cfg.peak_tflops, half=dsc.precision(ds_cfg) != "fp32") * world
     tokens_per_step = geo.global_batch * stage.tokens_per_sample
     if rank == 0:

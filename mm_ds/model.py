@@ -226,7 +226,8 @@ class RobertaMLM(Encoder):
 
     def heads(self) -> dict[str, MLMHead]:
         depths = self.cfg.secondary_depths
-        modules = [self.head] + [self.secondary_head] * bool(depths) + [self.secondary_heads[str(n)] for n in depths[1:]]
+        modules = [self.head] + ([self.secondary_head] if depths else [])
+        modules += [self.secondary_heads[str(n)] for n in depths[1:]]
         return dict(zip(self.head_depths(), modules))
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,

@@ -193,7 +193,7 @@ def _check_group(lang_sd: StateDict) -> tuple[int, int]:
     extra = sorted(k for k in lang_sd if not is_language_param(k))
     if extra:
         raise SurgeryError(f"language group has non-language keys {few_keys(extra)}; it may only hold "
-                           f"{', '.join(LANGUAGE_PARAMS)}, secondary_heads.N.bias (use language_group(sd) to take them)")
+                           f"{', '.join(LANGUAGE_PARAMS)}, secondary_heads.N.bias (language_group(sd) takes them)")
     if TOKENS not in lang_sd:
         raise SurgeryError(f"language group has no {TOKENS}")
     emb = lang_sd[TOKENS]

@@ -3,6 +3,7 @@ mini-model per depth cut in Step 1b, and a Step 2 that moves from the shallowest
 (fixed shares or a plateau of the target MLM loss), resumed exactly, with its FLOPs counted per phase."""
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -82,8 +83,8 @@ def test_loss_is_the_mean_over_all_heads_and_names_are_back_compatible():
     assert torch.allclose(out["loss"], torch.stack([out[k] for k in heads]).mean())
     assert {k for k in out if k.startswith("correct")} == {"correct" + k[4:] for k in heads}
     assert set(m.state_dict()) == set(param_shapes(cfg))
-    assert {k for k in m.state_dict() if "head" in k and k.endswith(".bias") and ".dense" not in k and ".norm" not in k} \
-        == {"head.bias", "secondary_head.bias", "secondary_heads.2.bias", "secondary_heads.4.bias"}
+    assert {k for k in m.state_dict() if is_language_param(k)} == {
+        "embed.tokens.weight", "head.bias", "secondary_head.bias", "secondary_heads.2.bias", "secondary_heads.4.bias"}
     # the single-head case keeps its names and log keys (checkpoints and logs of before read the same)
     single_cfg, single = _model(2)
     assert not any(k.startswith("secondary_heads.") for k in single.state_dict())
@@ -115,9 +116,11 @@ def test_extract_keeps_the_bottom_layers_and_every_head_bitwise():
         (got,) = mini(ids, depth=depth).values()
         assert torch.equal(got, full[f"logits_{head}"])
         assert torch.equal(mini(ids, labels, depth=depth)["loss"], m(ids, labels)[f"loss_{head}"])
-    two_cfg, two_sd = surgery.extract_minijoint(*(lambda c, mm: (c, mm.state_dict()))(*_model([1, 3])))
+    two_cfg, two = _model([1, 3])
+    two_cfg, _ = surgery.extract_minijoint(two_cfg, two.state_dict())
     assert (two_cfg.num_layers, two_cfg.secondary_head_layer) == (3, 1)  # one shallower head: the int
-    one_cfg, one_sd = surgery.extract_minijoint(cfg := _model(3)[0], _model(3)[1].state_dict())
+    one_cfg, one = _model(3)
+    one_cfg, one_sd = surgery.extract_minijoint(one_cfg, one.state_dict())
     assert (one_cfg.num_layers, one_cfg.secondary_head_layer) == (3, None) and "secondary_head.bias" not in one_sd
 
 
@@ -177,7 +180,7 @@ def test_flops_per_phase_and_per_head():
 def test_recipe_costs_count_step2_per_depth():
     from mm_ds.recipe import load_recipe
     recipe = load_recipe("tiny", ["systems=[minijoint,minijoint@1+2]", "seeds=[1]", "tasks=[xnli]", "langs=[t1]",
-                                  "overrides.adapt=['mini.depth_shares=[1,3]']"])
+                                  "overrides.adapt/minijoint@1+2=['mini.depth_shares=[1,3]']"])
     rows = recipe_costs(recipe, vocab=200)
     multi = [r for r in rows if r.system == "MINIJOINT@1+2"]
     step2 = [r for r in multi if r.stage == "step2"]
@@ -252,3 +255,16 @@ def test_step2_resumes_exactly_across_a_depth_switch(tmp_path, mode):
     assert rows[-1]["flops"] == pytest.approx(want)
     # the deeper head's output bias moved only once its phase began; the shallower one trained first
     assert "secondary_head.bias" in sd_a and not torch.equal(sd_a["head.bias"], torch.zeros(40))
+
+
+def test_the_recipe_check_passes_a_multidepth_recipe_and_refuses_a_bad_schedule(tmp_path):
+    from mm_ds.check import check
+    from mm_ds.recipe import load_recipe
+    base = ["systems=[bl_base,minijoint@1+2]", "seeds=[1]", "tasks=[xnli]", "langs=[t1]"]
+    report = check(load_recipe("tiny", [*base, "overrides.adapt/minijoint@1+2=['mini.plateau_window=20']"]),
+                   tmp_path / "a", strict=False)
+    assert not report.problems, report.format()
+    for bad, needle in [("overrides.adapt/minijoint@1+2=['mini.depth_shares=[1,1,1]']", "one share per depth"),
+                        ("overrides.adapt=['mini.depth_shares=[1,1]']", "adapt/bl_base: .* one head")]:
+        report = check(load_recipe("tiny", [*base, bad]), tmp_path / "b", strict=False)
+        assert any(re.search(needle, p) for p in map(str, report.problems)), report.format()
