@@ -32,6 +32,7 @@ class DepthSchedule:
         for s in shares:  # the step each fixed phase ends before
             acc += s
             self.ends.append(round(steps * acc / total))
+        self.ends[-1] = steps  # whatever the rounding
         self.starts = [0]  # plateau: the step each phase entered so far began at
         self.best, self.recent = float("inf"), []
 
