@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import ConfigError, ModelConfig, RunConfig
+from .phases import schedule_for
 from .systems import MINI_SYSTEMS, system_of
 
 PREPARED = "meta.json"  # `mm-ds prepare` writes it last: a prepared corpus needs no text inputs
@@ -240,6 +241,10 @@ def _inherited(cfg: RunConfig, configs: dict[Path, RunConfig]) -> None:
         want = system_of(cfg.system).adapts_over
         if parent.stage != want:
             raise ConfigError(f"{cfg.system} adapts over a {want} run, but its parent is a {parent.stage} run")
+        try:
+            schedule_for((*pm.secondary_depths, pm.num_layers), cfg.train.steps, cfg.mini)
+        except ValueError as e:
+            raise ConfigError(f"adapt/{cfg.system}: {e}") from None
 
 
 def _model_after(cfg: RunConfig, configs: dict[Path, RunConfig]) -> ModelConfig:
@@ -250,5 +255,6 @@ def _model_after(cfg: RunConfig, configs: dict[Path, RunConfig]) -> ModelConfig:
     m = _model_after(configs[Path(cfg.parent).resolve()], configs)
     if cfg.stage != "build_mini":
         return m
-    layers = system_of(cfg.system).adapted_layers(m, cfg.mini)
-    return ModelConfig(**{**m.__dict__, "num_layers": layers or m.num_layers, "secondary_head_layer": None})
+    depths = system_of(cfg.system).adapted_depths(m, cfg.mini) or (m.num_layers,)
+    # a multi-depth mini-model keeps a secondary head after each shallower depth (surgery.extract_minijoint)
+    return ModelConfig(**{**m.__dict__, "num_layers": depths[-1], "secondary_head_layer": list(depths[:-1]) or None})

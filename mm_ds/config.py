@@ -7,10 +7,7 @@ directory. Unknown keys and wrong types fail here, before any process group or e
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import json
-import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -20,16 +17,7 @@ import yaml
 from .data.tasks import TASKS
 from . import systems
 from .systems import STAGES
-
-
-class ConfigError(ValueError):
-    """A configuration problem, reported with the offending key/file and how to fix it."""
-
-
-def did_you_mean(word: str, choices) -> str:
-    """" (did you mean 'X'?)" with the valid name closest to a mistyped `word`, or "" when none is close."""
-    match = difflib.get_close_matches(str(word), [str(c) for c in choices], 1)
-    return f" (did you mean {match[0]!r}?)" if match else ""
+from .coerce import ConfigError, did_you_mean, from_dict, to_dict  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -54,16 +42,31 @@ class ModelConfig:
     """Epsilon of every LayerNorm."""
     init_std: float = 0.02
     """Standard deviation of the normal initialisation of fresh weights."""
-    secondary_head_layer: int | None = None
-    """MINIJOINT: attach a second MLM head after this many layers (paper N=4). None: one head."""
+    secondary_head_layer: int | list[int] | None = None
+    """MINIJOINT: attach a second MLM head after this many layers (paper N=4); an ascending list attaches one
+    after each (multi-depth, §7: [1, 2, 4]; a 1-item list is the int). None: one head."""
+
+    def __post_init__(self):
+        if isinstance(self.secondary_head_layer, (list, tuple)) and len(self.secondary_head_layer) <= 1:
+            self.secondary_head_layer = self.secondary_head_layer[0] if self.secondary_head_layer else None
+
+    @property
+    def secondary_depths(self) -> tuple[int, ...]:
+        """The layers after which a secondary head sits, ascending (empty: one head)."""
+        n = self.secondary_head_layer
+        return () if n is None else (n,) if isinstance(n, int) else tuple(n)
 
     def check(self) -> None:
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"model.hidden_size={self.hidden_size} is not divisible by "
                               f"model.num_heads={self.num_heads}; pick a head count that divides it")
-        if self.secondary_head_layer is not None and not 1 <= self.secondary_head_layer <= self.num_layers:
+        d = self.secondary_depths
+        if d and not 1 <= min(d) <= max(d) <= self.num_layers:
             raise ConfigError(f"model.secondary_head_layer={self.secondary_head_layer} must be between 1 and "
                               f"model.num_layers={self.num_layers} (or null for a single head)")
+        if list(d) != sorted(set(d)):
+            raise ConfigError(f"model.secondary_head_layer={self.secondary_head_layer}: list the layers in "
+                              f"ascending order, each once, e.g. [1, 2, 4]")
         for name in ("hidden_size", "num_layers", "num_heads", "ffn_size", "max_positions"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
@@ -132,6 +135,24 @@ class MiniConfig:
     """N: bottom layers shared with the primary model (MINIJOINT's second head sits after layer N)."""
     new_layers: int = 2
     """MINIPOST: freshly initialised layers trained on top of the frozen N (Step 1b)."""
+    depth_shares: list[float] = field(default_factory=list)
+    """Multi-depth Step 2 (§7): relative share of the updates at each depth, shallowest first (e.g. [1, 1, 2]);
+    0 skips a depth. Empty: equal shares."""
+    plateau_window: int = 0
+    """Multi-depth Step 2: > 0 moves to the next depth when the target MLM loss has not improved by
+    `plateau_delta` over the last this many updates (instead of fixed shares). 0: fixed shares."""
+    plateau_delta: float = 0.0
+    """The improvement of the target MLM loss that counts, for `plateau_window`."""
+
+    def check(self) -> None:
+        if any(s < 0 for s in self.depth_shares) or (self.depth_shares and not sum(self.depth_shares) > 0):
+            raise ConfigError(f"mini.depth_shares={self.depth_shares}: shares must be >= 0 with a positive sum")
+        if self.plateau_window < 0 or self.plateau_delta < 0:
+            raise ConfigError(f"mini.plateau_window={self.plateau_window} and mini.plateau_delta="
+                              f"{self.plateau_delta} must be >= 0")
+        if self.plateau_window and self.depth_shares:
+            raise ConfigError("mini.depth_shares and mini.plateau_window both set: Step 2 switches depth by fixed "
+                              "shares or on a plateau, not both; drop one")
 
 
 @dataclass
@@ -252,6 +273,7 @@ class RunConfig:
         if self.stage != "pretrain" and not self.parent:
             raise ConfigError(f"stage {self.stage} starts from a parent checkpoint: set parent=RUN_DIR")
         self.model.check()
+        self.mini.check()
         t = self.train
         for name in ("steps", "global_batch", "micro_batch", "checkpoint_every", "log_every"):
             v = getattr(t, name)
@@ -267,86 +289,6 @@ class RunConfig:
         if not 0 < self.data.mask_prob < 1:
             raise ConfigError(f"data.mask_prob={self.data.mask_prob} must be in (0, 1)")
         self.launch.check()
-
-
-# ---------------------------------------------------------------- dict <-> dataclass, with checks
-
-def _type_name(tp) -> str:
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value, tp, key: str):
-    """Convert a YAML/JSON/CLI value to the annotated type, or fail naming the key."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], key)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping of {_type_name(tp)} fields, got {value!r}")
-        return from_dict(tp, value, prefix=f"{key}.")
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        item_t = args[0] if args else typing.Any
-        items = [_coerce(v, item_t, f"{key}[{i}]") for i, v in enumerate(value)]
-        if origin is tuple:
-            if len(args) == 2 and args[1] is not Ellipsis and len(items) != 2:
-                raise ConfigError(f"{key}: expected 2 values, got {len(items)}")
-            return tuple(items)
-        return items
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true/false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return int(value)
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    return value
-
-
-RENAMED = {"aux_head_layer": "secondary_head_layer"}
-"""Keys that had another name: configs written before the rename get told the new one."""
-
-
-def from_dict(cls, data: dict, prefix: str = ""):
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        hints = "".join(f"; {prefix + k} is now {prefix + RENAMED[k]}" if RENAMED.get(k) in names else
-                        "".join(f"; did you mean {prefix + m}?" for m in difflib.get_close_matches(k, names, 1))
-                        for k in unknown)
-        raise ConfigError(f"unknown config key(s) {', '.join(prefix + k for k in unknown)}{hints}; "
-                          f"valid keys under {prefix or 'the top level'}: {', '.join(sorted(names))}")
-    types = typing.get_type_hints(cls)
-    kwargs = {k: _coerce(v, types[k], prefix + k) for k, v in data.items()}
-    return cls(**kwargs)
-
-
-def to_dict(cfg) -> dict:
-    def plain(v):
-        if isinstance(v, tuple):
-            return list(v)
-        return v
-    return {k: (to_dict(v) if dataclasses.is_dataclass(v) else plain(v))
-            for k, v in ((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg))}
 
 
 def _deep_merge(base: dict, top: dict) -> dict:

@@ -29,6 +29,7 @@ from . import ds_config as dsc
 from .config import RunConfig, dump_yaml, to_dict
 from .ds_config import Geometry
 from .peaks import device_peak_flops
+from .phases import DepthSchedule
 
 
 @dataclass
@@ -39,12 +40,20 @@ class Stage:
     trainable: Callable[[str], bool]
     batches: Callable[[int, int, int, Geometry], dict]
     """(step, micro_step, rank, geometry) -> keyword arguments of model.forward (tensors on CPU)."""
-    flops_per_step: Callable[[int], float]
-    """global batch -> analytic FLOPs of one update (mm_ds.flops)."""
+    flops_per_step: Callable[..., float]
+    """(global batch, depth=None) -> analytic FLOPs of one update (mm_ds.flops); `depth` with a `schedule`."""
     tokens_per_sample: int
     parent: str | None = None
     parent_flops: float = 0.0
     meta: dict = field(default_factory=dict)
+    schedule: DepthSchedule | None = None
+    """Multi-depth Step 2: the depth of each update (its batches carry it); its state is checkpointed."""
+
+    def flops_until(self, step: int, global_batch: int) -> float:
+        """Analytic FLOPs of updates [0, step): per phase at its depth when there is a schedule."""
+        if self.schedule is None:
+            return self.flops_per_step(global_batch) * step
+        return self.schedule.flops_until(step, lambda d: self.flops_per_step(global_batch, d))
 
 
 @dataclass
@@ -152,13 +161,15 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
                 universal.restore_frozen(engine, built.load_from)
             start_step, tokens = client["step"], client["tokens"]
             nonfinite = client.get("nonfinite_steps", 0)
+            if stage.schedule is not None:
+                stage.schedule.load_state_dict(client["schedule"])
             if rank == 0:
                 print(f"[mm-ds] resumed from {found} at step {start_step}", flush=True)
         elif rank == 0:
             print(f"[mm-ds] --resume: no complete checkpoint in {run_dir}, starting from step 0", flush=True)
 
-    flops_step = stage.flops_per_step(geo.global_batch)
-    # flops_step counts the whole global batch; the peak is one rank's device (GPU, or CPU threads).
+    schedule = stage.schedule
+    # FLOPs (stage.flops_until) count the whole global batch; the peak is one rank's device (GPU, or CPU threads).
     peak = device_peak_flops(cfg.peak_tflops, half=dsc.precision(ds_cfg) != "fp32") * world
     tokens_per_step = geo.global_batch * stage.tokens_per_sample
     if rank == 0:
@@ -169,7 +180,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
               f"backend {dist.backend()}", flush=True)
 
     def meta(step: int) -> dict:
-        return (_meta(stage, step, tokens, flops_step, ds_cfg, world)
+        return (_meta(stage, step, tokens, stage.flops_until(step, geo.global_batch), ds_cfg, world)
                 | ({"frozen": frozen_dir} if frozen_dir else {}))
 
     bar = None
@@ -187,6 +198,10 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
         skipped = _nonfinite_check(engine, step, step_logs, run_dir, rank, nonfinite, cfg.train.max_nonfinite_steps)
         nonfinite += skipped
         window_skipped += skipped
+        phase = schedule.phase_for(step) if schedule else None  # before `observe` may move to the next
+        depth = schedule.depths[phase] if schedule else None
+        if schedule is not None and schedule.plateau and not skipped:  # every rank decides on the same loss
+            schedule.observe(step, dist.all_reduce([step_logs["loss"]], "sum")[0] / (world * geo.grad_accum))
         dt = time.perf_counter() - t0
         window_steps += 1
         window_time += dt
@@ -194,13 +209,18 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
             window[k] = window.get(k, 0.0) + v
         tokens += tokens_per_step
         done = step + 1
-        if done % cfg.train.log_every == 0 or done == cfg.train.steps:
+        phase_ends = schedule is not None and done < cfg.train.steps and schedule.depth_for(done) != depth
+        if done % cfg.train.log_every == 0 or done == cfg.train.steps or phase_ends:  # a row never spans phases
             logs = _reduce_logs(window, max(1, window_steps - window_skipped) * geo.grad_accum)
             if nonfinite:
                 logs["nonfinite_steps"] = nonfinite
+            window_flops = stage.flops_until(done, geo.global_batch) - stage.flops_until(done - window_steps,
+                                                                                            geo.global_batch)
             logs.update(lr=engine.get_lr()[0], tokens_per_s=tokens_per_step * window_steps / window_time,
                         step_time_s=window_time / window_steps, data_share=data_time / window_time,
-                        tflops=flops_step * window_steps / window_time / 1e12)
+                        tflops=window_flops / window_time / 1e12, flops=stage.flops_until(done, geo.global_batch))
+            if schedule is not None:
+                logs.update(phase=phase, depth=depth)
             logs["mfu"] = logs["tflops"] * 1e12 / peak if peak == peak else float("nan")
             gn = engine.get_global_grad_norm()
             if gn is not None:
@@ -219,7 +239,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
             bar.update(1)
         if is_checkpoint_step(done, cfg):
             client = {"step": done, "tokens": tokens, "rng_cpu": torch.get_rng_state(), "seed": cfg.train.seed,
-                      "nonfinite_steps": nonfinite}
+                      "nonfinite_steps": nonfinite} | ({"schedule": schedule.state_dict()} if schedule else {})
             ckpt_io.save(engine, run_dir, done, client, meta(done))
         faults.after_step(done, rank, cfg.stage)  # a test's fault point (MM_DS_KILL_AT); inert otherwise
     if bar is not None:
@@ -279,13 +299,15 @@ def _reduce_logs(window: dict[str, float], n_micro: int) -> dict[str, float]:
     return out
 
 
-def _meta(stage: Stage, step: int, tokens: int, flops_step: float, ds_cfg: dict | None = None,
+def _meta(stage: Stage, step: int, tokens: int, flops: float, ds_cfg: dict | None = None,
           world: int | None = None) -> dict:
-    """final/'s and every checkpoint's meta; without an engine (`ds_cfg` None) no engine settings."""
+    """final/'s and every checkpoint's meta (`flops`: of this stage's `step` updates); without an engine
+    (`ds_cfg` None) no engine settings. Multi-depth Step 2 adds its phases: [[depth, first, end step], ...]."""
     cfg = stage.cfg
-    flops = flops_step * step
     engine = {} if ds_cfg is None else {"run_config": to_dict(cfg), "zero_stage": dsc.zero_stage(ds_cfg),
                                         "precision": dsc.precision(ds_cfg), "world_size": world}
+    if stage.schedule is not None:
+        engine["depth_phases"] = [list(p) for p in stage.schedule.phases_until(step)]
     return stage.meta | {
         "stage": cfg.stage, "system": cfg.system, "lang": cfg.lang, "step": step, "tokens": tokens,
         "flops": flops, "flops_cumulative": stage.parent_flops + flops, "parent": stage.parent,

@@ -1,5 +1,5 @@
-"""One readable RoBERTa MLM (paper §2, §3): post-LayerNorm encoder, tied embeddings, and an optional
-second MLM head after layer N (MINIJOINT).
+"""One readable RoBERTa MLM (paper §2, §3): post-LayerNorm encoder, tied embeddings, and optional
+secondary MLM heads after layer N (MINIJOINT; several for the multi-depth variant of §7).
 
 State-dict keys read like the architecture:
     embed.tokens.weight            (V, h)   language-specific, tied to every head's output projection
@@ -9,7 +9,8 @@ State-dict keys read like the architecture:
     layers.{i}.attn.out.{weight,bias}
     layers.{i}.attn_norm, layers.{i}.ffn.fc1, layers.{i}.ffn.fc2, layers.{i}.ffn_norm
     head.dense, head.norm, head.bias       (bias: V, language-specific)
-    secondary_head.dense, secondary_head.norm, secondary_head.bias   (MINIJOINT only)
+    secondary_head.dense, secondary_head.norm, secondary_head.bias   (MINIJOINT only: the head after layer N)
+    secondary_heads.{N}.dense, .norm, .bias   (multi-depth MINIJOINT: each further head, after layer N)
 
 `param_shapes(cfg)` lists these keys and shapes without building the model; `param_count(cfg, select)` is
 the one parameter count (surgery's checks, `mm-ds plan`).
@@ -28,6 +29,12 @@ from .tokens import IGNORE_INDEX, PAD
 
 # The language-specific group (paper §2.1): swapped per language in Steps 2 and 4; everything else is body.
 LANGUAGE_PARAMS = ("embed.tokens.weight", "head.bias", "secondary_head.bias")
+
+
+def is_language_param(name: str) -> bool:
+    """LANGUAGE_PARAMS, and the output bias of every further head of a multi-depth model."""
+    parts = name.split(".")
+    return name in LANGUAGE_PARAMS or (len(parts) == 3 and parts[0] == "secondary_heads" and parts[2] == "bias")
 
 
 # ---------------------------------------------------------------- dropout
@@ -181,16 +188,17 @@ class Encoder(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               tap: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Final hidden states (B, T, h), and the output of layer `tap` (1-based) if asked."""
+               taps: tuple[int, ...] = (), depth: int | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Hidden states (B, T, h) after layer `depth` (None: the last), and the outputs of the layers in
+        `taps` (1-based) up to it. Layers above `depth` are not run."""
         # SDPA's boolean mask: True = attend. None keeps the fused no-mask kernels for packed batches.
         key_mask = None if attention_mask is None else attention_mask[:, None, None, :].bool()
         x = self.embed(input_ids)
-        tapped = None
-        for i, layer in enumerate(self.layers, start=1):
+        tapped = {}
+        for i, layer in enumerate(self.layers[:depth], start=1):
             x = layer(x, key_mask)
-            if i == tap:
-                tapped = x
+            if i in taps:
+                tapped[i] = x
         return x, tapped
 
     def num_params(self, trainable_only: bool = False) -> int:
@@ -198,33 +206,56 @@ class Encoder(nn.Module):
 
 
 class RobertaMLM(Encoder):
-    """RoBERTa MLM with an optional second head after layer `secondary_head_layer` (MINIJOINT)."""
+    """RoBERTa MLM with optional secondary heads after layers `secondary_head_layer` (MINIJOINT)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.head = MLMHead(cfg)
-        self.secondary_head = MLMHead(cfg) if cfg.secondary_head_layer is not None else None
+        depths = cfg.secondary_depths
+        self.secondary_head = MLMHead(cfg) if depths else None
+        # Further heads of a multi-depth model, keyed by their layer; the first keeps the single-head name.
+        self.secondary_heads = nn.ModuleDict({str(n): MLMHead(cfg) for n in depths[1:]}) if depths[1:] else None
         self.init_weights()
 
+    def head_depths(self) -> dict[str, int]:
+        """Log name of each head -> the layer it reads: `main`, then `secondary` (one secondary head) or
+        `secondary@N` per head (multi-depth)."""
+        depths = self.cfg.secondary_depths
+        return {"main": self.cfg.num_layers} | (
+            {"secondary": depths[0]} if len(depths) == 1 else {f"secondary@{n}": n for n in depths})
+
     def heads(self) -> dict[str, MLMHead]:
-        return {"main": self.head} | ({"secondary": self.secondary_head} if self.secondary_head is not None else {})
+        depths = self.cfg.secondary_depths
+        modules = [self.head] + ([self.secondary_head] if depths else [])
+        modules += [self.secondary_heads[str(n)] for n in depths[1:]]
+        return dict(zip(self.head_depths(), modules))
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                attention_mask: torch.Tensor | None = None, depth: int | None = None) -> dict[str, torch.Tensor]:
         """With labels: only masked positions go through the head(s) (the paper's FLOPs model; a 50k-row
         projection over every position would cost more than several layers). MINIJOINT's loss is the mean
-        of both heads' losses. Without labels: full (B, T, V) logits per head, for evaluation and tests."""
-        final, tapped = self.encode(input_ids, attention_mask, tap=self.cfg.secondary_head_layer)
-        hidden = {"main": final, "secondary": tapped}
+        of all heads' losses. Without labels: full (B, T, V) logits per head, for evaluation and tests.
+        `depth=N`: only the bottom N layers and the head after layer N run (a multi-depth mini-model's
+        Step 2 at depth N); its loss is the loss."""
+        depths = self.head_depths()
+        if depth is not None:
+            names = [k for k, n in depths.items() if n == depth][:1]  # the main head when the depths coincide
+            if not names:
+                raise ValueError(f"depth={depth}: this model has heads after layers "
+                                 f"{sorted(set(depths.values()))} only")
+            depths = {names[0]: depth}
+        final, tapped = self.encode(input_ids, attention_mask, taps=tuple(depths.values()), depth=depth)
+        hidden = {k: final if k == "main" or n == depth else tapped[n] for k, n in depths.items()}
         emb = self.embed.tokens.weight
+        heads = {k: h for k, h in self.heads().items() if k in depths}
         if labels is None:
-            return {f"logits_{k}": head(hidden[k], emb) for k, head in self.heads().items()}
+            return {f"logits_{k}": head(hidden[k], emb) for k, head in heads.items()}
         flat_labels = labels.reshape(-1)
         idx = flat_labels.ne(IGNORE_INDEX).nonzero().squeeze(1)  # (M,) masked positions
         targets = flat_labels.index_select(0, idx)
         out: dict[str, torch.Tensor] = {"masked_tokens": idx.new_tensor(idx.numel())}
         losses = []
-        for k, head in self.heads().items():
+        for k, head in heads.items():
             sel = hidden[k].reshape(-1, hidden[k].size(-1)).index_select(0, idx)  # (M, h)
             logits = head(sel, emb)  # (M, V)
             loss = F.cross_entropy(logits.float(), targets)
@@ -269,8 +300,8 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     for i in range(cfg.num_layers):
         out |= {f"layers.{i}.{k}": s for k, s in layer_shapes(cfg).items()}
     out |= _head_shapes("head", cfg)
-    if cfg.secondary_head_layer is not None:
-        out |= _head_shapes("secondary_head", cfg)
+    for i, n in enumerate(cfg.secondary_depths):
+        out |= _head_shapes("secondary_head" if i == 0 else f"secondary_heads.{n}", cfg)
     return out
 
 

@@ -7,7 +7,8 @@ training a model loaded from the result can never write into the source (and vic
 Each function checks key sets, shapes and hidden sizes first and raises `SurgeryError` naming the key,
 the expected and the actual shape, or the config field that does not match.
 
-    extract_minijoint        MINIJOINT: bottom N layers + the second head, promoted to the only head
+    extract_minijoint        MINIJOINT: bottom N layers + the second head, promoted to the only head; multi-depth:
+                             bottom max(N) layers + every secondary head, the deepest promoted to `head`
     build_minipost           MINIPOST:  bottom N layers + 2 fresh bridge layers + the original MLM head
     minipost_trainable       the bridge layers, the only parameters trained in MINIPOST's Step 1b
     init_target_embeddings   a new language's embeddings: overlapping pieces copied, the rest N(0, 0.02)
@@ -28,13 +29,17 @@ from typing import Callable, Mapping
 import torch
 
 from .config import ModelConfig
-from .model import LANGUAGE_PARAMS, layer_shapes, param_shapes
+from .model import LANGUAGE_PARAMS, is_language_param, layer_shapes, param_shapes
 from .tokens import PAD, SPECIAL_IDS
 
 StateDict = Mapping[str, torch.Tensor]
 
 TOKENS = "embed.tokens.weight"
-HEAD_BIASES = ("head.bias", "secondary_head.bias")  # the output biases in LANGUAGE_PARAMS, one per MLM head
+
+
+def is_head_bias(name: str) -> bool:
+    """An MLM head's output bias (`head.bias`, `secondary_head.bias`, `secondary_heads.N.bias`)."""
+    return is_language_param(name) and name != TOKENS
 
 
 class SurgeryError(ValueError):
@@ -56,8 +61,9 @@ def check_state_dict(cfg: ModelConfig, sd: StateDict, what: str = "state dict") 
     extra = sorted(k for k in sd if k not in want)
     if missing or extra:
         hint = ""
-        if any(k.startswith("secondary_head.") for k in missing + extra):
-            hint = f" (model.secondary_head_layer={cfg.secondary_head_layer} decides whether secondary_head.* exists)"
+        if any(k.startswith(("secondary_head.", "secondary_heads.")) for k in missing + extra):
+            hint = (f" (model.secondary_head_layer={cfg.secondary_head_layer} decides which secondary_head.* and "
+                    f"secondary_heads.N.* exist)")
         elif any(k.startswith("layers.") for k in missing + extra):
             hint = f" (model.num_layers={cfg.num_layers})"
         raise SurgeryError(f"{what} does not match its config{hint}: "
@@ -84,23 +90,34 @@ def _clone(t: torch.Tensor) -> torch.Tensor:
 def extract_minijoint(cfg: ModelConfig, sd: StateDict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """The mini-model of a dual-head model: embeddings, the bottom N = cfg.secondary_head_layer layers, and the
     second head renamed `secondary_head.*` -> `head.*` (its only head). Its logits equal the source's
-    `logits_secondary`."""
-    n = cfg.secondary_head_layer
-    if n is None:
+    `logits_secondary`.
+
+    Multi-depth (secondary_head_layer=[N1, ..., Nk]): the bottom Nk layers and every secondary head; the
+    head after Nk becomes `head.*`, the shallower ones keep their names and depths, so the mini-model's
+    `forward(depth=Ni)` equals the source's `logits_secondary@Ni`: one model holds the k mini-models."""
+    depths = cfg.secondary_depths
+    if not depths:
         raise SurgeryError("extract_minijoint needs a dual-head (MINIJOINT) model, but model.secondary_head_layer "
                            "is None; for a single-head model use build_minipost")
     check_state_dict(cfg, sd, "dual-head model")
-    mini_cfg = dataclasses.replace(cfg, num_layers=n, secondary_head_layer=None)
+    n = depths[-1]
+    mini_cfg = dataclasses.replace(cfg, num_layers=n, secondary_head_layer=list(depths[:-1]) or None)  # [N] -> N
+    deepest = "secondary_head." if len(depths) == 1 else f"secondary_heads.{n}."
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         if k.startswith("embed."):
             out[k] = _clone(v)
         elif k.startswith("layers.") and int(k.split(".")[1]) < n:
             out[k] = _clone(v)
-        elif k.startswith("secondary_head."):
-            out["head." + k[len("secondary_head."):]] = _clone(v)
+        elif k.startswith(deepest):
+            out["head." + k[len(deepest):]] = _clone(v)
+        elif k.startswith(("secondary_head.", "secondary_heads.")):
+            out[k] = _clone(v)
     check_state_dict(mini_cfg, out, "extracted mini-model")
     return mini_cfg, out
+
+
+extract_multidepth = extract_minijoint  # §7's name for the multi-depth case: the same cut
 
 
 # ---------------------------------------------------------------- MINIPOST (§2.2)
@@ -168,23 +185,23 @@ def language_group(sd: StateDict) -> dict[str, torch.Tensor]:
     """The language-specific tensors (token embeddings and the MLM heads' output biases), cloned."""
     if TOKENS not in sd:
         raise SurgeryError(f"state dict has no {TOKENS}; keys start with {few_keys(sorted(sd), 4)}")
-    return {k: _clone(sd[k]) for k in LANGUAGE_PARAMS if k in sd}
+    return {k: _clone(v) for k, v in sd.items() if is_language_param(k)}
 
 
 def _check_group(lang_sd: StateDict) -> tuple[int, int]:
     """(vocab, hidden) of a language group, after checking its keys and that its shapes agree."""
-    extra = sorted(k for k in lang_sd if k not in LANGUAGE_PARAMS)
+    extra = sorted(k for k in lang_sd if not is_language_param(k))
     if extra:
         raise SurgeryError(f"language group has non-language keys {few_keys(extra)}; it may only hold "
-                           f"{', '.join(LANGUAGE_PARAMS)} (use language_group(sd) to take them)")
+                           f"{', '.join(LANGUAGE_PARAMS)}, secondary_heads.N.bias (language_group(sd) takes them)")
     if TOKENS not in lang_sd:
         raise SurgeryError(f"language group has no {TOKENS}")
     emb = lang_sd[TOKENS]
     if emb.dim() != 2:
         raise SurgeryError(f"language group: {TOKENS} has shape {_shape(emb)}, expected (vocab, hidden)")
     V, h = emb.shape
-    for k in HEAD_BIASES:
-        if k in lang_sd and _shape(lang_sd[k]) != (V,):
+    for k in filter(is_head_bias, lang_sd):
+        if _shape(lang_sd[k]) != (V,):
             raise SurgeryError(f"language group: {k} has shape {_shape(lang_sd[k])}, expected ({V},) to match "
                                f"{TOKENS} {_shape(emb)}")
     return V, h
@@ -203,7 +220,7 @@ def swap_embeddings(cfg: ModelConfig, sd: StateDict,
                     lang_sd: StateDict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Put a language's token embeddings and output biases into a model of the same hidden size: a primary
     or mini MLM, or a downstream model (any state dict with `embed.tokens.weight`). The new config's
-    vocab_size is the group's. Every MLM head the target has (`head.bias`, `secondary_head.bias`) must get a bias
+    vocab_size is the group's. Every MLM head the target has (`head.bias`, `secondary_head.bias`, ...) must get a bias
     from the group; a bias in the group for a head the target lacks (a downstream model, a mini-model) is
     ignored, so one group serves every model of the system. Positions, the embedding LayerNorm and all
     other tensors are body: copied unchanged."""
@@ -217,18 +234,17 @@ def swap_embeddings(cfg: ModelConfig, sd: StateDict,
     if _shape(sd[TOKENS]) != want:
         raise SurgeryError(f"target model: {TOKENS} has shape {_shape(sd[TOKENS])}, expected {want} from its "
                            f"config (model.vocab_size, model.hidden_size)")
-    missing = [k for k in HEAD_BIASES if k in sd and k not in lang_sd]
+    missing = [k for k in sd if is_head_bias(k) and k not in lang_sd]
     if missing:
         raise SurgeryError(f"target model has MLM head bias(es) {', '.join(missing)} but the language group "
                            f"has none; take the group from an MLM with the same heads")
-    for k in HEAD_BIASES:
-        if k in sd and _shape(sd[k]) != (cfg.vocab_size,):
+    for k in filter(is_head_bias, sd):
+        if _shape(sd[k]) != (cfg.vocab_size,):
             raise SurgeryError(f"target model: {k} has shape {_shape(sd[k])}, expected ({cfg.vocab_size},) "
                                f"from model.vocab_size")
     out = {k: _clone(v) for k, v in sd.items()}
-    for k in (TOKENS, *HEAD_BIASES):
-        if k in sd:
-            out[k] = _clone(lang_sd[k])
+    for k in filter(is_language_param, sd):
+        out[k] = _clone(lang_sd[k])
     return dataclasses.replace(cfg, vocab_size=V), out
 
 
@@ -277,11 +293,10 @@ def init_target_embeddings(src_cfg: ModelConfig, src_sd: StateDict, src_vocab: l
     emb[tgt_idx] = src_emb.detach()[src_idx]
     emb[PAD] = 0
     lang = {TOKENS: emb}
-    for k in HEAD_BIASES:
-        if k in src_sd:
-            b = torch.zeros(V, dtype=src_sd[k].dtype)
-            b[tgt_idx] = src_sd[k].detach()[src_idx]
-            lang[k] = b
+    for k in filter(is_head_bias, src_sd):
+        b = torch.zeros(V, dtype=src_sd[k].dtype)
+        b[tgt_idx] = src_sd[k].detach()[src_idx]
+        lang[k] = b
     overlap = len(tgt_rows) - n_special
     report = {"vocab_size": V, "specials": n_special, "overlap": overlap,
               "share": overlap / (V - n_special), "copied": len(tgt_rows), "random": V - len(tgt_rows)}

@@ -76,14 +76,15 @@ class System:
         """The stage whose final/ Step 2 starts from."""
         return "build_mini" if self.mini else "pretrain"
 
-    def adapted_layers(self, model, mini) -> int:
-        """Layers of the model Step 2 runs through, from the primary model's config (`model`) and Step 1b's
-        `mini` config: the secondary head's layer N, N + the new layers, or the whole primary model."""
+    def adapted_depths(self, model, mini) -> tuple[int, ...]:
+        """Layers of the model(s) Step 2 runs through, one per phase, shallowest first, from the primary model's
+        config (`model`) and Step 1b's `mini` config: (N,) for the secondary head's layer N (multi-depth:
+        (N1, ..., Nk), one phase each), (N + the new layers,), or (the whole primary model's layers,)."""
         if self.mini == "extract":
-            return model.secondary_head_layer
+            return model.secondary_depths
         if self.mini == "build":
-            return mini.layers + mini.new_layers
-        return model.num_layers
+            return (mini.layers + mini.new_layers,)
+        return (model.num_layers,)
 
 
 SYSTEMS: dict[str, System] = {s.name: s for s in (

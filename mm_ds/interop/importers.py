@@ -24,7 +24,7 @@ import torch
 from .. import checkpoint, surgery
 from ..config import ConfigError, ModelConfig, to_dict
 from ..data.tokenizer import has_our_ids, pieces
-from ..model import LANGUAGE_PARAMS, param_shapes
+from ..model import is_language_param, param_shapes
 from ..tokens import PAD
 from . import hf
 from . import spm as spm_io
@@ -60,9 +60,8 @@ def _finish(final: Path, cfg: ModelConfig, sd: dict, meta: dict, spm_src: Path |
         perm = spm_io.our_layout(rows, str(spm_src))
         if perm != list(range(len(rows))) or rows != pieces(spm_io.load(spm_src)):
             idx = torch.tensor(perm)
-            for k in LANGUAGE_PARAMS:
-                if k in sd:
-                    sd[k] = sd[k].index_select(0, idx).contiguous()
+            for k in [k for k in sd if is_language_param(k)]:
+                sd[k] = sd[k].index_select(0, idx).contiguous()
             rows = [rows[i] for i in perm]
             converted = {"from": str(spm_src), "rows_moved": sum(i != j for i, j in enumerate(perm))}
     surgery.check_state_dict(cfg, sd, "imported model")

@@ -4,6 +4,11 @@ The parent is a mini-model (MINIJOINT, MINIPOST: from build-mini) or a full mode
 from pretrain). Target embeddings start from the parent's rows for pieces both vocabularies share
 (specials included) and N(0, 0.02) elsewhere; only the language group trains (token embeddings, tied to
 the output projection, and the output bias). Cost per update: formula A3.
+
+Multi-depth MINIJOINT (§7): the parent holds mini-models of several depths over one embedding table (a
+secondary head after each shallower depth); Step 2 runs over the shallowest first and moves deeper on the
+schedule of mm_ds/phases.py (mini.depth_shares or mini.plateau_window), the embeddings carried over. Each
+update costs A3 at its depth.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from .. import surgery
 from ..config import ConfigError, RunConfig
 from ..data.tokenizer import pieces
 from ..engine import Stage
-from ..model import LANGUAGE_PARAMS, RobertaMLM
+from ..model import RobertaMLM, is_language_param
+from ..phases import DepthSchedule, schedule_for
 from ..systems import system_of
 from .common import load_parent, mlm_batches, open_corpus, stage_flops
 
@@ -41,10 +47,19 @@ def preflight(cfg: RunConfig) -> None:
     vocabulary against it (overlap initialisation), and data.seq_len against its positions."""
     _, new_cfg, _, _, report = _target_model(cfg)
     cfg.model = new_cfg  # as build() makes it: a resumed run's checkpoint is checked against it
+    depth_schedule(cfg)
     if cfg.data.seq_len > new_cfg.max_positions:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the parent's max_positions={new_cfg.max_positions}")
     print(f"[mm-ds] {cfg.lang}: {report['overlap']} of {report['vocab_size']} pieces overlap the source "
           f"vocabulary ({100 * report['share']:.1f}%); their embeddings start from the source's")
+
+
+def depth_schedule(cfg: RunConfig) -> DepthSchedule | None:
+    """The depth schedule over `cfg.model` (the parent's architecture): None for a model with one head."""
+    try:
+        return schedule_for((*cfg.model.secondary_depths, cfg.model.num_layers), cfg.train.steps, cfg.mini)
+    except ValueError as e:
+        raise ConfigError(f"parent={cfg.parent}: {e}") from None
 
 
 def build(cfg: RunConfig) -> Stage:
@@ -53,8 +68,12 @@ def build(cfg: RunConfig) -> Stage:
     model = RobertaMLM(new_cfg)
     model.load_state_dict(new_sd, strict=True)
     torch.manual_seed(cfg.train.seed)
-    return Stage(cfg=cfg, model=model, trainable=lambda name: name in LANGUAGE_PARAMS,
-                 batches=mlm_batches(cfg, corpus), flops_per_step=stage_flops(cfg, "adapt", new_cfg.num_layers),
+    schedule, mlm = depth_schedule(cfg), mlm_batches(cfg, corpus)
+
+    def batches(step, micro, rank, geo):  # multi-depth: the bottom `depth` layers and the head after them run
+        return mlm(step, micro, rank, geo) | ({"depth": schedule.depth_for(step)} if schedule else {})
+    return Stage(cfg=cfg, model=model, trainable=is_language_param, schedule=schedule,
+                 batches=batches, flops_per_step=stage_flops(cfg, "adapt", new_cfg.num_layers),
                  tokens_per_sample=cfg.data.seq_len, parent=cfg.parent,
                  parent_flops=meta.get("flops_cumulative", 0.0),  # reports use this stage's own "flops" (§3)
                  meta={"tokenizer": str(corpus.spm_model.resolve()), "overlap": report,

@@ -1,4 +1,4 @@
-"""Step 1: pretrain an English MLM from scratch (BL_BASE, BL_SMALL; MINIJOINT with its second head)."""
+"""Step 1: pretrain an English MLM from scratch (BL_BASE, BL_SMALL; MINIJOINT with its secondary head(s))."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ def build(cfg: RunConfig) -> Stage:
     resolve_vocab(cfg, corpus)
     torch.manual_seed(cfg.train.seed)
     model = RobertaMLM(cfg.model)
-    kind = "pretrain_dual" if cfg.model.secondary_head_layer else "pretrain"
+    heads = len(cfg.model.secondary_depths)
+    kind = "pretrain_dual" if heads else "pretrain"
     return Stage(cfg=cfg, model=model, trainable=lambda name: True, batches=mlm_batches(cfg, corpus),
-                 flops_per_step=stage_flops(cfg, kind, cfg.model.num_layers), tokens_per_sample=cfg.data.seq_len,
+                 flops_per_step=stage_flops(cfg, kind, cfg.model.num_layers, secondary_heads=heads or 1),
+                 tokens_per_sample=cfg.data.seq_len,
                  meta={"tokenizer": str(corpus.spm_model.resolve())})

@@ -12,6 +12,7 @@ import sys
 from dataclasses import asdict, dataclass, replace
 
 from .. import flops
+from ..phases import DepthSchedule
 from ..systems import system_of
 
 
@@ -20,7 +21,7 @@ class StageCost:
     system: str
     """The paper's name (BL_BASE, ...)."""
     stage: str
-    """The paper's step: step1, step1b, step2."""
+    """The paper's step: step1, step1b, step2 (multi-depth: one step2 row per depth, in order)."""
     kind: str
     """The formula (flops.FORMULAS)."""
     layers: int
@@ -34,12 +35,15 @@ class StageCost:
     mask_prob: float
     checkpoints: int
     """Engine checkpoints the stage writes (its config's schedule)."""
+    secondary_heads: int = 1
+    """pretrain_dual: the secondary MLM heads (multi-depth MINIJOINT has several)."""
 
     @property
     def flops_per_step(self) -> float:
         return flops.stage_flops_per_step(self.kind, hidden=self.hidden, vocab=self.vocab, layers=self.layers,
                                           seq_len=self.seq_len, mask_prob=self.mask_prob,
-                                          global_batch=self.global_batch, trainable_layers=self.trainable_layers)
+                                          global_batch=self.global_batch, trainable_layers=self.trainable_layers,
+                                          secondary_heads=self.secondary_heads)
 
     @property
     def flops(self) -> float:
@@ -87,14 +91,29 @@ def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = N
                             cfg.train.checkpoints())
             return replace(row, **changes)
 
-        rows.append(cost("step1", system.step1, pre, model.num_layers))
+        rows.append(replace(cost("step1", system.step1, pre, model.num_layers),
+                            secondary_heads=max(1, len(model.secondary_depths))))
         mini = None
         if system.mini == "build":
             b = cfgs[f"build_mini/{name}"]
             mini = b.mini
-            rows.append(cost("step1b", "build_mini", b, system.adapted_layers(model, mini), mini.new_layers))
-        rows.append(cost("step2", "adapt", cfgs[f"adapt/{name}/{recipe.langs[0]}"], system.adapted_layers(model, mini)))
+            rows.append(cost("step1b", "build_mini", b, system.adapted_depths(model, mini)[0], mini.new_layers))
+        adapt = cfgs[f"adapt/{name}/{recipe.langs[0]}"]
+        rows += [replace(cost("step2", "adapt", adapt, depth), steps=steps, checkpoints=ckpts) for depth, steps, ckpts
+                 in step2_phases(adapt, system.adapted_depths(model, mini), changes.get("steps"))]
     return rows
+
+
+def step2_phases(cfg, depths: tuple[int, ...], steps: int | None = None) -> list[tuple[int, int, int]]:
+    """(depth, updates, checkpoints) of each phase of a Step 2 of `steps` updates (default: its config's), one
+    phase unless multi-depth (mm_ds/phases.py). A plateau schedule's split is known only after the run: it is
+    estimated as equal shares. Checkpoints follow the config's own schedule."""
+    steps = cfg.train.steps if steps is None else steps
+    if len(depths) == 1:
+        return [(depths[0], steps, cfg.train.checkpoints())]
+    phases = DepthSchedule(depths, steps, cfg.mini.depth_shares).phases_until(steps)
+    return [(d, b - a, sum(cfg.train.is_checkpoint_step(s) for s in range(a + 1, min(b, cfg.train.steps) + 1)))
+            for d, a, b in phases]
 
 
 def format_costs(rows: list[StageCost]) -> str:

@@ -57,10 +57,11 @@ class ParamCount:
 
 
 def stage_params(kind: str, h: int, V: int, layers: int, seq_len: int, trainable_layers: int | None = None,
-                 ffn: int | None = None) -> ParamCount:
+                 ffn: int | None = None, secondary_heads: int = 1) -> ParamCount:
     """Parameters of a stage's model and those it trains, counted by the model's own layout (no model built)."""
+    dual = list(range(1, secondary_heads + 1)) if kind == "pretrain_dual" else None  # a head's size is N-free
     cfg = ModelConfig(vocab_size=V, hidden_size=h, num_layers=layers, ffn_size=ffn or 4 * h, max_positions=seq_len,
-                      secondary_head_layer=1 if kind == "pretrain_dual" else None)  # the second head's size is N-free
+                      secondary_head_layer=dual)
     if kind in ("pretrain", "pretrain_dual"):
         return ParamCount(param_count(cfg), param_count(cfg))
     if kind == "adapt":  # the language group: token embeddings + the output bias of the (one) head
@@ -169,7 +170,8 @@ def plan_stages(costs: list[StageCost], cluster: Cluster) -> list[StagePlan]:
             raise ValueError(f"{cost.system} {cost.stage}: global batch {B} is not divisible by micro batch "
                              f"{cluster.micro_batch} x {n} GPUs; change --micro-batch or the cluster size")
         accum = B // (cluster.micro_batch * n)
-        pc = stage_params(cost.kind, cost.hidden, cost.vocab, cost.layers, s, cost.trainable_layers)
+        pc = stage_params(cost.kind, cost.hidden, cost.vocab, cost.layers, s, cost.trainable_layers,
+                          secondary_heads=cost.secondary_heads)
         compute = cost.flops_per_step / (n * cluster.peak_tflops * 1e12 * cluster.mfu)
         vol = comm_bytes_per_step(cluster.zero, n, pc.trainable, pc.total, accum, cluster.dtype)
         comm = vol / cluster.busbw
