@@ -80,8 +80,7 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
             cfg, sd = surgery.extract_minijoint(cfg, sd)
             notes.append(f"mini-model: layers 1-{cfg.num_layers} and the second head of the MINIJOINT model")
         else:
-            cfg = dataclasses.replace(cfg, secondary_head_layer=None)
-            sd = {k: v for k, v in sd.items() if not k.startswith("secondary_head.")}
+            cfg, sd = surgery.drop_secondary_head(cfg, sd)
             notes.append("MINIJOINT: main head exported; pass --mini for the second head's mini-model")
     elif mini:
         raise InteropError(f"--mini exports a MINIJOINT model's second head, but {src} has none "
