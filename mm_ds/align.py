@@ -11,7 +11,7 @@ stops falling is an early-stopping signal.
 
 Held-out text is never training text: a generated world writes world/heldout/<lang>.txt from its own stream
 (world.write_heldout; training files stay byte-identical), real data names a file (`--text LANG=FILE`, recipe
-key `heldout`). It is encoded with the checkpoint's own tokenizer into ALIGN/heldout/<lang>.<sha8>/ (mm-ds
+key `heldout`). It is encoded with the checkpoint's own tokenizer into ALIGN/heldout/<lang>.<sha>/ (mm-ds
 prepare's format), packed and masked as in training (data.mlm.MLMBatches) with a fixed seed: every checkpoint
 sees the same `sequences` sequences and the same masks.
 
@@ -176,10 +176,15 @@ def heldout_text(lang: str, texts: dict[str, str], out: Path | None) -> Path:
 
 
 def heldout_corpus(text: Path, lang: str, tokenizer: str, root: Path) -> Path:
-    """`text` encoded with `tokenizer` (mm-ds prepare's format) under root/heldout/, once per tokenizer."""
+    """`text` encoded with `tokenizer` (mm-ds prepare's format) under root/heldout/, once per (text, tokenizer)."""
     from .data.corpus import prepare
 
-    digest = hashlib.sha256(Path(tokenizer).read_bytes()).hexdigest()[:8]
+    h = hashlib.sha256()
+    for f in (tokenizer, text):  # contents, not names: a rewritten file at the same path is a new corpus
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+    digest = h.hexdigest()[:12]
     where = root / "heldout" / f"{lang}.{digest}"
     try:
         prepare(lang, [str(text)], str(where), spm_model=tokenizer, workers=1, progress=False)
@@ -237,6 +242,24 @@ def align(path: Path, texts: dict[str, str] | None = None, settings: Settings = 
     for run in runs:
         rows += align_run(run, texts or {}, out, settings, device, say)
     return rows, out
+
+
+def align_recipe(recipe, out: Path, device="cpu", say=print) -> list[Path]:
+    """`mm-ds run`'s alignment check: every mini-model system and target language with held-out text (the
+    recipe's `heldout`, or the generated world's), OUT/align.jsonl and the report's align.* files."""
+    from .recipe import data_path
+
+    texts = {lang: str(data_path(recipe, f)) for lang, f in recipe.heldout.items()}
+    langs = [lang for lang in recipe.langs if lang in texts or recipe.world is not None]
+    if len(langs) < len(recipe.langs):
+        say(f"[mm-ds] alignment check skipped for {', '.join(sorted(set(recipe.langs) - set(langs)))}: no held-out "
+            f"text (recipe key heldout: LANG: FILE)")
+    settings = Settings(sequences=recipe.align_sequences)
+    rows = []
+    for s in (s for s in recipe.systems if system_of(s).mini):
+        for lang in langs:
+            rows += align_run(out / "adapt" / s / lang, texts, out, settings, device, say)
+    return write_rows(rows, out, out / "report") if rows else []
 
 
 def write_rows(rows: list[dict], out: Path, report_dir: Path) -> list[Path]:

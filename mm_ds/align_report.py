@@ -46,6 +46,10 @@ def align_table(rows: list[dict]) -> str:
     return "\n\n".join(parts)
 
 
+def _layers(n: int) -> str:
+    return f"{n} layer" + ("s" if n != 1 else "")
+
+
 def write_plots(rows: list[dict], out: Path) -> list[Path]:
     """align_<lang>.png: MLM loss vs Step-2 updates, one panel per system."""
     from matplotlib.figure import Figure
@@ -58,9 +62,9 @@ def write_plots(rows: list[dict], out: Path) -> list[Path]:
         for ax, s in zip(fig.subplots(1, len(systems), squeeze=False)[0], systems):
             c = groups[(s, lang)]
             steps = [r["step"] for r in c]
-            ax.plot(steps, [r["mini_loss"] for r in c], marker=".", c="C0", label=f"mini-model ({c[0]['mini_layers']} layers)")
+            ax.plot(steps, [r["mini_loss"] for r in c], marker=".", c="C0", label=f"mini-model ({_layers(c[0]['mini_layers'])})")
             ax.plot(steps, [r["primary_loss"] for r in c], marker=".", ls="--", c="C1",
-                    label=f"primary + its embeddings ({c[0]['primary_layers']} layers)")
+                    label=f"primary + its embeddings ({_layers(c[0]['primary_layers'])})")
             ax.set(title=f"{system_of(s).label} {lang}", xlabel="Step-2 updates", ylabel="held-out MLM loss")
             ax.legend(fontsize=7)
         fig.tight_layout()
