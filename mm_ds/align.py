@@ -210,6 +210,9 @@ def align_run(run: Path, texts: dict[str, str], out: Path | None, settings: Sett
     """The rows of one adapt run, step 0 first; each checkpoint's row is computed once (cached under
     OUT/align/<system>/<lang>/ or RUN/align/)."""
     ckpts = checkpoint.list_checkpoints(run)
+    if not ckpts:
+        raise ConfigError(f"{run} has no complete Step-2 checkpoint (checkpoints/step_*/ with a manifest); run or "
+                          f"resume its adapt stage first")
     meta = checkpoint.read_meta(ckpts[0])
     system, lang = meta["system"], meta["lang"]
     root = out / "align" if out is not None else run / "align"

@@ -1,7 +1,7 @@
 """The alignment check in the report (mm_ds/align.py computes the rows): align.md (per system and language, the
 MLM loss and accuracy of the mini-model and of the primary model with its embeddings, per Step-2 checkpoint, and
 the step where the primary's loss is lowest: an early-stopping signal), align.csv, and align_<lang>.png (MLM loss
-vs Step-2 updates, one panel per system: mini-model solid, primary model with the swap dashed)."""
+and accuracy vs Step-2 updates, one column per system: mini-model solid, primary model with the swap dashed)."""
 from __future__ import annotations
 
 import csv
@@ -51,22 +51,28 @@ def _layers(n: int) -> str:
 
 
 def write_plots(rows: list[dict], out: Path) -> list[Path]:
-    """align_<lang>.png: MLM loss vs Step-2 updates, one panel per system."""
+    """align_<lang>.png: MLM loss (top) and accuracy (bottom) vs Step-2 updates, one column per system."""
     from matplotlib.figure import Figure
 
     groups = curves(rows)
     written = []
     for lang in sorted({lang for _, lang in groups}):
         systems = [s for s, lg in groups if lg == lang]
-        fig = Figure(figsize=(4 * len(systems), 3.2))
-        for ax, s in zip(fig.subplots(1, len(systems), squeeze=False)[0], systems):
+        fig = Figure(figsize=(4 * len(systems), 5.5))
+        axes = fig.subplots(2, len(systems), squeeze=False, sharex="col")
+        for col, s in enumerate(systems):
             c = groups[(s, lang)]
             steps = [r["step"] for r in c]
-            ax.plot(steps, [r["mini_loss"] for r in c], marker=".", c="C0", label=f"mini-model ({_layers(c[0]['mini_layers'])})")
-            ax.plot(steps, [r["primary_loss"] for r in c], marker=".", ls="--", c="C1",
-                    label=f"primary + its embeddings ({_layers(c[0]['primary_layers'])})")
-            ax.set(title=f"{system_of(s).label} {lang}", xlabel="Step-2 updates", ylabel="held-out MLM loss")
-            ax.legend(fontsize=7)
+            for ax, metric, scale, name in ((axes[0, col], "loss", 1, "held-out MLM loss"),
+                                             (axes[1, col], "acc", 100, "held-out MLM accuracy %")):
+                ax.plot(steps, [scale * r[f"mini_{metric}"] for r in c], marker=".", c="C0",
+                        label=f"mini-model ({_layers(c[0]['mini_layers'])})")
+                ax.plot(steps, [scale * r[f"primary_{metric}"] for r in c], marker=".", ls="--", c="C1",
+                        label=f"primary + its embeddings ({_layers(c[0]['primary_layers'])})")
+                ax.set(ylabel=name)
+            axes[0, col].set(title=f"{system_of(s).label} {lang}")
+            axes[1, col].set(xlabel="Step-2 updates")
+            axes[0, col].legend(fontsize=7)
         fig.tight_layout()
         path = out / f"align_{lang}.png"
         fig.savefig(path, dpi=120)

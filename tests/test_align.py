@@ -211,3 +211,18 @@ def test_the_command_writes_the_table_and_curves(fake_out, tmp_path, capsys):
     assert cli.main(["report", str(tmp_path / "r" / "results.jsonl"), "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "align.md").read_text() == table
     assert (tmp_path / "rep" / "align_t1.png").is_file()
+
+
+def test_the_recipe_checks_its_heldout_files(tmp_path):
+    from mm_ds.check import check
+    from mm_ds.config import ConfigError
+    from mm_ds.recipe import load_recipe
+
+    with pytest.raises(ConfigError, match="heldout.t9 is not a target language"):
+        load_recipe("tiny", ["heldout.t9=x.txt"])
+    with pytest.raises(ConfigError, match="align_sequences"):
+        load_recipe("tiny", ["align_sequences=-1"])
+    recipe = load_recipe("tiny", [f"heldout.t1={tmp_path / 'missing.txt'}"])
+    problems = check(recipe, tmp_path / "out", strict=True).problems
+    assert ("align/t1", f"held-out text {tmp_path / 'missing.txt'} does not exist; fix heldout.t1 in the recipe, or "
+                        f"remove it (then t1 gets no alignment check)") in problems
