@@ -85,7 +85,7 @@ def eval_batches(heldout_dir: Path, data_cfg: dict, settings: Settings) -> list[
     return [mlm.samples(np.arange(i, min(i + settings.batch, n))) for i in range(0, n, settings.batch)]
 
 
-@lru_cache(maxsize=2)  # a run's checkpoints share their primary model
+@lru_cache(maxsize=1)  # a run's checkpoints share their primary model (runs come one at a time)
 def _primary(path: str):
     meta, sd = checkpoint.load_final(path)
     cfg = model_config_from_dict(meta["model"])
@@ -196,11 +196,10 @@ def heldout_corpus(text: Path, lang: str, tokenizer: str, root: Path) -> Path:
 
 def fingerprint(ckpt: Path, primary: str, heldout: Path, settings: Settings, tag: str) -> str:
     """Changes when any input of a row changes: the checkpoint's and the primary model's manifests, the held-out
-    corpus's meta.json, the settings."""
-    h = hashlib.sha256(json.dumps([asdict(settings), tag]).encode())
+    corpus (its name is a hash of the text and the tokenizer), the settings. No paths: a moved tree keeps its rows."""
+    h = hashlib.sha256(json.dumps([asdict(settings), tag, heldout.name]).encode())
     p = Path(primary)
-    for f in (ckpt / checkpoint.MANIFEST, p / checkpoint.FINAL / checkpoint.MANIFEST, p / checkpoint.MANIFEST,
-              heldout / "meta.json"):
+    for f in (ckpt / checkpoint.MANIFEST, p / checkpoint.FINAL / checkpoint.MANIFEST, p / checkpoint.MANIFEST):
         h.update(f.read_bytes() if f.is_file() else b"-")
     return h.hexdigest()
 

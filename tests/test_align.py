@@ -4,6 +4,7 @@ the report's table and curves, on a miniature recipe output written checkpoint b
 import hashlib
 import json
 import math
+import shutil
 import zlib
 from dataclasses import asdict
 from pathlib import Path
@@ -82,8 +83,6 @@ def fake_out(tmp_path_factory) -> Path:
 # ---------------------------------------------------------------- held-out text
 
 def test_heldout_text_leaves_the_world_and_the_training_shards_byte_identical(tmp_path):
-    import shutil
-
     def prepared() -> dict[str, str]:
         shutil.rmtree(tmp_path / "shards", ignore_errors=True)
         prepare("t1", [str(tmp_path / "a" / "text" / "t1.txt")], str(tmp_path / "shards"), vocab_size=120,
@@ -171,6 +170,9 @@ def test_rows_are_cached_per_checkpoint(fake_out, monkeypatch):
 
     monkeypatch.setattr(align, "row_for", recomputed)
     assert align.align(fake_out, settings=align.Settings(sequences=8))[0] == rows
+    moved = fake_out.parent / "moved"
+    shutil.copytree(fake_out, moved)
+    assert align.align(moved, settings=align.Settings(sequences=8))[0] == rows  # a moved tree keeps its rows
     with pytest.raises(AssertionError, match="recomputed"):  # other settings: other rows
         align.align(fake_out, settings=align.Settings(sequences=6))
 
