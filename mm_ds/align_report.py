@@ -40,9 +40,10 @@ def align_table(rows: list[dict]) -> str:
             for (s, lang), c in groups.items() for r in c]
     parts += ["## Every checkpoint", md(["system", "lang", "step", "V100-days", "mini loss", "mini acc %",
                                          "primary loss", "primary acc %"], body)]
-    n = {(r["sequences"], r["targets"]) for r in rows}
-    parts.append(f"Step 0: the initial embeddings (overlapping pieces copied, the rest random). Held-out sequences, "
-                 f"masked tokens per checkpoint: {', '.join(f'{a}, {b}' for a, b in sorted(n))}.")
+    n = {r["lang"]: (r["sequences"], r["targets"]) for r in rows}
+    parts.append(f"Step 0: the initial embeddings (overlapping pieces copied, the rest random). Every checkpoint is "
+                 f"scored on the same held-out sequences and masks: "
+                 + "; ".join(f"{lang} {a} sequences, {b} masked tokens" for lang, (a, b) in sorted(n.items())) + ".")
     return "\n\n".join(parts)
 
 
