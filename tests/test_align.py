@@ -155,6 +155,17 @@ def test_primary_with_swap_of_a_minijoint_checkpoint_equals_a_direct_computation
     assert (row["step"], row["targets"], row["mini_layers"], row["primary_layers"]) == (4, int(sel.sum()), 1, 2)
 
 
+def test_drop_secondary_head_keeps_every_other_tensor_bitwise():
+    cfg = _cfg(30, secondary_head_layer=1)
+    sd = _random_sd(cfg, 1)
+    out_cfg, out = surgery.drop_secondary_head(cfg, sd)
+    assert out_cfg.secondary_head_layer is None and out_cfg.num_layers == 2
+    assert set(out) == {k for k in sd if not k.startswith("secondary_head.")}
+    assert all(torch.equal(out[k], sd[k]) and out[k].data_ptr() != sd[k].data_ptr() for k in out)
+    with pytest.raises(surgery.SurgeryError, match="needs a dual-head"):
+        surgery.drop_secondary_head(out_cfg, out)
+
+
 # ---------------------------------------------------------------- cache, command, report
 
 def test_rows_are_cached_per_checkpoint(fake_out, monkeypatch):
