@@ -13,6 +13,7 @@ BL_BASE's pretrained model and its finetuned models (same primary model, paper Â
     OUT/adapt/{system}/{lang}/
     OUT/finetune/{primary}/{task}/seed{n}/
     OUT/results.jsonl, OUT/results.md
+    OUT/align/, OUT/align.jsonl     the alignment check of the mini-model systems (mm_ds/align.py)
 """
 
 from __future__ import annotations
@@ -275,6 +276,13 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         written = report.write_report(rep, out / "report")
         print("\n" + report.format_tables(rep, table2s=False))  # results.md above is Table 2 with the controls
         say("report: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
+    if recipe.align_sequences and any(system_of(s).mini for s in recipe.systems):  # no task data needed
+        import torch
+
+        from .align import align_recipe
+        written = align_recipe(recipe, out, "cuda" if torch.cuda.is_available() else "cpu",
+                               say=lambda m: say(m.removeprefix("[mm-ds] ")))
+        say("alignment check: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
     say(f"{len(runs)} stages, {time.time() - t0:.0f} s; results: {out / 'results.md'} (rows: {out / 'results.jsonl'})")
     return 0
 

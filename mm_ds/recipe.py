@@ -62,6 +62,12 @@ class Recipe:
     english_minis: bool = False
     """Also finetune each mini-model (Step 1b's final/) on the English tasks and score it in English, beside the
     primary models (§5.3, Table 5: does dual-head pretraining hurt either?)."""
+    align_sequences: int = 64
+    """Held-out target sequences per Step-2 checkpoint for the alignment check of the mini-model systems (mm_ds/align.py:
+    MLM of the mini-model vs the primary model with its embeddings, report/align.md); 0: no check."""
+    heldout: dict = field(default_factory=dict)
+    """lang -> held-out target text (a file Step 2 does not train on) for the alignment check. A generated world
+    makes its own (world/heldout/<lang>.txt); a language without one is not checked."""
     eval_split: str = "test"
     eval_splits: dict = field(default_factory=dict)
     """task -> evaluation split, over eval_split (e.g. {mlqa: dev} where only MLQA's dev files are at hand)."""
@@ -111,6 +117,11 @@ class Recipe:
                                   f"({', '.join(PRESETS)})")
             if self.rehearsal:
                 raise ConfigError(f"{where}: world (generated data) and rehearsal (real data) exclude each other")
+        if self.align_sequences < 0:
+            raise ConfigError(f"{where}: align_sequences must be >= 0 (0: no alignment check)")
+        bad = [lang for lang in self.heldout if lang not in self.langs]
+        if bad:
+            raise ConfigError(f"{where}: heldout.{bad[0]} is not a target language of the recipe ({', '.join(self.langs)})")
         if self.eval_examples is not None and self.eval_examples < 1:
             raise ConfigError(f"{where}: eval_examples must be positive (or null: every example)")
         for key in ("coverage", "eval_splits"):

@@ -373,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--xmax-days", type=float, help="clip curve plots at this many V100-days (paper: 7)")
     ap.add_argument("--bounds", action="store_true", help="print Table A4's (lower-upper) days in Table 3")
     ap.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    ap.add_argument("--align", help="align.jsonl of `mm-ds align` (default: one beside a results file): the alignment "
+                    "check's align.md, align.csv and align_<lang>.png too")
     args = ap.parse_args(argv)
 
     results, warnings = load_results(args.results)
@@ -383,6 +385,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report = build_report(results, args.reference, args.fraction, warnings)
     written = write_report(report, args.out, plots=not args.no_plots, xmax_days=args.xmax_days)
+    align = args.align or next((str(p) for p in (Path(r).with_name("align.jsonl") for r in args.results)
+                                if p.is_file()), None)
+    if align:  # the alignment check (mm_ds/align.py), beside the tables
+        from .align_report import write_align
+        written += write_align([json.loads(x) for x in Path(align).read_text().splitlines() if x.strip()], Path(args.out),
+                               plots=not args.no_plots)
     print(format_tables(report, bounds=args.bounds))
     for w in report.warnings:
         print(f"warning: {w}", file=sys.stderr)

@@ -9,6 +9,7 @@ the expected and the actual shape, or the config field that does not match.
 
     extract_minijoint        MINIJOINT: bottom N layers + the second head, promoted to the only head; multi-depth:
                              bottom max(N) layers + every secondary head, the deepest promoted to `head`
+    drop_secondary_head      MINIJOINT's primary model with its main head only (what the full model predicts with)
     build_minipost           MINIPOST:  bottom N layers + 2 fresh bridge layers + the original MLM head
     minipost_trainable       the bridge layers, the only parameters trained in MINIPOST's Step 1b
     init_target_embeddings   a new language's embeddings: overlapping pieces copied, the rest N(0, 0.02)
@@ -118,6 +119,20 @@ def extract_minijoint(cfg: ModelConfig, sd: StateDict) -> tuple[ModelConfig, dic
 
 
 extract_multidepth = extract_minijoint  # §7's name for the multi-depth case: the same cut
+
+
+def drop_secondary_head(cfg: ModelConfig, sd: StateDict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """A dual-head model as a single-head one: every layer and the main head, without `secondary_head.*` (and a
+    multi-depth model's `secondary_heads.*`).
+    A mini-model's language group then fits it (its one output bias becomes the main head's)."""
+    if cfg.secondary_head_layer is None:
+        raise SurgeryError("drop_secondary_head needs a dual-head (MINIJOINT) model, but "
+                           "model.secondary_head_layer is None")
+    check_state_dict(cfg, sd, "dual-head model")
+    out_cfg = dataclasses.replace(cfg, secondary_head_layer=None)
+    out = {k: _clone(v) for k, v in sd.items() if not k.startswith(("secondary_head.", "secondary_heads."))}
+    check_state_dict(out_cfg, out, "model without its secondary head")
+    return out_cfg, out
 
 
 # ---------------------------------------------------------------- MINIPOST (§2.2)

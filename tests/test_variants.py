@@ -153,3 +153,13 @@ def test_sweep_and_english_tables_are_written(swept):
     assert [c.strip() for c in lines["MINIJOINT@1 mini-model"][:1]] == ["1"]  # its layers
     assert [c.strip() for c in lines["MINIPOST@1 mini-model"][:1]] == ["3"]
     assert all(c.strip() != "-" for cells in lines.values() for c in cells)
+
+
+def test_the_alignment_check_is_in_the_report(swept):
+    out, stdout = swept
+    assert "alignment check: " in stdout
+    rows = [json.loads(line) for line in (out / "align.jsonl").read_text().splitlines()]
+    assert {(r["system"], r["step"]) for r in rows} == {(s, st) for s in ("minijoint@1", "minipost@1") for st in (0, 3, 6)}
+    table = (out / "report" / "align.md").read_text()
+    assert "| MINIJOINT@1 | t1 |" in table and "| MINIPOST@1 | t1 |" in table and "BL_BASE" not in table
+    assert (out / "report" / "align_t1.png").stat().st_size > 0

@@ -79,14 +79,13 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
         if mini:
             cfg, sd = surgery.extract_minijoint(cfg, sd)
             notes.append(f"mini-model: layers 1-{cfg.num_layers} and the second head of the MINIJOINT model")
-        else:
-            notes.append("MINIJOINT: main head exported; pass --mini for the second head's mini-model")
-        if cfg.secondary_head_layer is not None:  # HF has one head: the main one (or the deepest mini-model's)
-            if mini:
+            if cfg.secondary_head_layer is not None:  # multi-depth: HF has one head, the deepest mini-model's
                 notes.append(f"multi-depth: the deepest mini-model; its heads after layers {cfg.secondary_depths} "
                              f"are dropped")
-            cfg = dataclasses.replace(cfg, secondary_head_layer=None)
-            sd = {k: v for k, v in sd.items() if not k.startswith(("secondary_head.", "secondary_heads."))}
+                cfg, sd = surgery.drop_secondary_head(cfg, sd)
+        else:
+            cfg, sd = surgery.drop_secondary_head(cfg, sd)
+            notes.append("MINIJOINT: main head exported; pass --mini for the second head's mini-model")
     elif mini:
         raise InteropError(f"--mini exports a MINIJOINT model's second head, but {src} has none "
                            f"(model.secondary_head_layer is null{', kind ' + kind if kind else ''})")

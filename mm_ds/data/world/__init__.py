@@ -29,7 +29,8 @@ t4 Greek script, verb-initial, noun-adjective.
 from .grammar import LEXICON, NP, Event, Sampler
 from .languages import ENGLISH, PRESETS, Language, Renderer, build_wordmap, get_language
 from .tasks import nli_label, paws_label
-from .writer import DEFAULT_TASK_SIZES, generate_world, main
+from .writer import DEFAULT_TASK_SIZES, generate_world, main, write_heldout
 
 __all__ = ["LEXICON", "NP", "Event", "Sampler", "ENGLISH", "PRESETS", "Language", "Renderer", "build_wordmap",
-           "get_language", "nli_label", "paws_label", "DEFAULT_TASK_SIZES", "generate_world", "main"]
+           "get_language", "nli_label", "paws_label", "DEFAULT_TASK_SIZES", "generate_world", "main",
+           "write_heldout"]

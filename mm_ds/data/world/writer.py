@@ -175,6 +175,37 @@ def generate_world(out_dir: str | Path, *, seed: int = 0, languages: Sequence[st
     return manifest
 
 
+HELDOUT = "heldout"
+"""world/heldout/<lang>.txt: held-out raw text (the alignment check, mm_ds/align.py); not in world.json's files."""
+
+
+def write_heldout(world_dir: str | Path, lang: str, sentences: int = 2000) -> Path:
+    """world/heldout/<lang>.txt: `sentences` new sentences of `lang` (CC-100 layout), minus any line that also
+    occurs in text/<lang>.txt, so no held-out line was trained on. Drawn from its own stream
+    (`{seed}:heldout:{lang}`) after the world is written: every file of the world stays byte-identical, and
+    world.json does not list it (a world made before held-out text existed gets it on demand)."""
+    world = Path(world_dir)
+    try:
+        seed = json.loads((world / "world.json").read_text())["seed"]
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{world} is not a complete generated world ({world / 'world.json'}: {e}); "
+                         f"generate it with `mm-ds world --out {world}`") from None
+    text = world / "text" / f"{lang}.txt"
+    if text.is_file():
+        trained = set(text.read_text(encoding="utf-8").splitlines())
+    elif text.with_suffix(".txt.xz").is_file():
+        trained = set(lzma.decompress(text.with_suffix(".txt.xz").read_bytes()).decode("utf-8").splitlines())
+    else:
+        raise ValueError(f"{world} has no text/{lang}.txt(.xz): {lang!r} is not one of its languages")
+    lines = corpus(Sampler(seed), Renderer(get_language(lang), seed), random.Random(f"{seed}:heldout:{lang}"),
+                   sentences)
+    kept = [line for line in lines if not line or line not in trained]
+    out = world / HELDOUT / f"{lang}.txt"
+    _write(out.with_suffix(".tmp"), "\n".join(kept) + "\n")
+    out.with_suffix(".tmp").replace(out)  # whole or absent: its presence means it is complete
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mm-ds world", description="Generate the synthetic multilingual world.")
     p.add_argument("--out", required=True, help="output directory")

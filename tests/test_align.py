@@ -1,0 +1,269 @@
+"""The alignment check (mm_ds/align.py): held-out text that leaves every training file as it was, MLM loss and
+accuracy checked by hand and against a direct computation, the per-checkpoint cache, the command's errors, and
+the report's table and curves, on a miniature recipe output written checkpoint by checkpoint (no training)."""
+import hashlib
+import json
+import math
+import shutil
+import zlib
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mm_ds import align, checkpoint, cli, surgery
+from mm_ds.config import ModelConfig
+from mm_ds.data.corpus import prepare
+from mm_ds.data.world import generate_world, write_heldout
+from mm_ds.model import RobertaMLM
+from mm_ds.tokens import IGNORE_INDEX
+
+TINY_WORLD = dict(seed=0, languages=("t1",), sentences=300, target_sentences=300,
+                  task_sizes={"nli_train": 5, "paws_train": 5, "qa_train": 5, "dev": 5, "test": 5})
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _cfg(vocab: int, **kw) -> ModelConfig:
+    return ModelConfig(**dict(vocab_size=vocab, hidden_size=16, num_layers=2, num_heads=2, ffn_size=32,
+                              max_positions=40, dropout=0.0) | kw)
+
+
+def _random_sd(cfg: ModelConfig, seed: int) -> dict:
+    torch.manual_seed(seed)
+    sd = RobertaMLM(cfg).state_dict()
+    for k, v in sd.items():  # biases and norms away from their zero/one init: a wrong key would show
+        v.add_(torch.randn(v.shape, generator=torch.Generator().manual_seed(zlib.crc32(k.encode()))) * 0.1)
+    return sd
+
+
+# ---------------------------------------------------------------- a miniature recipe output
+
+@pytest.fixture(scope="module")
+def fake_out(tmp_path_factory) -> Path:
+    """OUT as `mm-ds run` lays it out for MINIJOINT (and a BL_BASE run the check skips): a generated world, the
+    t1 corpus, a dual-head primary model, its extracted mini-model, and two Step-2 checkpoints whose language
+    groups differ (written as weight directories, which is how load_final reads a consolidated checkpoint)."""
+    out = tmp_path_factory.mktemp("align") / "out"
+    generate_world(out / "world", **TINY_WORLD)
+    prepare("t1", [str(out / "world" / "text" / "t1.txt")], str(out / "data" / "t1"), vocab_size=120,
+            model_type="bpe", workers=1, progress=False)
+    spm = str(out / "data" / "t1" / "spm.model")
+    vocab = json.loads((out / "data" / "t1" / "meta.json").read_text())["vocab_size"]
+    cfg = _cfg(vocab, secondary_head_layer=1)
+    primary = _random_sd(cfg, 0)
+    common = {"tokenizer": spm, "system": "minijoint", "format": checkpoint.FORMAT}
+    checkpoint.write_final(out / "pretrain" / "minijoint" / "final", primary,
+                           common | {"stage": "pretrain", "model": asdict(cfg), "lang": "en"})
+    mcfg, mini = surgery.extract_minijoint(cfg, primary)
+    checkpoint.write_final(out / "build_mini" / "minijoint" / "final", mini,
+                           common | {"stage": "build_mini", "model": asdict(mcfg), "lang": "en",
+                                     "primary": str(out / "pretrain" / "minijoint")})
+    run_config = {"data": {"seq_len": 24, "mask_prob": 0.15, "random_prob": 0.1, "keep_prob": 0.1},
+                  "train": {"seed": 3}}
+    for system in ("minijoint", "bl_base"):
+        for step in (2, 4):
+            g = torch.Generator().manual_seed(step)
+            sd = dict(mini) | {"embed.tokens.weight": torch.randn(vocab, 16, generator=g) * 0.5,
+                               "head.bias": torch.randn(vocab, generator=g)}
+            checkpoint.write_final(out / "adapt" / system / "t1" / "checkpoints" / checkpoint.tag_for(step), sd,
+                                   common | {"stage": "adapt", "system": system, "lang": "t1", "step": step,
+                                             "flops": 1e9 * step, "model": asdict(mcfg), "run_config": run_config,
+                                             "parent": str(out / "build_mini" / "minijoint"),
+                                             "primary": str(out / "pretrain" / "minijoint")})
+    return out
+
+
+# ---------------------------------------------------------------- held-out text
+
+def test_heldout_text_leaves_the_world_and_the_training_shards_byte_identical(tmp_path):
+    def prepared() -> dict[str, str]:
+        shutil.rmtree(tmp_path / "shards", ignore_errors=True)
+        prepare("t1", [str(tmp_path / "a" / "text" / "t1.txt")], str(tmp_path / "shards"), vocab_size=120,
+                model_type="bpe", workers=1, progress=False)
+        return _hashes(tmp_path / "shards")
+
+    generate_world(tmp_path / "a", **TINY_WORLD)
+    world, shards = _hashes(tmp_path / "a"), prepared()
+    path = write_heldout(tmp_path / "a", "t1", sentences=200)
+    assert path == tmp_path / "a" / "heldout" / "t1.txt"
+    assert {k: v for k, v in _hashes(tmp_path / "a").items() if not k.startswith("heldout/")} == world
+    assert "heldout/t1.txt" not in json.loads((tmp_path / "a" / "world.json").read_text())["files"]
+    assert prepared() == shards  # tokenizer, shards, meta.json
+    generate_world(tmp_path / "b", **TINY_WORLD)  # and a world made afresh is the same world
+    assert _hashes(tmp_path / "b") == world
+    held = [line for line in path.read_text().splitlines() if line]
+    trained = set((tmp_path / "a" / "text" / "t1.txt").read_text().splitlines())
+    assert len(held) > 100 and not set(held) & trained  # new sentences, none of them trained on
+    assert write_heldout(tmp_path / "a", "t1", sentences=200).read_bytes() == path.read_bytes()  # deterministic
+    with pytest.raises(ValueError, match="t9"):
+        write_heldout(tmp_path / "a", "t9")
+
+
+# ---------------------------------------------------------------- the numbers
+
+def test_mlm_metrics_on_a_hand_checked_case():
+    """A head whose transform outputs zero predicts its bias everywhere: loss = -log softmax(bias)[label]."""
+    cfg = _cfg(8, num_layers=1)
+    sd = RobertaMLM(cfg).state_dict()
+    sd["head.dense.weight"].zero_()
+    sd["head.dense.bias"].zero_()
+    sd["head.norm.bias"].zero_()
+    p = torch.tensor([0.05, 0.05, 0.05, 0.05, 0.05, 0.5, 0.15, 0.1])
+    sd["head.bias"] = p.log()
+    ids = torch.tensor([[0, 5, 6, 7, 2], [0, 7, 7, 5, 2]])
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[0, 1], labels[0, 2], labels[1, 3] = 5, 6, 7  # predicted: 5 (right), 5 (wrong), 5 (wrong)
+    got = align.mlm_metrics(cfg, sd, [{"input_ids": ids, "labels": labels, "attention_mask": None}])
+    assert got["targets"] == 3
+    assert got["loss"] == pytest.approx(-(math.log(0.5) + math.log(0.15) + math.log(0.1)) / 3, rel=1e-5)
+    assert got["acc"] == pytest.approx(1 / 3)
+
+
+def test_primary_with_swap_of_a_minijoint_checkpoint_equals_a_direct_computation(fake_out):
+    ckpt = fake_out / "adapt" / "minijoint" / "t1" / "checkpoints" / checkpoint.tag_for(4)
+    meta, sd = checkpoint.load_final(ckpt)
+    vocab, g = sd["embed.tokens.weight"].shape[0], torch.Generator().manual_seed(7)
+    ids = torch.randint(5, vocab, (3, 12), generator=g)
+    labels = torch.where(torch.rand(3, 12, generator=g) < 0.3, ids, torch.full_like(ids, IGNORE_INDEX))
+    labels[:, 0] = ids[:, 0]
+    batches = [{"input_ids": ids[:2], "labels": labels[:2], "attention_mask": None},
+               {"input_ids": ids[2:], "labels": labels[2:], "attention_mask": None}]
+    row = align.row_for(ckpt, batches)
+
+    # Directly: the dual-head primary model with the checkpoint's embeddings and output bias put in by hand.
+    pmeta, psd = checkpoint.load_final(fake_out / "pretrain" / "minijoint")
+    cfg = _cfg(vocab, secondary_head_layer=1)
+    psd = dict(psd) | {"embed.tokens.weight": sd["embed.tokens.weight"], "head.bias": sd["head.bias"],
+                       "secondary_head.bias": sd["head.bias"]}
+    model = RobertaMLM(cfg)
+    model.load_state_dict(psd)
+    model.eval()
+    with torch.no_grad():
+        out = model(ids)
+    sel = labels.ne(IGNORE_INDEX)
+    for head, key in (("main", "primary"), ("secondary", "mini")):  # the mini-model is the secondary head's path
+        logits = out[f"logits_{head}"][sel]
+        assert row[f"{key}_loss"] == pytest.approx(F.cross_entropy(logits, labels[sel]).item(), rel=1e-5)
+        assert row[f"{key}_acc"] == pytest.approx((logits.argmax(-1) == labels[sel]).float().mean().item())
+    assert (row["step"], row["targets"], row["mini_layers"], row["primary_layers"]) == (4, int(sel.sum()), 1, 2)
+
+
+def test_drop_secondary_head_keeps_every_other_tensor_bitwise():
+    cfg = _cfg(30, secondary_head_layer=1)
+    sd = _random_sd(cfg, 1)
+    out_cfg, out = surgery.drop_secondary_head(cfg, sd)
+    assert out_cfg.secondary_head_layer is None and out_cfg.num_layers == 2
+    assert set(out) == {k for k in sd if not k.startswith("secondary_head.")}
+    assert all(torch.equal(out[k], sd[k]) and out[k].data_ptr() != sd[k].data_ptr() for k in out)
+    with pytest.raises(surgery.SurgeryError, match="needs a dual-head"):
+        surgery.drop_secondary_head(out_cfg, out)
+
+
+# ---------------------------------------------------------------- cache, command, report
+
+def test_rows_are_cached_per_checkpoint(fake_out, monkeypatch):
+    rows, out = align.align(fake_out, settings=align.Settings(sequences=8))
+    assert out == fake_out
+    assert [(r["system"], r["step"]) for r in rows] == [("minijoint", 0), ("minijoint", 2), ("minijoint", 4)]
+    assert all(r["sequences"] == 8 and r["targets"] > 0 for r in rows)
+    assert rows[1]["primary_loss"] != rows[2]["primary_loss"]  # the checkpoints' groups differ
+    assert (fake_out / "world" / "heldout" / "t1.txt").is_file()
+
+    def recomputed(*a, **k):
+        raise AssertionError("a cached row was recomputed")
+
+    monkeypatch.setattr(align, "row_for", recomputed)
+    assert align.align(fake_out, settings=align.Settings(sequences=8))[0] == rows
+    moved = fake_out.parent / "moved"
+    shutil.copytree(fake_out, moved)
+    assert align.align(moved, settings=align.Settings(sequences=8))[0] == rows  # a moved tree keeps its rows
+    with pytest.raises(AssertionError, match="recomputed"):  # other settings: other rows
+        align.align(fake_out, settings=align.Settings(sequences=6))
+
+
+def test_align_command_errors_name_the_directory_and_what_it_expects(fake_out, tmp_path, capsys):
+    assert cli.main(["align", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "nowhere") in err and "recipe output" in err and "checkpoints/step_*" in err
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["align", str(tmp_path / "empty")]) == 2
+    assert f"{tmp_path / 'empty'} has neither adapt/ nor complete checkpoints" in capsys.readouterr().err
+    assert cli.main(["align", str(fake_out / "adapt" / "bl_base" / "t1")]) == 2
+    assert "not a Step-2 run of a mini-model system" in capsys.readouterr().err
+    assert cli.main(["align", str(fake_out), "--text", "t1"]) == 2
+    assert "LANG=FILE" in capsys.readouterr().err
+    assert cli.main(["aling"]) == 2 and "did you mean 'align'" in capsys.readouterr().err
+
+
+def test_the_command_writes_the_table_and_curves(fake_out, tmp_path, capsys):
+    heldout = tmp_path / "held.txt"
+    heldout.write_text((fake_out / "world" / "text" / "t1.txt").read_text()[:3000])  # any t1 text will do
+    run = fake_out / "adapt" / "minijoint" / "t1"
+    assert cli.main(["align", str(run), "--text", f"t1={heldout}", "--sequences", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert "| MINIJOINT | t1 |" in printed and "lowest primary loss at step" in printed
+    rows = [json.loads(x) for x in (run / "align" / "align.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 2, 4] and all(r["sequences"] == 4 for r in rows)
+    table = (run / "align" / "report" / "align.md").read_text()
+    assert table.count("| MINIJOINT | t1 | ") == 4  # the summary and three checkpoints
+    assert (run / "align" / "report" / "align_t1.png").stat().st_size > 0
+
+    # mm-ds report picks up an align.jsonl beside the results it is given
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "align.jsonl").write_text((run / "align" / "align.jsonl").read_text())
+    results = [dict(system=s, task="xnli", lang=lang, step=st, flops=st * 1e15, v100_days=st / 10, score=50 + st)
+               for s in ("BL_BASE", "MINIJOINT") for lang in ("en", "t1") for st in (1, 2)]
+    (tmp_path / "r" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+    assert cli.main(["report", str(tmp_path / "r" / "results.jsonl"), "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "align.md").read_text() == table
+    assert (tmp_path / "rep" / "align_t1.png").is_file()
+
+
+def test_the_recipe_checks_its_heldout_files(tmp_path):
+    from mm_ds.check import check
+    from mm_ds.config import ConfigError
+    from mm_ds.recipe import load_recipe
+
+    with pytest.raises(ConfigError, match="heldout.t9 is not a target language"):
+        load_recipe("tiny", ["heldout.t9=x.txt"])
+    with pytest.raises(ConfigError, match="align_sequences"):
+        load_recipe("tiny", ["align_sequences=-1"])
+    recipe = load_recipe("tiny", [f"heldout.t1={tmp_path / 'missing.txt'}"])
+    problems = check(recipe, tmp_path / "out", strict=True).problems
+    assert ("align/t1", f"held-out text {tmp_path / 'missing.txt'} does not exist; fix heldout.t1 in the recipe, or "
+                        f"remove it (then t1 gets no alignment check)") in problems
+
+
+def test_a_multidepth_checkpoint_is_scored_at_the_depth_step2_was_training(tmp_path):
+    """§7's mini-model keeps every head: a checkpoint's mini-model row is its current phase's head, read through
+    that many layers (the head after layer 1 during phase 1, after layer 2 during phase 2)."""
+    cfg = _cfg(40, num_layers=3, secondary_head_layer=[1, 2])
+    primary = _random_sd(cfg, 2)
+    meta = {"format": checkpoint.FORMAT, "tokenizer": None, "system": "minijoint@1+2", "lang": "t1"}
+    checkpoint.write_final(tmp_path / "pretrain" / "final", primary, meta | {"stage": "pretrain", "model": asdict(cfg)})
+    mcfg, mini = surgery.extract_minijoint(cfg, primary)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(5, 40, (2, 10), generator=g)
+    labels = torch.where(torch.rand(2, 10, generator=g) < 0.5, ids, torch.full_like(ids, IGNORE_INDEX))
+    labels[:, 1] = ids[:, 1]
+    model = RobertaMLM(cfg)
+    model.load_state_dict(primary)
+    model.eval()
+    with torch.no_grad():
+        out = model(ids)  # the mini-model's weights are the primary's: each depth's head gives the same logits
+    sel = labels.ne(IGNORE_INDEX)
+    for step, phases, head in ((2, [[1, 0, 2]], "secondary@1"), (4, [[1, 0, 2], [2, 2, 4]], "secondary@2")):
+        ckpt = tmp_path / "adapt" / checkpoint.tag_for(step)
+        checkpoint.write_final(ckpt, mini, meta | {"stage": "adapt", "step": step, "flops": 1e9, "model": asdict(mcfg),
+                                                   "depth_phases": phases, "primary": str(tmp_path / "pretrain")})
+        row = align.row_for(ckpt, [{"input_ids": ids, "labels": labels, "attention_mask": None}])
+        want = F.cross_entropy(out[f"logits_{head}"][sel], labels[sel]).item()
+        assert row["mini_loss"] == pytest.approx(want, rel=1e-5), head
+        assert row["mini_layers"] == phases[-1][0]
