@@ -60,7 +60,8 @@ def sweep_tables(report: Report, t2: dict, t3: dict) -> str:
                     [r["system"], cost(r["v100_days"])] + [fmt(r["scores"][l]) for l in L]
                     + [fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in finals]))
     if parts:
-        parts.append("∞ = never reached; * = averaged over fewer languages than the task has.")
+        parts.append("∞ = never reached; * = averaged over fewer languages than the task has; n/a = no target (the "
+                     "reference did not beat its control there, see warnings.txt).")
     return "\n\n".join(parts)
 
 

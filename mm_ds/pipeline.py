@@ -270,9 +270,9 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         print("\nEnglish performance of the primary models and their mini-models (Table 5):\n" + english)
     if REFERENCE in recipe.systems:  # near-maximal performance is defined against BL_BASE (paper §4.2)
         from . import report
-        from .records import clean_records
+        from .records import clean_records, control_scores
         results, warnings = clean_records(rows, str(out / "results.jsonl"))
-        rep = report.build_report(results, warnings=warnings)
+        rep = report.build_report(results, warnings=warnings, controls=control_scores(rows))
         written = report.write_report(rep, out / "report")
         print("\n" + report.format_tables(rep, table2s=False))  # results.md above is Table 2 with the controls
         say("report: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))

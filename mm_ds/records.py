@@ -94,6 +94,18 @@ def clean_records(raw: Iterable[dict], source: str = "records") -> tuple[list[Re
     return results, problems.warnings()
 
 
+def control_scores(raw: Iterable[dict]) -> dict[tuple[str, str, str], float]:
+    """(task, lang, SYSTEM) -> the score of the control row `mm-ds run` records (the finetuned model with
+    untrained target embeddings): what a transfer must beat to have learned anything."""
+    out = {}
+    for rec in raw:
+        if isinstance(rec, dict) and rec.get("kind") == "control":
+            score = _number(rec.get("score"), float)
+            if score is not None:
+                out[(str(rec["task"]).strip(), str(rec["lang"]).strip(), str(rec["system"]).strip().upper())] = score
+    return out
+
+
 def read_records(path: str | Path) -> tuple[list[dict], list[str]]:
     """Raw dicts from a .csv, .json or .jsonl file, plus warnings (a file that cannot be read is one)."""
     path = Path(path)
@@ -122,11 +134,14 @@ def read_records(path: str | Path) -> tuple[list[dict], list[str]]:
     return [], [f"{path}: unsupported file type {path.suffix!r}; use .csv, .json or .jsonl"]
 
 
-def load_results(paths: Sequence[str | Path]) -> tuple[list[Result], list[str]]:
+def load_results(paths: Sequence[str | Path], controls: dict | None = None) -> tuple[list[Result], list[str]]:
+    """Results and warnings of every file; `controls`, if given, gets their control scores (control_scores)."""
     results, warnings = [], []
     for p in paths:
         rows, w = read_records(p)
         warnings += w
+        if controls is not None:
+            controls.update(control_scores(rows))
         r, w = clean_records(rows, source=str(p))
         results += r
         warnings += w

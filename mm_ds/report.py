@@ -132,8 +132,10 @@ def _system_order(systems: Iterable[str], reference: str) -> list[str]:
 
 
 def build_report(results: Iterable[Result], reference: str = SYSTEMS[REFERENCE].label, fraction: float = 0.95,
-                 warnings: Sequence[str] = ()) -> Report:
-    warnings = list(warnings)
+                 warnings: Sequence[str] = (), controls: dict[tuple[str, str, str], float] | None = None) -> Report:
+    """`controls`: (task, lang, SYSTEM) -> control score (records.control_scores). Where the reference's final
+    score does not beat its control it learned nothing to be near to: that language gets no target."""
+    warnings, controls = list(warnings), controls or {}
     curves = group_curves(results, warnings)
     tasks = sorted({t for t, _, _ in curves})
     langs = {t: sorted({l for tt, l, _ in curves if tt == t}) for t in tasks}
@@ -150,6 +152,12 @@ def build_report(results: Iterable[Result], reference: str = SYSTEMS[REFERENCE].
                 if reference in systems:
                     warnings.append(f"{t}/{l}: no {reference} results, so no target; its times to target and "
                                     "speedups are left out")
+                continue
+            floor = controls.get((t, l, reference))
+            if floor is not None and ref[-1].score <= floor:
+                warnings.append(f"{t}/{l}: {reference}'s final score {ref[-1].score:.1f} does not beat its control "
+                                f"{floor:.1f} (untrained target embeddings): it did not transfer, so {fraction:.0%} of "
+                                f"it is no near-maximal performance; no target, times to target or speedups")
                 continue
             targets[(t, l)] = fraction * ref[-1].score
             for s in systems:
@@ -299,7 +307,8 @@ def format_tables(report: Report, bounds: bool = False, table2s: bool = True) ->
                          fmt(r.get("ratio_of_mean_days"), 2)])
         parts.append(md(["task", "system", "speedup", "used", "left out", "ratio of mean days"], body))
     parts.append("* = averaged over fewer languages than the task has (missing results, or never reached); "
-                 "∞ = never reached; n/a = no results, or no target (no reference results).")
+                 "∞ = never reached; n/a = no results, or no target (no reference results, or the reference did not "
+                 "beat its control).")
     return "\n\n".join(parts)
 
 
@@ -377,13 +386,14 @@ def main(argv: list[str] | None = None) -> int:
                     "check's align.md, align.csv and align_<lang>.png too")
     args = ap.parse_args(argv)
 
-    results, warnings = load_results(args.results)
+    controls: dict = {}
+    results, warnings = load_results(args.results, controls)
     if not results:
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
         print(f"mm-ds report: no usable records in {', '.join(args.results)}", file=sys.stderr)
         return 2
-    report = build_report(results, args.reference, args.fraction, warnings)
+    report = build_report(results, args.reference, args.fraction, warnings, controls)
     written = write_report(report, args.out, plots=not args.no_plots, xmax_days=args.xmax_days)
     align = args.align or next((str(p) for p in (Path(r).with_name("align.jsonl") for r in args.results)
                                 if p.is_file()), None)

@@ -150,6 +150,27 @@ def test_missing_reference_for_a_language_keeps_the_rest():
     assert next(r for r in R.table3(rep)["xnli"] if r["system"] == "MINIJOINT")["days"]["hi"] == "n/a"
 
 
+def test_a_reference_that_does_not_beat_its_control_sets_no_target(tmp_path):
+    """BL_BASE at 38.7 where untrained embeddings score 52.0 learned nothing: 95% of it is no near-maximal
+    performance, so that language gets no target (a run's control rows come through results.jsonl)."""
+    res = curve([30, 38.7], system="BL_BASE", lang="t2") + curve([40, 45], system="MINIJOINT", lang="t2")
+    res += curve([60, 90], system="BL_BASE", lang="t1") + curve([80, 90], system="MINIJOINT", lang="t1")
+    rows = [dict(kind="adapted", system=r.system, task=r.task, lang=r.lang, step=r.step, flops=r.flops,
+                 v100_days=r.v100_days, score=r.score) for r in res]
+    rows += [dict(kind="control", system="bl_base", task="xnli", lang=l, step=0, score=52.0) for l in ("t1", "t2")]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    controls = {}
+    got, _ = records.load_results([tmp_path / "results.jsonl"], controls)
+    assert controls == {("xnli", "t1", "BL_BASE"): 52.0, ("xnli", "t2", "BL_BASE"): 52.0}
+    rep = R.build_report(got, controls=controls)
+    assert ("xnli", "t2") not in rep.targets and ("xnli", "t1") in rep.targets
+    assert any("xnli/t2: BL_BASE's final score 38.7 does not beat its control 52.0" in w for w in rep.warnings)
+    assert next(r for r in R.table3(rep)["xnli"] if r["system"] == "MINIJOINT")["days"]["t2"] == "n/a"
+    s = next(r for r in rep.speedup_summary if r["task"] == "xnli" and r["system"] == "MINIJOINT")
+    assert list(s["excluded"]) == ["t2"]
+    assert ("xnli", "t2") in R.build_report(got).targets  # without the controls, the paper's rule alone
+
+
 def test_missing_reference_system_entirely():
     rep = R.build_report(curve([50, 60], system="MINIJOINT"))
     assert not rep.targets and not rep.speedup_summary
