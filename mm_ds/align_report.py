@@ -47,8 +47,10 @@ def align_table(rows: list[dict]) -> str:
     return "\n\n".join(parts)
 
 
-def _layers(n: int) -> str:
-    return f"{n} layer" + ("s" if n != 1 else "")
+def _layers(*ns: int) -> str:
+    """"4 layers"; a multi-depth mini-model's curve runs through its depths: "1→4 layers"."""
+    lo, hi = min(ns), max(ns)
+    return (f"{lo}→{hi}" if lo != hi else f"{hi}") + " layer" + ("s" if hi != 1 else "")
 
 
 def write_plots(rows: list[dict], out: Path) -> list[Path]:
@@ -67,7 +69,7 @@ def write_plots(rows: list[dict], out: Path) -> list[Path]:
             for ax, metric, scale, name in ((axes[0, col], "loss", 1, "held-out MLM loss"),
                                              (axes[1, col], "acc", 100, "held-out MLM accuracy %")):
                 ax.plot(steps, [scale * r[f"mini_{metric}"] for r in c], marker=".", c="C0",
-                        label=f"mini-model ({_layers(c[0]['mini_layers'])})")
+                        label=f"mini-model ({_layers(*(r['mini_layers'] for r in c))})")
                 ax.plot(steps, [scale * r[f"primary_{metric}"] for r in c], marker=".", ls="--", c="C1",
                         label=f"primary + its embeddings ({_layers(c[0]['primary_layers'])})")
                 ax.set(ylabel=name)
