@@ -201,7 +201,8 @@ def _speedups(tasks, langs, systems, reference, targets, crossings, curves, warn
                 if (t, l, s) not in curves:
                     continue
                 if (t, l) not in targets:
-                    excluded[l] = f"no {reference} results"
+                    excluded[l] = (f"no target: {reference} did not beat its control" if (t, l, reference) in curves
+                                   else f"no {reference} results")
                     continue
                 ref, sys_ = crossings[(t, l, reference)], crossings[(t, l, s)]
                 if not sys_.reached:
