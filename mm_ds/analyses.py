@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -69,7 +68,7 @@ def write_sweep_plots(report: Report, out: Path) -> list[Path]:
     """Figure 4: per depth sweep, score vs Step-2 V100-days averaged over languages, one panel per task."""
     from matplotlib.figure import Figure
 
-    from .plots import mean_curve
+    from .plots import mean_curve, target_line
 
     written = []
     for base, labels in sweeps(report).items():
@@ -80,9 +79,7 @@ def write_sweep_plots(report: Report, out: Path) -> list[Path]:
                 pts = mean_curve(report, t, s)
                 if pts:
                     ax.plot(*zip(*pts), marker=".", label=s, c=f"C{i}")
-            tg = [v for (tt, _), v in report.targets.items() if tt == t]
-            if tg:
-                ax.axhline(statistics.mean(tg), ls="--", c="grey", lw=1, label="target (mean over langs)")
+            target_line(ax, report, t)
             ax.set(title=f"{base} depths, {t} (mean over languages)", xlabel="V100-days (Step 2)", ylabel="score")
             ax.legend(fontsize=7)
         fig.tight_layout()

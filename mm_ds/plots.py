@@ -21,6 +21,17 @@ def mean_curve(report: Report, task: str, system: str) -> list[tuple[float, floa
                                                                             if r.step == st)) for st in sorted(common)]
 
 
+def target_line(ax, report: Report, task: str) -> None:
+    """The mean target over the task's languages, for curves averaged over them; only when every language has
+    one (a mean over some languages would sit above or below curves that average over all of them)."""
+    tg = [report.targets.get((task, l)) for l in report.langs[task]]
+    if tg and None not in tg:
+        ax.axhline(mean(tg), ls="--", c="grey", lw=1, label="target (mean over langs)")
+    elif any(v is not None for v in tg):
+        missing = ", ".join(l for l, v in zip(report.langs[task], tg) if v is None)
+        ax.plot([], [], ls="--", c="grey", lw=1, label=f"no mean target: none for {missing}")
+
+
 def write_plots(report: Report, out: Path, xmax_days: float | None = None) -> list[Path]:
     """Figure 3 (score vs V100-days, averaged over languages and per language) and Figure 1 (speedups)."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no display backend needed
@@ -34,9 +45,7 @@ def write_plots(report: Report, out: Path, xmax_days: float | None = None) -> li
             pts = mean_curve(report, t, s)
             if pts:
                 ax.plot(*zip(*pts), marker=".", label=s, c=color[s])
-        tg = [v for (tt, _), v in report.targets.items() if tt == t]
-        if tg:
-            ax.axhline(mean(tg), ls="--", c="grey", lw=1, label="target (mean over langs)")
+        target_line(ax, report, t)
         ax.set(title=f"{t} (mean over languages)", xlabel="V100-days (Step 2)", ylabel="score")
         if xmax_days:
             ax.set_xlim(0, xmax_days)

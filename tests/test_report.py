@@ -235,3 +235,20 @@ def test_main_without_usable_records(tmp_path, capsys):
     (tmp_path / "r.json").write_text("[]")
     assert R.main([str(tmp_path / "r.json"), "--out", str(tmp_path / "o")]) == 2
     assert "no usable records" in capsys.readouterr().err
+
+
+def test_curves_averaged_over_languages_get_a_target_line_only_when_every_language_has_a_target():
+    from matplotlib.figure import Figure
+
+    from mm_ds.plots import target_line
+
+    res = curve([60, 90], system="BL_BASE", lang="t1") + curve([30, 38.7], system="BL_BASE", lang="t2")
+    controls = {("xnli", "t2", "BL_BASE"): 52.0}
+
+    def drawn(rep):
+        ax = Figure().subplots()
+        target_line(ax, rep, "xnli")
+        return [(list(line.get_ydata()), line.get_label()) for line in ax.lines]
+
+    assert drawn(R.build_report(res)) == [([pytest.approx(0.95 * (90 + 38.7) / 2)] * 2, "target (mean over langs)")]
+    assert drawn(R.build_report(res, controls=controls)) == [([], "no mean target: none for t2")]
