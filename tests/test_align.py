@@ -9,7 +9,6 @@ import zlib
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
