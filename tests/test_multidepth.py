@@ -268,3 +268,40 @@ def test_the_recipe_check_passes_a_multidepth_recipe_and_refuses_a_bad_schedule(
                         ("overrides.adapt=['mini.depth_shares=[1,1]']", "adapt/bl_base: .* one head")]:
         report = check(load_recipe("tiny", [*base, bad]), tmp_path / "b", strict=False)
         assert any(re.search(needle, p) for p in map(str, report.problems)), report.format()
+
+
+# ---------------------------------------------------------------- the GPU path, on CPU
+
+def test_a_multidepth_run_trains_in_bf16_under_zero_on_two_ranks_launched_per_stage(tmp_path):
+    """What a cluster run of minijoint@1+2 takes: per-stage deepspeed launches of 2 ranks, bf16 with the shipped
+    ZeRO 3 (Step 1, three heads) and ZeRO 2 (Step 2: a head unused in each phase gets no gradient) configs."""
+    import yaml
+
+    small = ["model.hidden_size=32", "model.num_heads=2", "model.ffn_size=64", "train.micro_batch=8"]
+    recipe = {
+        "systems": ["bl_base", "minijoint@1+2"], "langs": ["t1"], "tasks": ["xnli"], "seeds": [1],
+        "world": {"seed": 0, "sentences": 3000, "target_sentences": 2000,
+                  "task_sizes": {"nli_train": 200, "paws_train": 50, "qa_train": 50, "dev": 50, "test": 100}},
+        "prepare": {"vocab_size": 800, "model_type": "bpe"},
+        "presets": {"pretrain": "tiny/{system}", "build_mini": "tiny/build_mini", "adapt": "tiny/adapt",
+                    "finetune": "tiny/finetune"},
+        "overrides": {"pretrain": [*small, "train.steps=12", "train.warmup_steps=2", "train.checkpoint_steps=[]"],
+                      "adapt": ["train.steps=8", "train.warmup_steps=2", "train.checkpoint_steps=[4]",
+                                "train.micro_batch=8"],
+                      "finetune": ["finetune.epochs=1", "finetune.max_train_examples=160", "train.micro_batch=8"],
+                      "pretrain/minijoint@1+2": ["ds_config=bf16_zero3.json"],
+                      "adapt/minijoint@1+2": ["ds_config=bf16_zero2.json"]},
+        "launch": {"ranks": 2, "launcher": "deepspeed", "master_port": 29717},
+        "mode": "per_stage", "curve": True,
+    }
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    proc = subprocess.run([sys.executable, "-m", "mm_ds.cli", "run", str(tmp_path / "recipe.yaml"), "--out",
+                           str(tmp_path / "run")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    from mm_ds import checkpoint
+    meta, sd = checkpoint.load_final(tmp_path / "run" / "adapt" / "minijoint@1+2" / "t1")
+    assert (meta["precision"], meta["zero_stage"], meta["world_size"]) == ("bf16", 2, 2)
+    assert meta["depth_phases"] == [[1, 0, 4], [2, 4, 8]]
+    assert {"secondary_head.bias", "head.bias"} <= set(sd)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    assert any(r["system"] == "minijoint@1+2" and r["kind"] == "adapted" and r["lang"] == "t1" for r in rows)
