@@ -145,8 +145,8 @@ def adapt_runs(path: Path) -> tuple[list[Path], Path | None]:
     """(the mini-model systems' adapt runs, the recipe output they belong to or None) of a recipe output
     OUT (OUT/adapt/<system>/<lang>/) or of one adapt run directory; errors name `path` and what it should be."""
     path = Path(path)
-    expected = (f"give a recipe output (OUT with adapt/<system>/<lang>/ run directories, as `mm-ds run` writes) "
-                f"or one Step-2 run directory (with checkpoints/step_*/ written by `mm-ds adapt`)")
+    expected = ("give a recipe output (OUT with adapt/<system>/<lang>/ run directories, as `mm-ds run` writes) "
+                "or one Step-2 run directory (with checkpoints/step_*/ written by `mm-ds adapt`)")
     if not path.is_dir():
         raise ConfigError(f"{path} is not a directory; {expected}")
     if (path / "adapt").is_dir():
@@ -204,8 +204,7 @@ def fingerprint(ckpt: Path, primary: str, heldout: Path, settings: Settings, tag
     """Changes when any input of a row changes: the checkpoint's and the primary model's manifests, the held-out
     corpus (its name is a hash of the text and the tokenizer), the settings. No paths: a moved tree keeps its rows."""
     h = hashlib.sha256(json.dumps([asdict(settings), tag, heldout.name]).encode())
-    p = Path(primary)
-    for f in (ckpt / checkpoint.MANIFEST, p / checkpoint.FINAL / checkpoint.MANIFEST, p / checkpoint.MANIFEST):
+    for f in (checkpoint.manifest_of(ckpt), checkpoint.manifest_of(primary)):
         h.update(f.read_bytes() if f.is_file() else b"-")
     return h.hexdigest()
 

@@ -390,6 +390,12 @@ def write_frozen(run_dir: str | Path, state_dict: dict[str, torch.Tensor]) -> Pa
     return write_final(out, state_dict, {"frozen_of": str(run_dir), "time": now()})
 
 
+def manifest_of(path: str | Path) -> Path:
+    """The manifest of a checkpoint directory, or else of a run directory's final/ (it may not exist)."""
+    path = Path(path)
+    return path / MANIFEST if (path / MANIFEST).is_file() else path / FINAL / MANIFEST
+
+
 def load_final(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """(meta, fp32 state dict) of a final/ directory, or of an engine checkpoint (consolidated)."""
     path = Path(path)

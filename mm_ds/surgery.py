@@ -118,9 +118,6 @@ def extract_minijoint(cfg: ModelConfig, sd: StateDict) -> tuple[ModelConfig, dic
     return mini_cfg, out
 
 
-extract_multidepth = extract_minijoint  # §7's name for the multi-depth case: the same cut
-
-
 def drop_secondary_head(cfg: ModelConfig, sd: StateDict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """A dual-head model as a single-head one: every layer and the main head, without `secondary_head.*` (and a
     multi-depth model's `secondary_heads.*`).

@@ -101,7 +101,7 @@ def test_loss_is_the_mean_over_all_heads_and_names_are_back_compatible():
 def test_extract_keeps_the_bottom_layers_and_every_head_bitwise():
     cfg, m = _model([1, 2, 4])
     sd = m.state_dict()
-    mini_cfg, mini_sd = surgery.extract_multidepth(cfg, sd)
+    mini_cfg, mini_sd = surgery.extract_minijoint(cfg, sd)
     assert (mini_cfg.num_layers, mini_cfg.secondary_head_layer) == (4, [1, 2])
     assert set(mini_sd) == set(param_shapes(mini_cfg))
     assert not any(k.startswith("layers.4.") for k in mini_sd)

@@ -199,8 +199,7 @@ def fingerprint(unit: Unit, data_root: str, base: Path) -> str:
                              "adapted": rel(unit.adapted) if unit.adapted else None}
     h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     for run in (*unit.finetuned, *([unit.adapted] if unit.adapted else [])):
-        p = Path(run)
-        man = p / checkpoint.MANIFEST if (p / checkpoint.MANIFEST).is_file() else p / checkpoint.FINAL / checkpoint.MANIFEST
+        man = checkpoint.manifest_of(run)
         h.update(man.read_bytes() if man.is_file() else b"-")
     spec = get_task(unit.task)
     if is_hub(data_root):  # the hub's name for the split; its revision is the datasets cache's business

@@ -258,7 +258,7 @@ def run(plan: Plan) -> int:
             say(f"skip {n.name}: complete")
     run_stages(todo, plan.out / "logs")
     adapted = runs[-1].out
-    want = _digest(adapted / checkpoint.FINAL / checkpoint.MANIFEST)
+    want = _digest(checkpoint.manifest_of(adapted))
     done = _exported(plan)
     if done is not None and done.get("adapt_manifest_sha256") == want and (plan.hf_out / "config.json").is_file():
         say(f"skip export: {plan.hf_out} holds this Step-2 result")
