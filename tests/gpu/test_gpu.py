@@ -2,8 +2,9 @@
 more GPUs; without CUDA every test here is skipped. The checks that need no GPU live in tests/gpu_checks.py, where
 CPU tests (tests/test_gpu_checks.py, tests/test_reduction_dtype.py) show that they can fail.
 
-- 20 bf16 updates of BL_BASE pretraining (the paper's shape, shorter sequences) on every local GPU: NCCL,
-  BF16_Optimizer over DeepSpeed's CUDA FusedAdam, loss going down, MFU logged against the GPU's peak;
+- 20 updates of BL_BASE pretraining (the paper's shape, shorter sequences) on every local GPU, in bf16
+  (BF16_Optimizer) and fp16 (the ZeRO optimizer, loss scaling): NCCL, DeepSpeed's CUDA FusedAdam, loss going
+  down, MFU logged against the GPU's peak;
 - SDPA: the kernel torch's default dispatcher picks for real MLM batches (their padding masks as the data pipeline
   makes them) in bf16 training is a fused one, and runs forward and backward;
 - the whole pipeline in bf16 under ZeRO 1-3 (every stage kind, Step 2 over both mini-models, Step 4 on the GPUs),
@@ -46,19 +47,22 @@ def mm_ds(*argv, env=None, check=True):
     return proc
 
 
-def test_base_pretraining_in_bf16_with_fused_adam_over_nccl(corpus, tmp_path):
+@pytest.mark.parametrize("precision, optimizer", [("bf16", "BF16_Optimizer"), ("fp16", "DeepSpeedZeroOptimizer")])
+def test_base_pretraining_with_fused_adam_over_nccl(corpus, tmp_path, precision, optimizer):
+    """bf16 (the paper presets) and fp16 (GPUs only: DeepSpeed's CPU accelerator has none; dynamic loss scaling)."""
     out = tmp_path / "bl_base"
     proc = mm_ds("pretrain", "--preset", "paper/bl_base", "--out", str(out), "--no-progress", f"data.corpus={corpus}",
                  "model.vocab_size=null", "data.seq_len=128", "train.steps=20", "train.warmup_steps=2",
                  f"train.global_batch={16 * NGPU}", "train.micro_batch=8", "train.log_every=5",
-                 "train.checkpoint_steps=[]", f"launch.ranks={NGPU}", f"launch.master_port={port()}")
+                 "train.checkpoint_steps=[]", f"ds_config={precision}_zero1.json", f"launch.ranks={NGPU}",
+                 f"launch.master_port={port()}")
     log = proc.stdout + proc.stderr
-    assert f"world={NGPU} micro=8 accum=2" in log and "zero=1 bf16; optimizer BF16_Optimizer over FusedAdam" in log
+    assert f"world={NGPU} micro=8 accum=2" in log and f"zero=1 {precision}; optimizer {optimizer} over FusedAdam" in log
     assert "backend nccl" in log
     rows = [json.loads(line) for line in (out / "logs" / "train.jsonl").read_text().splitlines()]
     assert all(r["loss"] == r["loss"] for r in rows) and rows[-1]["loss"] < rows[0]["loss"]
     meta = json.loads((out / "final" / "mm_ds.json").read_text())
-    assert (meta["precision"], meta["world_size"]) == ("bf16", NGPU)
+    assert (meta["precision"], meta["world_size"]) == (precision, NGPU)
     name = torch.cuda.get_device_name()
     if rows[-1]["mfu"] != rows[-1]["mfu"]:  # last: everything above holds whatever the GPU
         pytest.skip(f"MFU is NaN: {name!r} is not in mm_ds/peaks.py's GPU_PEAK_TFLOPS (set peak_tflops=...)")
