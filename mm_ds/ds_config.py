@@ -11,6 +11,9 @@ Precision rules (DeepSpeed 0.19.8):
   paper's 8-64 micro-steps bf16 accumulation loses most of the gradient's low bits. DeepSpeed does this with
   BF16_Optimizer (ZeRO 1) or the ZeRO 2/3 optimizers; with ZeRO 0 it raises NotImplementedError, so bf16 with
   ZeRO 0 is refused here (bf16_zero1.json holds the same memory on one rank).
+- bf16 also reduces gradients across ranks in fp32 (`communication_data_type`, set when the JSON leaves it
+  out): DeepSpeed's default, the training dtype, rounds every reduced gradient to bf16 before the fp32
+  accumulation sees it. Which collectives carry what per ZeRO stage: mm_ds/tools/plan.py.
 - fp16 is for GPUs: DeepSpeed's CPU accelerator has none. bf16 runs on CPU too, slowly (tests use it at tiny size).
 """
 
@@ -103,6 +106,13 @@ def precision(ds: dict) -> str:
     return "bf16" if ds.get("bf16", {}).get("enabled") else "fp16" if ds.get("fp16", {}).get("enabled") else "fp32"
 
 
+def reduction_dtype(ds: dict) -> str:
+    """The dtype data-parallel gradients are reduced in: `communication_data_type`, else fp32 under bf16 (what
+    `resolve` sets) and the training dtype otherwise (DeepSpeed's default)."""
+    kind = precision(ds)
+    return str(ds.get("communication_data_type") or ("fp32" if kind == "bf16" else kind)).lower()
+
+
 def _int(value, key: str, path: Path) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{path}: {key}={value!r} must be a positive integer")
@@ -154,6 +164,7 @@ def resolve(cfg: RunConfig, world_size: int, run_dir: Path | None = None, on_thi
     sp.setdefault("warmup_min_lr", 0.0)
     if precision(ds) == "bf16":
         ds.setdefault("data_types", {}).setdefault("grad_accum_dtype", "fp32")
+        ds.setdefault("communication_data_type", reduction_dtype(ds))
     if opt["params"].get("torch_adam") and not opt["params"].get("foreach"):
         # torch's fused AdamW: one pass over the flat ZeRO partition instead of ~10 full-size temporaries
         # (base shape on CPU: 0.2 s instead of 1.9 s per step on one core).

@@ -244,6 +244,8 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
         faults.after_step(done, rank, cfg.stage)  # a test's fault point (MM_DS_KILL_AT); inert otherwise
     if bar is not None:
         bar.close()
+    if faults.ARMED:  # a test's look at the live frozen weights (MM_DS_DUMP_FROZEN); never in a production run
+        faults.after_training(engine, f"{cfg.stage}.{cfg.system}.{cfg.lang}")
 
     final_tag = ckpt_io.tag_for(cfg.train.steps)
     final_dir = run_dir / ckpt_io.FINAL

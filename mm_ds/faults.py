@@ -10,6 +10,8 @@ that reads these variables, once per process, at import (the ranks inherit them 
     MM_DS_NAN_AT=STEP[,STEP...][:RANK[:HEAD]]  make update STEP's loss non-finite on RANK (default: all
                                        ranks); HEAD (e.g. loss_secondary) names the head that "diverged"
     MM_DS_DUMP_RESUMED=PATH            rank 0 saves its weights (torch.save) right after a universal load
+    MM_DS_DUMP_FROZEN=DIR              after the last update, rank 0 saves the live module's frozen parameters
+                                       as the engine holds them (bf16 under bf16) to DIR/STAGE.SYSTEM.LANG.pt
 
 The harness that sets them (seeded faults on tiny runs of every stage kind, the checks after each crash,
 bitwise comparison with an uninterrupted run) is tests/fault_harness.py; its full sweep:
@@ -40,9 +42,11 @@ class Armed:
     stage: str | None = None
     nan_at: tuple[frozenset[int], int | None, str] | None = None  # (steps, rank or all, head)
     dump_resumed: str | None = None
+    dump_frozen: str | None = None
 
     def __bool__(self) -> bool:
-        return any(v is not None for v in (self.kill_at, self.kill_in_save, self.nan_at, self.dump_resumed))
+        return any(v is not None for v in (self.kill_at, self.kill_in_save, self.nan_at, self.dump_resumed,
+                                           self.dump_frozen))
 
 
 def read(env: Mapping[str, str]) -> Armed:
@@ -69,7 +73,8 @@ def read(env: Mapping[str, str]) -> Armed:
         who, _, head = rest.partition(":")
         a["nan_at"] = (frozenset(number("MM_DS_NAN_AT", s) for s in steps.split(",")),
                        number("MM_DS_NAN_AT", who) if who else None, head)
-    return Armed(**a, stage=env.get("MM_DS_KILL_STAGE") or None, dump_resumed=env.get("MM_DS_DUMP_RESUMED") or None)
+    return Armed(**a, stage=env.get("MM_DS_KILL_STAGE") or None, dump_resumed=env.get("MM_DS_DUMP_RESUMED") or None,
+                 dump_frozen=env.get("MM_DS_DUMP_FROZEN") or None)
 
 
 POINTS = read(os.environ)
@@ -126,6 +131,23 @@ def after_universal_load(engine) -> None:
 
         weights = {k: v.detach().float().clone() for k, v in engine.module.state_dict().items()}
         torch.save(weights, POINTS.dump_resumed)
+
+
+def after_training(engine, name: str) -> None:
+    """MM_DS_DUMP_FROZEN: the frozen parameters the engine trained beside, for a test to compare with the parent's
+    (final/ cannot show them: it is written from the fp32 copy in frozen/). Every rank calls it: under ZeRO 3
+    the parameters are gathered first."""
+    if not POINTS.dump_frozen:
+        return
+    import deepspeed
+    import torch
+
+    frozen = [(k, p) for k, p in engine.module.named_parameters() if not p.requires_grad]
+    with deepspeed.zero.GatheredParameters([p for _, p in frozen],
+                                           enabled=bool(frozen) and engine.zero_optimization_partition_weights()):
+        if engine.global_rank == 0:
+            os.makedirs(POINTS.dump_frozen, exist_ok=True)
+            torch.save({k: p.detach().cpu().clone() for k, p in frozen}, os.path.join(POINTS.dump_frozen, f"{name}.pt"))
 
 
 def _kill_launcher() -> None:

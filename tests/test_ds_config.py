@@ -40,6 +40,9 @@ def test_every_shipped_config_passes_deepspeeds_parser(name, world):
     assert geo.global_batch == 2048 and geo.global_batch == geo.micro_batch * geo.grad_accum * world
     if ds_config.precision(ds) == "bf16":  # over 8-64 micro-steps bf16 accumulation loses the gradient's low bits
         assert ds["data_types"]["grad_accum_dtype"] == "fp32" and ds_config.zero_stage(ds) >= 1
+        # ... and so would a bf16 reduction of the gradients across ranks (tests/test_reduction_dtype.py)
+        assert json.loads(ds_config.find(name).read_text())["communication_data_type"] == "fp32"
+    assert ds_config.reduction_dtype(ds) == {"bf16": "fp32"}.get(ds_config.precision(ds), ds_config.precision(ds))
 
 
 def test_auto_values_are_filled_in_where_mm_ds_owns_them(tmp_path):
@@ -90,14 +93,16 @@ def test_bf16_with_zero_0_is_refused_with_the_way_out(tmp_path):
         ds_config.resolve(cfg_with(ds, tmp_path), 1, on_this_machine=False)
 
 
-def test_a_users_bf16_config_accumulates_in_fp32_unless_it_says_otherwise(tmp_path):
+def test_a_users_bf16_config_accumulates_and_reduces_in_fp32_unless_it_says_otherwise(tmp_path):
     ds = base("bf16_zero2.json")
-    del ds["data_types"]
+    del ds["data_types"], ds["communication_data_type"]
     out, _ = ds_config.resolve(cfg_with(ds, tmp_path), 1, on_this_machine=False)
-    assert out["data_types"]["grad_accum_dtype"] == "fp32"
-    ds["data_types"] = {"grad_accum_dtype": "bf16"}
+    assert out["data_types"]["grad_accum_dtype"] == "fp32" and out["communication_data_type"] == "fp32"
+    ds |= {"data_types": {"grad_accum_dtype": "bf16"}, "communication_data_type": "bf16"}
     out, _ = ds_config.resolve(cfg_with(ds, tmp_path), 1, on_this_machine=False)
-    assert out["data_types"]["grad_accum_dtype"] == "bf16"
+    assert out["data_types"]["grad_accum_dtype"] == "bf16" and ds_config.reduction_dtype(out) == "bf16"
+    fp32, _ = ds_config.resolve(cfg_with("fp32_zero1.json", tmp_path), 1, on_this_machine=False)
+    assert "communication_data_type" not in fp32 and ds_config.reduction_dtype(fp32) == "fp32"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU rule")

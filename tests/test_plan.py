@@ -24,23 +24,41 @@ def test_parameter_counts_match_the_model(kind, layers, secondary):
                                    max_positions=s, secondary_head_layer=secondary))
     pc = plan.stage_params(kind, h, V, layers, s)
     assert pc.total == sum(p.numel() for p in model.parameters())
+    assert pc.persistent == sum(p.numel() for p in model.parameters() if p.numel() <= plan.PERSISTENCE)
     if kind == "adapt":
         assert pc.trainable == sum(p.numel() for n, p in model.named_parameters() if n in LANGUAGE_PARAMS)
 
 
 def test_step2_communicates_the_embedding_group_only():
+    """The traffic of the collectives DeepSpeed makes (recorded on 2 ranks by tests/test_reduction_dtype.py):
+    gradients in fp32 under bf16, weights in bf16, of the trainable parameters but ZeRO-3's weight gathers."""
     base = plan.stage_params("pretrain", 768, 50_000, 12, 512)
     step2 = plan.stage_params("adapt", 768, 50_000, 12, 512)
     assert round(step2.trainable / 1e6, 2) == 38.45 and 124e6 < base.total < 126e6
-    n = 32
-    v1 = plan.comm_bytes_per_step(1, n, base.trainable, base.total, 2, "bf16")
-    assert v1 == pytest.approx(2 * (n - 1) / n * base.trainable * 2)  # = ring all-reduce volume
-    assert v1 == plan.comm_bytes_per_step(0, n, base.trainable, base.total, 2, "bf16")
+    n, T = 32, base.trainable
+    s = (n - 1) / n
+    v1 = plan.comm_bytes_per_step(1, n, T, base.total, 2, "bf16")
+    assert v1 == pytest.approx(2 * s * T * 4 + s * T * 2)  # BF16_Optimizer: fp32 all-reduce, bf16 all-gather
+    assert plan.comm_bytes_per_step(1, n, T, base.total, 2, "bf16", "bf16") == pytest.approx(3 * s * T * 2)
+    assert plan.comm_bytes_per_step(0, n, T, base.total, 2, "fp32") == pytest.approx(2 * s * T * 4)
     v2 = plan.comm_bytes_per_step(1, n, step2.trainable, step2.total, 2, "bf16")
-    assert v2 / v1 == pytest.approx(step2.trainable / base.trainable)
-    assert plan.comm_bytes_per_step(2, n, base.trainable, base.total, 4, "bf16") > v1  # reduce-scatter per micro-step
-    assert plan.comm_bytes_per_step(3, n, step2.trainable, step2.total, 1, "bf16") > 3 * v2  # gathers frozen weights
-    assert plan.comm_bytes_per_step(1, 1, base.trainable, base.total, 2, "bf16") == 0
+    assert v2 / v1 == pytest.approx(step2.trainable / T)
+    assert plan.comm_bytes_per_step(2, n, T, base.total, 4, "bf16") == pytest.approx(4 * 2 * s * T * 4 + s * T * 2)
+    z3 = plan.comm_bytes_per_step(3, n, step2.trainable, step2.total, 4, "bf16", persistent=step2.persistent)
+    gathered = 4 * (step2.total - step2.persistent) + step2.persistent  # frozen weights too, each micro-step
+    assert z3 == pytest.approx(4 * s * step2.trainable * 4 + s * gathered * 2) and z3 > 3 * v2
+    assert plan.comm_bytes_per_step(1, 1, T, base.total, 2, "bf16") == 0
+
+
+def test_the_reduction_dtype_is_the_configs():
+    """The plan's default is what mm-ds resolves for a config of that dtype (the shipped bf16 JSONs say fp32)."""
+    from mm_ds import ds_config
+
+    assert plan.Cluster().reduction_dtype == "fp32" and plan.Cluster(dtype="fp16").reduction_dtype == "fp16"
+    assert plan.Cluster(comm_dtype="bf16").reduction_dtype == "bf16"
+    for zero in (1, 2, 3):
+        ds = json.loads(ds_config.find(f"bf16_zero{zero}.json").read_text())
+        assert ds_config.reduction_dtype(ds) == plan.Cluster(dtype="bf16").reduction_dtype
 
 
 def test_paper_plan_numbers():
@@ -52,7 +70,10 @@ def test_paper_plan_numbers():
     assert r.hours == pytest.approx(r.step_s * 125_000 / 3600) and r.gpu_hours == pytest.approx(32 * r.hours)
     # MINIJOINT's Step 2 over 4 layers costs what BL_SMALL's does, and far less than BL_BASE's.
     assert rows[("MINIJOINT", "step2")].step_s == pytest.approx(rows[("BL_SMALL", "step2")].step_s)
-    assert rows[("BL_BASE", "step2")].step_s / rows[("MINIJOINT", "step2")].step_s > 2
+    assert rows[("BL_BASE", "step2")].compute_s / rows[("MINIJOINT", "step2")].compute_s > 2
+    # Both send the same language group (fp32 gradients, not overlapped by default): the step times are closer.
+    assert rows[("BL_BASE", "step2")].comm_s == pytest.approx(rows[("MINIJOINT", "step2")].comm_s)
+    assert rows[("BL_BASE", "step2")].step_s / rows[("MINIJOINT", "step2")].step_s > 1.5
     # Checkpoint: bf16 weights of everything + fp32 master and two moments of what trains.
     s2 = rows[("BL_BASE", "step2")]
     assert s2.ckpt_bytes == s2.params * 2 + s2.trainable * 12 and s2.final_bytes == s2.params * 4
@@ -75,6 +96,7 @@ def test_plan_cli_prints_the_paper_plan():
     out = mm_ds("plan", "paper", "--nodes", "4", "--gpus-per-node", "8", "--peak-tflops", "989", "--mfu", "0.45",
                 "--usd-per-gpu-hour", "2", "--measured-tflops", "300")
     assert out.returncode == 0, out.stderr
+    assert "bf16 (gradients reduced in fp32), ZeRO-1" in out.stdout
     assert "4 node(s) x 8 GPUs = 32" in out.stdout and "| MINIPOST | step1b | build_mini | 6 |" in out.stdout
     assert "Step 2 (per new language)" in out.stdout and "USD" in out.stdout
     assert "measured 300 TFLOP/s per GPU" in out.stdout

@@ -7,12 +7,16 @@
 Per optimizer step of each stage:
 
 compute   the paper's analytic FLOPs (mm_ds.flops: A1, A1 + second head, A3, A4) / (GPUs x peak x MFU).
-comm      data-parallel gradient traffic per GPU from the ZeRO stage and the *trainable* parameters only:
-          ZeRO-0 ring all-reduce 2(n-1)/n x grad bytes at the step boundary; ZeRO-1 reduce-scatter of
-          gradients + all-gather of the updated parameters, (n-1)/n each, once per step (the same volume);
-          ZeRO-2 reduce-scatters on every micro-step; ZeRO-3 adds all-gathers of *all* parameters (frozen
-          ones too) in every forward and backward. Step 2 trains only the language group (token embeddings
-          + output biases: 38.45M values at the base shape instead of 125M), so it moves ~30% of the bytes.
+comm      data-parallel traffic per GPU: the collectives DeepSpeed 0.19.8 makes in one update (read in its source,
+          recorded on 2 CPU ranks by tests/test_reduction_dtype.py), T trainable and P parameters, A micro-steps:
+          ZeRO-0 all-reduces T gradients; ZeRO-1 (BF16_Optimizer under bf16) too, then all-gathers the T new
+          weights; ZeRO-2 all-reduces T gradients on *every micro-step*, then all-gathers T weights; ZeRO-3
+          reduce-scatters T gradients on every micro-step and all-gathers all P weights (frozen ones too) in
+          every forward pass, those of at most 1e5 elements once per update (a lower bound: a weight released
+          between forward and backward is gathered twice). Gradients travel in the reduction dtype
+          (`--comm-dtype`; fp32 under bf16, mm-ds's communication_data_type), weights in the training dtype; a
+          GPU sends 2(n-1)/n of an all-reduced tensor's bytes, (n-1)/n of a reduce-scattered or gathered one.
+          Step 2 trains only the language group (38.45M values at the base shape instead of 125M).
           Time = bytes per GPU / bus bandwidth (nccl-tests' busbw, GB/s): the intra-node figure on one node,
           the inter-node figure across nodes (a ring is as fast as its slowest link). `--overlap` hides
           that share of it behind the backward pass (0 = none, the conservative default).
@@ -35,13 +39,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import flops as F
 from ..config import ModelConfig
-from ..model import LANGUAGE_PARAMS, param_count
+from ..ds_config import reduction_dtype
+from ..model import LANGUAGE_PARAMS, param_count, param_shapes
 from ..surgery import minipost_trainable
 from .costs import StageCost, add_recipe_args, costs_from_args
 
@@ -50,10 +56,14 @@ BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 # ---------------------------------------------------------------- parameter counts (mm_ds.model's layout)
 
+PERSISTENCE = 100_000  # ZeRO-3 keeps smaller parameters whole (DeepSpeed's stage3_param_persistence_threshold)
+
+
 @dataclass(frozen=True)
 class ParamCount:
     total: int
     trainable: int
+    persistent: int = 0  # of `total`, in parameters of at most PERSISTENCE elements
 
 
 def stage_params(kind: str, h: int, V: int, layers: int, seq_len: int, trainable_layers: int | None = None,
@@ -62,15 +72,19 @@ def stage_params(kind: str, h: int, V: int, layers: int, seq_len: int, trainable
     dual = list(range(1, secondary_heads + 1)) if kind == "pretrain_dual" else None  # a head's size is N-free
     cfg = ModelConfig(vocab_size=V, hidden_size=h, num_layers=layers, ffn_size=ffn or 4 * h, max_positions=seq_len,
                       secondary_head_layer=dual)
+    shapes = param_shapes(cfg)
+    kept = (lambda k: not k.startswith("head.")) if kind == "finetune" else (lambda k: True)  # task head: negligible
+    small = sum(math.prod(s) for k, s in shapes.items() if kept(k) and math.prod(s) <= PERSISTENCE)
     if kind in ("pretrain", "pretrain_dual"):
-        return ParamCount(param_count(cfg), param_count(cfg))
+        return ParamCount(param_count(cfg), param_count(cfg), small)
     if kind == "adapt":  # the language group: token embeddings + the output bias of the (one) head
-        return ParamCount(param_count(cfg), param_count(cfg, lambda k: k in LANGUAGE_PARAMS))
+        return ParamCount(param_count(cfg), param_count(cfg, lambda k: k in LANGUAGE_PARAMS), small)
     if kind == "build_mini":
-        return ParamCount(param_count(cfg), param_count(cfg, minipost_trainable(cfg, layers - (trainable_layers or 0))))
-    if kind == "finetune":  # the body without the MLM head; token embeddings frozen; the task head is negligible
-        body = param_count(cfg, lambda k: not k.startswith("head."))
-        return ParamCount(body, body - param_count(cfg, lambda k: k == "embed.tokens.weight"))
+        trainable = minipost_trainable(cfg, layers - (trainable_layers or 0))
+        return ParamCount(param_count(cfg), param_count(cfg, trainable), small)
+    if kind == "finetune":  # the body without the MLM head; token embeddings frozen
+        body = param_count(cfg, kept)
+        return ParamCount(body, body - param_count(cfg, lambda k: k == "embed.tokens.weight"), small)
     raise ValueError(f"unknown stage kind {kind!r}")
 
 
@@ -89,7 +103,9 @@ class Cluster:
     """All-reduce bus bandwidth across nodes, GB/s per GPU (e.g. one 400 Gb/s NIC per GPU)."""
     zero: int = 1
     dtype: str = "bf16"
-    """Training dtype: weights in checkpoints, gradients and parameters on the wire."""
+    """Training dtype: weights in checkpoints and weights on the wire."""
+    comm_dtype: str = ""
+    """Gradients on the wire (communication_data_type); empty: as mm-ds resolves a config of `dtype`."""
     micro_batch: int = 32
     overlap: float = 0.0
     """Share of communication hidden behind compute (0..1)."""
@@ -98,6 +114,10 @@ class Cluster:
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def reduction_dtype(self) -> str:
+        return self.comm_dtype or reduction_dtype({self.dtype: {"enabled": True}})
 
     @property
     def busbw(self) -> float:
@@ -116,24 +136,37 @@ class Cluster:
             raise ValueError(f"--overlap must lie in [0, 1], got {self.overlap}")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"--zero must be 0, 1, 2 or 3, got {self.zero}")
-        if self.dtype not in BYTES:
-            raise ValueError(f"--dtype must be one of {', '.join(BYTES)}, got {self.dtype}")
+        for name in ("dtype", "reduction_dtype"):
+            if getattr(self, name) not in BYTES:
+                flag = "--dtype" if name == "dtype" else "--comm-dtype"
+                raise ValueError(f"{flag} must be one of {', '.join(BYTES)}, got {getattr(self, name)}")
 
 
-def comm_bytes_per_step(zero: int, n: int, trainable: int, total: int, grad_accum: int, dtype: str) -> float:
-    """Bytes each GPU sends per optimizer step for data parallelism (what it receives is the same)."""
+RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+        "all_gather": lambda n: (n - 1) / n}
+"""Bytes a GPU sends per byte of the whole tensor (all-gather: its output; reduce-scatter: its input) in NCCL's
+ring algorithms: nccl-tests' busbw factors."""
+
+
+def collectives_per_step(zero: int, trainable: int, total: int, grad_accum: int, persistent: int = 0
+                         ) -> list[tuple[str, str, int]]:
+    """(collective, "grad" or "param", elements of the whole tensors) of one update on every rank: see the
+    module docstring. ZeRO-1 sends the same under BF16_Optimizer (bf16) and the ZeRO optimizer (fp32, fp16)."""
+    grads = trainable * (grad_accum if zero >= 2 else 1)
+    if zero < 3:
+        return [("all_reduce", "grad", grads)] + ([("all_gather", "param", trainable)] if zero else [])
+    return [("reduce_scatter", "grad", grads), ("all_gather", "param", grad_accum * (total - persistent) + persistent)]
+
+
+def comm_bytes_per_step(zero: int, n: int, trainable: int, total: int, grad_accum: int, dtype: str,
+                        comm_dtype: str | None = None, persistent: int = 0) -> float:
+    """Bytes each GPU sends per optimizer step for data parallelism (what it receives is the same): gradients in
+    `comm_dtype` (default: as mm-ds resolves a `dtype` config), weights in `dtype`."""
     if n == 1:
         return 0.0
-    b = BYTES[dtype]
-    share = (n - 1) / n
-    if zero == 0:
-        return 2 * share * trainable * b  # ring all-reduce at the step boundary
-    if zero == 1:
-        return share * trainable * b + share * trainable * b  # reduce-scatter grads + all-gather params
-    if zero == 2:
-        return grad_accum * share * trainable * b + share * trainable * b  # reduce-scatter every micro-step
-    # ZeRO-3: reduce-scatter every micro-step, all-gather every parameter in forward and in backward
-    return grad_accum * (share * trainable * b + 2 * share * total * b)
+    size = {"grad": BYTES[comm_dtype or reduction_dtype({dtype: {"enabled": True}})], "param": BYTES[dtype]}
+    return sum(RING[op](n) * elements * size[kind]
+               for op, kind, elements in collectives_per_step(zero, trainable, total, grad_accum, persistent))
 
 
 @dataclass(frozen=True)
@@ -173,7 +206,8 @@ def plan_stages(costs: list[StageCost], cluster: Cluster) -> list[StagePlan]:
         pc = stage_params(cost.kind, cost.hidden, cost.vocab, cost.layers, s, cost.trainable_layers,
                           secondary_heads=cost.secondary_heads)
         compute = cost.flops_per_step / (n * cluster.peak_tflops * 1e12 * cluster.mfu)
-        vol = comm_bytes_per_step(cluster.zero, n, pc.trainable, pc.total, accum, cluster.dtype)
+        vol = comm_bytes_per_step(cluster.zero, n, pc.trainable, pc.total, accum, cluster.dtype,
+                                  cluster.reduction_dtype, pc.persistent)
         comm = vol / cluster.busbw
         step = compute + (1 - cluster.overlap) * comm
         hours = step * cost.steps / 3600
@@ -252,7 +286,8 @@ def _gb(x: float) -> str:
 
 def format_plan(rows: list[StagePlan], c: Cluster) -> str:
     head = (f"cluster: {c.nodes} node(s) x {c.gpus_per_node} GPUs = {c.gpus}; peak {c.peak_tflops:g} TFLOP/s/GPU "
-            f"at MFU {c.mfu:g}; {c.dtype}, ZeRO-{c.zero}, micro batch {c.micro_batch}; all-reduce busbw "
+            f"at MFU {c.mfu:g}; {c.dtype} (gradients reduced in {c.reduction_dtype}), ZeRO-{c.zero}, micro batch "
+            f"{c.micro_batch}; all-reduce busbw "
             f"{c.intra_gbps:g} GB/s intra-node, {c.inter_gbps:g} GB/s inter-node (using "
             f"{c.busbw / 1e9:g}); overlap {c.overlap:g}")
     cols = ["system", "stage", "kind", "layers", "params M", "trainable M", "steps", "accum", "PFLOP/step",
@@ -367,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="inter-node all-reduce bus bandwidth, GB/s (gigabytes) per GPU")
     ap.add_argument("--zero", type=int, default=d.zero, help="ZeRO stage 0-3")
     ap.add_argument("--dtype", default=d.dtype, choices=sorted(BYTES))
+    ap.add_argument("--comm-dtype", default=d.comm_dtype, choices=sorted(BYTES),
+                    help="gradient reduction dtype (communication_data_type; default: fp32 under bf16, else --dtype)")
     ap.add_argument("--micro-batch", type=int, default=d.micro_batch, help="sequences per GPU per forward")
     ap.add_argument("--overlap", type=float, default=d.overlap, help="share of communication hidden (0-1)")
     ap.add_argument("--usd-per-gpu-hour", type=float, help="print cost in USD at this price")
@@ -377,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recipe, cfgs, costs = costs_from_args(a)
         cluster = Cluster(a.nodes, a.gpus_per_node, a.peak_tflops, a.mfu, a.intra_gbps, a.inter_gbps, a.zero,
-                          a.dtype, a.micro_batch, a.overlap, a.usd_per_gpu_hour)
+                          a.dtype, a.comm_dtype, a.micro_batch, a.overlap, a.usd_per_gpu_hour)
         rows = plan_stages(costs, cluster)
         evaluation = plan_evaluation(recipe, cluster, cfgs)
         bench = read_bench(a.bench) if a.bench else None
