@@ -96,6 +96,7 @@ def _run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: di
     env = os.environ | {"PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                         **(env or {})}
     with open(log, "a") as f:
+        start = f.tell()  # the log keeps earlier attempts: only this one's lines are shown
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
         try:
             (follow or Follow([])).wait(proc)
@@ -104,10 +105,24 @@ def _run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: di
             proc.wait()
             raise
     if proc.returncode != 0:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+        with open(log, errors="replace") as f:
+            f.seek(start)
+            lines = f.read().splitlines(keepends=True)
+        # A rank's error (cli.main's one line) before the last lines: many ranks' launcher lines can push it out.
+        errors = [line for line in lines[:-15] if " error: " in line and "mm-ds " in line][-3:]
+        shown = "".join(errors + (["...\n"] if errors else []) + lines[-15:])
         raise StageFailed(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}; its output is in {log}:\n"
-                          f"{tail}\nFix the cause and re-run the same `mm-ds run` command: finished stages are "
+                          f"{shown}\nFix the cause and re-run the same `mm-ds run` command: finished stages are "
                           f"skipped and interrupted ones resume")
+
+
+def _state(run_dir: Path) -> tuple[bool, bool]:
+    """(complete, has checkpoints) of a stage's run directory."""
+    try:
+        return complete(run_dir), bool(checkpoint.list_checkpoints(run_dir))
+    except OSError as e:
+        raise checkpoint.CheckpointError(f"cannot read {run_dir} ({type(e).__name__}: {e}); make the run tree "
+                                         f"readable on rank 0's node, then re-run the same command") from e
 
 
 def job_main(argv: list[str]) -> int:
@@ -117,7 +132,7 @@ def job_main(argv: list[str]) -> int:
     from . import dist
     from .cli import run_stage
 
-    rank, _, _ = dist.init()
+    dist.init()
     for stage_argv in json.loads(Path(argv[0]).read_text()):
         if stage_argv[0] == "run-eval":
             from .stages.transfer import run_eval_main
@@ -126,8 +141,7 @@ def job_main(argv: list[str]) -> int:
         run_dir = Path(stage_argv[stage_argv.index("--out") + 1])
         # Rank 0 decides for all: a rank that looked for itself could see a stage that rank 0 has just
         # finished alone (an extraction) as complete, skip its barrier, and deadlock the job.
-        done, has_checkpoints = dist.broadcast_object(
-            (complete(run_dir), bool(checkpoint.list_checkpoints(run_dir))) if rank == 0 else None)
+        done, has_checkpoints = dist.on_rank0(lambda: _state(run_dir), f"looking at {run_dir}")
         if done:
             continue
         resume = ["--resume"] if has_checkpoints else []

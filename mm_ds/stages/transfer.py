@@ -317,9 +317,11 @@ def eval_units(recipe, out: Path) -> list[Unit]:
 def write_eval_spec(recipe, out: Path) -> Path:
     """OUT/logs/eval.json: the units and where their results go, for `mm-ds run-eval` on every rank."""
     path = out / "logs" / "eval.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_json_atomic(path, {"data_root": str(task_root(recipe, out)), "results": str(out / "eval"),
-                                        "units": [asdict(u) for u in eval_units(recipe, out)]})
+    spec = {"data_root": str(task_root(recipe, out)), "results": str(out / "eval"),
+            "units": [asdict(u) for u in eval_units(recipe, out)]}
+    with checkpoint.writing(path, then="re-run the same command"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint.write_json_atomic(path, spec)
     return path
 
 
@@ -339,22 +341,23 @@ def run_eval_main(argv: list[str]) -> int:
     from .. import dist
 
     rank, _, world = dist.init()
-    if len(argv) == 3 and rank == 0:
+    if len(argv) == 3:
         from ..config import from_dict
         from ..recipe import Recipe
-        write_eval_spec(from_dict(Recipe, json.loads(Path(argv[1]).read_text())), Path(argv[2]))
-    dist.barrier()
-    spec = json.loads(Path(argv[0]).read_text())
-    units = units_from_spec(spec)
-    device = dist.device()
-    if rank == 0:
-        print(f"[mm-ds] evaluation: {len(units)} units on {world} rank(s), {device}", flush=True)
+        dist.on_rank0(lambda: write_eval_spec(from_dict(Recipe, json.loads(Path(argv[1]).read_text())),
+                                              Path(argv[2])), f"listing the evaluation units into {argv[0]}")
     error = None
     try:
+        spec = json.loads(Path(argv[0]).read_text())
+        units, device = units_from_spec(spec), dist.device()
+        if rank == 0:
+            print(f"[mm-ds] evaluation: {len(units)} units on {world} rank(s), {device}", flush=True)
         run_units(units, spec["data_root"], Path(spec["results"]), rank, world, device,
                   say=lambda m: print(m, flush=True))
     except Exception as e:  # noqa: BLE001  reported below, after every rank knows
         error = f"rank {rank}: {type(e).__name__}: {e}"
     if dist.any_rank(error is not None):  # every rank learns of a failure: none waits forever in a barrier
-        raise ConfigError(error or "evaluation failed on another rank; see its output above")
+        if error:
+            raise ConfigError(error)
+        raise dist.OtherRankFailed(f"rank {rank} stopped: another rank failed in the evaluation (its output says why)")
     return 0
