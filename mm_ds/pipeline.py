@@ -185,20 +185,21 @@ def prepare_data(recipe: Recipe, out: Path) -> None:
 def evaluate(recipe: Recipe, out: Path, job_ran_it: bool = False) -> list[dict]:
     """Step 4 for the whole recipe: the units without a current result run on the recipe's launcher (every
     rank takes its share, on its device), or in this process when it has one rank; then every row."""
+    import torch
+
     from .config import LaunchConfig
     from .launch import command
-    from .stages.transfer import cached, collect, eval_units, run_units, write_eval_spec
+    from .stages.transfer import cached, collect, eval_units, run_units, scored_with, write_eval_spec
 
     units, root, results = eval_units(recipe, out), str(task_root(recipe, out)), out / "eval"
-    todo = [u for u in units if cached(results, u, root) is None]
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the ranks' kind of device: this machine's
+    todo = [u for u in units if cached(results, u, root, scored_with(device)) is None]
     if todo and not job_ran_it:
         cfg = from_dict(LaunchConfig, recipe.launch)
         say(f"evaluation: {len(todo)} of {len(units)} units to run on {cfg.world_size} rank(s); its log: "
             f"{out / 'logs' / 'eval.log'}")
         if cfg.world_size == 1 or cfg.launcher == "none":
-            import torch
-            run_units(units, root, results, device="cuda" if torch.cuda.is_available() else "cpu",
-                      say=lambda m: say(m.removeprefix("[mm-ds] ")))
+            run_units(units, root, results, device=device, say=lambda m: say(m.removeprefix("[mm-ds] ")))
         else:
             spec = write_eval_spec(recipe, out)
             _run_logged(command(cfg, ["run-eval", str(spec)]), out / "logs" / "eval.log", Follow([], spec))
