@@ -286,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
             module_name, func = tools[name][0].split(":")
             return _finish(int(getattr(importlib.import_module(module_name), func)(rest) or 0))
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError, OtherRankFailed) as e:
-        if not isinstance(e, OtherRankFailed) or os.environ.get("LOCAL_RANK", "0") == "0":  # the failing rank
-            print(f"mm-ds {name}: error: {e}", file=sys.stderr)  # says why; the others one line per node
+        # The rank that failed says why; of the ranks it stopped (OtherRankFailed), one per node says so.
+        if not isinstance(e, OtherRankFailed) or os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"mm-ds {name}: error: {e}", file=sys.stderr)
         return 2
     hint = did_you_mean(name, [*STAGE_COMMANDS, *TOOL_COMMANDS])
     print(f"mm-ds: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
