@@ -22,6 +22,7 @@ The filesystem under RUN must be shared by all ranks (as DeepSpeed itself assume
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -59,12 +60,7 @@ def checkpoints_dir(run_dir: str | Path) -> Path:
 # ---------------------------------------------------------------- small atomic-file helpers
 
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True))
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -164,11 +160,7 @@ def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict)
     tag = tag_for(step)
     tmp_tag = tag + ".tmp"
     rank = dist.rank()
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob("*.tmp"):  # an earlier crash mid-save
-            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
-    dist.barrier()
+    dist.on_rank0(lambda: _make_room(root), f"making room for checkpoint {root / tag}")
     error = None
     stage = meta.get("stage")
     try:
@@ -178,16 +170,14 @@ def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict)
     except (OSError, RuntimeError) as e:  # disk full, permissions: say so, keep the previous checkpoint
         error = _write_error(e, root)  # (torch.save reports a full disk as a RuntimeError)
     faults.in_save(step, rank, "after-engine-save", stage)
-    failed = dist.any_rank(error is not None)
-    if failed:
-        if rank == 0:
-            shutil.rmtree(root / tmp_tag, ignore_errors=True)
-        dist.barrier()
+    if dist.any_rank(error is not None):
+        dist.on_rank0(lambda: shutil.rmtree(root / tmp_tag, ignore_errors=True), f"removing {root / tmp_tag}")
         raise CheckpointError(f"saving checkpoint {root / tag} failed on at least one rank"
                               f"{': ' + error if error else ''}. The previous checkpoint "
                               f"({latest_tag(run_dir) or 'none'}) is intact; free disk space or fix "
                               f"permissions on {root}, then resume with --resume.")
-    if rank == 0:
+
+    def publish():
         try:
             write_meta(root / tmp_tag, meta | {"tag": tag}, at=root / tag)
             faults.in_save(step, rank, "after-meta", stage)
@@ -202,21 +192,51 @@ def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict)
             write_text_atomic(root / LATEST, tag)
         except (OSError, CheckpointError) as e:
             shutil.rmtree(root / tmp_tag, ignore_errors=True)
-            error = _write_error(e, root)
-    if dist.any_rank(error is not None):
-        raise CheckpointError(f"publishing checkpoint {root / tag} failed: {error}. The previous checkpoint "
-                              f"is intact; free disk space or fix permissions, then resume with --resume.")
+            raise CheckpointError(f"publishing checkpoint {root / tag} failed: {_write_error(e, root)}. The previous "
+                                  f"checkpoint is intact; free disk space or fix permissions, then resume with "
+                                  f"--resume.") from e
+
+    dist.on_rank0(publish, f"publishing checkpoint {root / tag}")
     return root / tag
 
 
+def _make_room(root: Path) -> None:
+    with writing(root):
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob("*.tmp"):  # an earlier crash mid-save
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
+
+
+IN_THE_WAY = (errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ENOTEMPTY)  # a file where a directory must go, ...
+
+
 def _write_error(e: Exception, root: Path) -> str:
+    if isinstance(e, OSError) and e.errno in IN_THE_WAY:
+        return f"{type(e).__name__}: {e}"
     try:
         free = f"; {shutil.disk_usage(root).free:,} bytes free on that filesystem"
     except OSError:
         free = ""
     full = isinstance(e, OSError) and e.errno == errno.ENOSPC or "unexpected pos" in str(e) or "write failed" in str(e)
     return (f"{'disk full? ' if full and 'No space' not in str(e) else ''}{type(e).__name__}: {e}{free}"
-            f"{'' if os.access(root, os.W_OK) else f' ({root} is not writable)'}")
+            f"{'' if os.access(root, os.W_OK) or not root.exists() else f' ({root} is not writable)'}")
+
+
+@contextlib.contextmanager
+def writing(what: Path, partial: Path | None = None, then: str = "re-run with --resume"):
+    """Filesystem errors while writing `what` become a CheckpointError naming it, what happened and the fix (then
+    `then`); `partial`, a temporary directory of ours, is removed: nothing is half-published."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (OSError, RuntimeError) as e:  # torch.save and safetensors report a full disk as a RuntimeError
+        if partial is not None and partial.is_dir():
+            shutil.rmtree(partial, ignore_errors=True)
+        fix = (f"Move or remove what is in the way ({e.filename2 or e.filename})"  # a rename's: its target
+               if isinstance(e, OSError) and e.errno in IN_THE_WAY else "Free disk space or fix permissions")
+        raise CheckpointError(f"writing {what} failed: {_write_error(e, what.parent)}; nothing was published. "
+                              f"{fix}, then {then}.") from e
 
 
 def latest_tag(run_dir: str | Path) -> str | None:
@@ -355,24 +375,22 @@ def _with_frozen(sd: dict[str, torch.Tensor], meta: dict, ckpt: Path) -> dict[st
 
 
 def write_final(out_dir: str | Path, state_dict: dict[str, torch.Tensor], meta: dict) -> Path:
-    """A self-describing weights directory: safetensors + meta. Written to a temp name, then renamed."""
+    """A self-describing weights directory: safetensors + meta. Written to a temp name, then renamed; a
+    filesystem error is a CheckpointError (`writing`) and publishes nothing half-written."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with writing(out_dir, partial=tmp):
+        if tmp.is_dir():
+            shutil.rmtree(tmp)  # left by a crash mid-write
+        tmp.mkdir(parents=True)
         save_file({k: v.contiguous() for k, v in state_dict.items()}, str(tmp / WEIGHTS))
         write_meta(tmp, meta, at=out_dir)
         write_manifest(tmp)
-    except (OSError, RuntimeError) as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"writing {out_dir} failed: {_write_error(e, out_dir.parent)}; nothing was "
-                              f"published. Free disk space or fix permissions, then re-run with --resume.") from e
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+        if out_dir.is_dir():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
     return out_dir
 
 

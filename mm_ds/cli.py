@@ -19,6 +19,7 @@ from pathlib import Path
 from . import checkpoint as ckpt_io
 from .checkpoint import CheckpointError
 from .config import ConfigError, did_you_mean
+from .dist import OtherRankFailed
 
 # command -> (module with build()/preflight(), or module:function taking argv), help
 STAGE_COMMANDS = {
@@ -284,8 +285,10 @@ def main(argv: list[str] | None = None) -> int:
         if name in tools:
             module_name, func = tools[name][0].split(":")
             return _finish(int(getattr(importlib.import_module(module_name), func)(rest) or 0))
-    except (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError) as e:
-        print(f"mm-ds {name}: error: {e}", file=sys.stderr)
+    except (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError, OtherRankFailed) as e:
+        # The rank that failed says why; of the ranks it stopped (OtherRankFailed), one per node says so.
+        if not isinstance(e, OtherRankFailed) or os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"mm-ds {name}: error: {e}", file=sys.stderr)
         return 2
     hint = did_you_mean(name, [*STAGE_COMMANDS, *TOOL_COMMANDS])
     print(f"mm-ds: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)

@@ -7,7 +7,9 @@ directory. Unknown keys and wrong types fail here, before any process group or e
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -57,6 +59,7 @@ class ModelConfig:
         return () if n is None else (n,) if isinstance(n, int) else tuple(n)
 
     def check(self) -> None:
+        check_numbers(self, RANGES, "model")
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"model.hidden_size={self.hidden_size} is not divisible by "
                               f"model.num_heads={self.num_heads}; pick a head count that divides it")
@@ -67,11 +70,6 @@ class ModelConfig:
         if list(d) != sorted(set(d)):
             raise ConfigError(f"model.secondary_head_layer={self.secondary_head_layer}: list the layers in "
                               f"ascending order, each once, e.g. [1, 2, 4]")
-        for name in ("hidden_size", "num_layers", "num_heads", "ffn_size", "max_positions"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
-        if self.vocab_size is not None and self.vocab_size < 8:
-            raise ConfigError(f"model.vocab_size={self.vocab_size} is too small (need >= 8)")
 
 
 @dataclass
@@ -145,11 +143,9 @@ class MiniConfig:
     """The improvement of the target MLM loss that counts, for `plateau_window`."""
 
     def check(self) -> None:
-        if any(s < 0 for s in self.depth_shares) or (self.depth_shares and not sum(self.depth_shares) > 0):
+        check_numbers(self, RANGES, "mini")
+        if self.depth_shares and not sum(self.depth_shares) > 0:
             raise ConfigError(f"mini.depth_shares={self.depth_shares}: shares must be >= 0 with a positive sum")
-        if self.plateau_window < 0 or self.plateau_delta < 0:
-            raise ConfigError(f"mini.plateau_window={self.plateau_window} and mini.plateau_delta="
-                              f"{self.plateau_delta} must be >= 0")
         if self.plateau_window and self.depth_shares:
             raise ConfigError("mini.depth_shares and mini.plateau_window both set: Step 2 switches depth by fixed "
                               "shares or on a plateau, not both; drop one")
@@ -205,11 +201,7 @@ class LaunchConfig:
     def check(self) -> None:
         if self.launcher not in ("deepspeed", "mpirun", "srun", "none"):
             raise ConfigError(f"launch.launcher={self.launcher!r}: use deepspeed, mpirun, srun or none")
-        for name in ("ranks", "nodes"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"launch.{name} must be positive, got {getattr(self, name)}")
-        if not 0 < self.master_port < 65536:
-            raise ConfigError(f"launch.master_port={self.master_port} is not a TCP port (1-65535)")
+        check_numbers(self, RANGES, "launch")
         if self.node_rank is not None and not 0 <= self.node_rank < self.nodes:
             raise ConfigError(f"launch.node_rank={self.node_rank} must lie in [0, launch.nodes={self.nodes})")
 
@@ -272,23 +264,73 @@ class RunConfig:
                               f"{did_you_mean(self.finetune.task, TASKS)}; choose one of {', '.join(TASKS)}")
         if self.stage != "pretrain" and not self.parent:
             raise ConfigError(f"stage {self.stage} starts from a parent checkpoint: set parent=RUN_DIR")
+        check_numbers(self, RANGES)  # every section's, before the checks that combine them
         self.model.check()
         self.mini.check()
-        t = self.train
-        for name in ("steps", "global_batch", "micro_batch", "checkpoint_every", "log_every"):
-            v = getattr(t, name)
-            if v is not None and v < 1:
-                raise ConfigError(f"train.{name} must be positive, got {v}")
-        if t.max_nonfinite_steps < 0:
-            raise ConfigError(f"train.max_nonfinite_steps must be >= 0, got {t.max_nonfinite_steps}")
+        t, d = self.train, self.data
         if not 0 <= t.warmup_steps <= t.steps:
             raise ConfigError(f"train.warmup_steps={t.warmup_steps} must lie in [0, train.steps={t.steps}]")
-        if self.data.seq_len > self.model.max_positions:
-            raise ConfigError(f"data.seq_len={self.data.seq_len} exceeds model.max_positions="
+        if d.seq_len > self.model.max_positions:
+            raise ConfigError(f"data.seq_len={d.seq_len} exceeds model.max_positions="
                               f"{self.model.max_positions}; lower data.seq_len or raise model.max_positions")
-        if not 0 < self.data.mask_prob < 1:
-            raise ConfigError(f"data.mask_prob={self.data.mask_prob} must be in (0, 1)")
+        if d.random_prob + d.keep_prob > 1:
+            raise ConfigError(f"data.random_prob={d.random_prob} and data.keep_prob={d.keep_prob} are shares of "
+                              f"the selected tokens: their sum must be at most 1")
         self.launch.check()
+
+
+RANGES = {
+    # key: the interval its values lie in (each item, for a list). Every number of a config is also finite. A
+    # new numeric key needs a row (tests/test_config.py); checks that combine keys stay in the check() methods.
+    "model.vocab_size": "[8, inf)", "model.hidden_size": "[1, inf)", "model.num_layers": "[1, inf)",
+    "model.num_heads": "[1, inf)", "model.ffn_size": "[1, inf)", "model.max_positions": "[1, inf)",
+    "model.dropout": "[0, 1)", "model.layer_norm_eps": "(0, 1)", "model.init_std": "(0, inf)",
+    "model.secondary_head_layer": "[1, inf)",
+    "data.seq_len": "[1, inf)", "data.mask_prob": "(0, 1)", "data.random_prob": "[0, 1]", "data.keep_prob": "[0, 1]",
+    "train.steps": "[1, inf)", "train.lr": "(0, inf)", "train.warmup_steps": "[0, inf)",
+    "train.global_batch": "[1, inf)", "train.micro_batch": "[1, inf)", "train.seed": "[0, inf)",
+    "train.checkpoint_steps": "[1, inf)", "train.checkpoint_every": "[1, inf)", "train.log_every": "[1, inf)",
+    "train.max_nonfinite_steps": "[0, inf)",
+    "mini.layers": "[1, inf)", "mini.new_layers": "[0, inf)", "mini.depth_shares": "[0, inf)",
+    "mini.plateau_window": "[0, inf)", "mini.plateau_delta": "[0, inf)",
+    "finetune.epochs": "(0, inf)", "finetune.lr": "(0, inf)", "finetune.warmup_ratio": "[0, 1]",
+    "finetune.max_length": "[1, inf)", "finetune.max_train_examples": "[1, inf)",
+    "launch.ranks": "[1, inf)", "launch.master_port": "[1, 65535]", "launch.nodes": "[1, inf)",
+    "launch.node_rank": "[0, inf)",
+    "peak_tflops": "(0, inf)",
+}
+
+
+def numbers(value, key: str = ""):
+    """(key, number) of every number in a config value: fields and mapping entries as `a.b`, list items `a.b[i]`."""
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            yield from numbers(getattr(value, f.name), f"{key}.{f.name}" if key else f.name)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from numbers(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from numbers(v, f"{key}[{i}]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield key, value
+
+
+def check_numbers(value, ranges: dict[str, str], key: str = "") -> None:
+    """Every number in `value` (under `key`) is finite and in its range: the row of its key, or else of the
+    nearest section above it that has one (`world.task_sizes` for `world.task_sizes.dev`). Raises ConfigError."""
+    for name, v in numbers(value, key):
+        row, interval = name.split("[")[0], None
+        while interval is None and row:
+            interval, row = ranges.get(row), row.rpartition(".")[0]
+        lo_open, lo, hi, hi_open = (interval[0] == "(", *map(float, interval[1:-1].split(",")), interval[-1] == ")"
+                                    ) if interval else (False, -math.inf, math.inf, False)
+        inside = (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)
+        if not (math.isfinite(v) and inside):
+            valid = (f">{'' if lo_open else '='} {lo:g}" if hi == math.inf else f"in {interval}") if interval else ""
+            what = "is not a finite number" + (f"; it must be {valid}" if valid else "") if not math.isfinite(v) \
+                else f"must be {valid}"
+            raise ConfigError(f"{name}={v!r} {what}")
 
 
 def _deep_merge(base: dict, top: dict) -> dict:

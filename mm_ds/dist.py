@@ -73,6 +73,29 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
+class OtherRankFailed(RuntimeError):
+    """Raised by `on_rank0` on the ranks that waited while rank 0's own work failed: rank 0 reports why."""
+
+
+def on_rank0(work, what: str):
+    """Collective: `work()` on rank 0 while the others wait, then its result on every rank. When it raises,
+    every rank raises: rank 0 its own error, the others OtherRankFailed naming `what`. A plain barrier after
+    rank-0 work would leave them waiting for a rank that left (under NCCL until the 30-minute timeout), and
+    a terminal that merges every rank's output names the error once."""
+    outcome, error = None, None
+    if rank() == 0:
+        try:
+            outcome = (True, work())
+        except Exception as e:  # noqa: BLE001  re-raised below, once every rank knows
+            outcome, error = (False, None), e
+    ok, value = broadcast_object(outcome)
+    if error is not None:
+        raise error
+    if not ok:
+        raise OtherRankFailed(f"rank {rank()} stopped: rank 0 failed {what} (rank 0's output says why)")
+    return value
+
+
 def barrier() -> None:
     if is_initialized():
         if device().type == "cuda":  # NCCL's barrier guesses the device otherwise (and warns)

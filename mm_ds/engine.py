@@ -98,21 +98,10 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
     ds_cfg, geo = dsc.resolve(cfg, world, run_dir)
     n_train, n_total = set_trainable(model, stage.trainable)
     if run_dir is not None:
-        if rank == 0:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            ckpt_io.write_text_atomic(run_dir / "run_config.yaml", dump_yaml(cfg))
-            ckpt_io.write_json_atomic(run_dir / "ds_config.json", ds_cfg)
-            # Under bf16/fp16 DeepSpeed casts every parameter, frozen ones too, to the training dtype, and
-            # keeps fp32 masters only of what trains. The frozen fp32 weights (the parent's, after surgery) are
-            # kept once per run and laid over every consolidation, so that final/ holds them bit for bit.
-            frozen = {n: p.detach().float().clone() for n, p in model.named_parameters() if not p.requires_grad}
-            ckpt_io.write_frozen(run_dir, frozen)
-            dsc.warn_if_slow(ds_cfg)
-            del frozen
+        dist.on_rank0(lambda: _write_run_files(run_dir, cfg, ds_cfg, model), f"writing the run files of {run_dir}")
         if ds_cfg.get("wandb", {}).get("enabled"):
             os.environ.setdefault("WANDB_DIR", str(run_dir / "logs"))  # W&B's block has no output path
             (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        dist.barrier()
 
     if not ds_cfg.get("compile", {}).get("enabled"):
         # mm-ds compiles nothing, but DeepSpeed's optimizer set-up imports torch's compiler stack (dynamo,
@@ -131,6 +120,20 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model, wd),
                                            config=copy.deepcopy(ds_cfg))
     return Engine(engine, ds_cfg, geo, n_train, n_total, found, load_from)
+
+
+def _write_run_files(run_dir: Path, cfg: RunConfig, ds_cfg: dict, model: torch.nn.Module) -> None:
+    """Rank 0: the effective configs and the frozen fp32 weights, into `run_dir`."""
+    with ckpt_io.writing(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt_io.write_text_atomic(run_dir / "run_config.yaml", dump_yaml(cfg))
+        ckpt_io.write_json_atomic(run_dir / "ds_config.json", ds_cfg)
+    # Under bf16/fp16 DeepSpeed casts every parameter, frozen ones too, to the training dtype, and keeps fp32
+    # masters only of what trains. The frozen fp32 weights (the parent's, after surgery) are kept once per run
+    # and laid over every consolidation, so that final/ holds them bit for bit.
+    ckpt_io.write_frozen(run_dir, {n: p.detach().float().clone() for n, p in model.named_parameters()
+                                   if not p.requires_grad})
+    dsc.warn_if_slow(ds_cfg)
 
 
 # ---------------------------------------------------------------- the loop
@@ -225,15 +228,11 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
             gn = engine.get_global_grad_norm()
             if gn is not None:
                 logs["grad_norm"] = float(gn)
-            if rank == 0:
-                if engine.monitor is not None and engine.monitor.enabled:
-                    engine.monitor.write_events([(f"train/{k}", v, done) for k, v in logs.items()])
-                _append_jsonl(run_dir / "logs" / "train.jsonl",
-                              {"step": done, "total_steps": cfg.train.steps, "tokens": tokens} | logs)
-                if bar is not None:
-                    bar.set_postfix({k: f"{v:.3g}" for k, v in logs.items()
-                                     if k in ("loss", "loss_main", "loss_secondary", "tokens_per_s", "mfu")},
-                                    refresh=False)
+            row = {"step": done, "total_steps": cfg.train.steps, "tokens": tokens} | logs
+            dist.on_rank0(lambda: _log_row(engine, run_dir, row), f"writing {run_dir / 'logs'}")
+            if bar is not None:
+                bar.set_postfix({k: f"{v:.3g}" for k, v in logs.items()
+                                 if k in ("loss", "loss_main", "loss_secondary", "tokens_per_s", "mfu")}, refresh=False)
             window, window_steps, window_time, data_time, window_skipped = {}, 0, 0.0, 0.0, 0
         if bar is not None:
             bar.update(1)
@@ -249,7 +248,8 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
 
     final_tag = ckpt_io.tag_for(cfg.train.steps)
     final_dir = run_dir / ckpt_io.FINAL
-    if rank == 0:
+
+    def publish():
         sd = ckpt_io.consolidate(ckpt_io.checkpoints_dir(run_dir) / final_tag)
         want = set(stage.model.state_dict())
         if set(sd) != want:  # never publish weights the next stage could not load
@@ -257,7 +257,8 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
                                           f"{sorted(want - set(sd))[:4]}, unexpected {sorted(set(sd) - want)[:4]}")
         ckpt_io.write_final(final_dir, sd, meta(cfg.train.steps))
         print(f"[mm-ds] wrote {final_dir}", flush=True)
-    dist.barrier()
+
+    dist.on_rank0(publish, f"writing {final_dir}")
     return final_dir
 
 
@@ -321,18 +322,26 @@ def _publish_as_built(stage: Stage, run_dir: Path) -> Path:
     """A stage of zero updates (MINIJOINT's extraction: its mini-model costs no FLOPs beyond Step 1): no
     engine; final/ holds the model exactly as the stage built it. Rank 0 writes, the others wait."""
     final_dir = run_dir / ckpt_io.FINAL
-    if dist.rank() == 0:
+
+    def publish():
         ckpt_io.write_final(final_dir, stage.model.state_dict(), _meta(stage, 0, 0, 0.0))
         print(f"[mm-ds] {stage.cfg.system}/{stage.cfg.stage}: no updates; wrote the "
               f"{stage.cfg.model.num_layers}-layer model as built into {final_dir}", flush=True)
-    dist.barrier()
+
+    dist.on_rank0(publish, f"writing {final_dir}")
     return final_dir
 
 
-def _append_jsonl(path: Path, row: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
+def _log_row(engine, run_dir: Path, row: dict) -> None:
+    """Rank 0: one row of logs/train.jsonl, and the same metrics to DeepSpeed's monitors."""
+    if engine.monitor is not None and engine.monitor.enabled:
+        engine.monitor.write_events([(f"train/{k}", v, row["step"]) for k, v in row.items()
+                                     if k not in ("step", "total_steps", "tokens")])
+    path = run_dir / "logs" / "train.jsonl"
+    with ckpt_io.writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def _drop_nonfinite_grads(engine) -> None:

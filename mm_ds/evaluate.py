@@ -46,10 +46,15 @@ def features_for(model_cfg, spec: TaskSpec, examples, sp: spm.SentencePieceProce
     return feats.pair_features(examples, sp, max_length)
 
 
+def scoring_precision(device) -> str:
+    """What a model on `device` is scored in: bf16 autocast on a GPU, fp32 elsewhere."""
+    return "bf16" if torch.device(device).type == "cuda" else "fp32"
+
+
 def _forward(model, batch: dict) -> dict:
     device = next(model.parameters()).device
     ids, mask = batch["input_ids"].to(device, non_blocking=True), batch["attention_mask"].to(device, non_blocking=True)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=scoring_precision(device) == "bf16"):
         out = model(ids, mask)
     return {k: v.float().cpu() for k, v in out.items()}
 

@@ -96,6 +96,7 @@ def _run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: di
     env = os.environ | {"PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                         **(env or {})}
     with open(log, "a") as f:
+        start = f.tell()  # the log keeps earlier attempts: only this one's lines are shown
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
         try:
             (follow or Follow([])).wait(proc)
@@ -104,10 +105,24 @@ def _run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: di
             proc.wait()
             raise
     if proc.returncode != 0:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+        with open(log, errors="replace") as f:
+            f.seek(start)
+            lines = f.read().splitlines(keepends=True)
+        # A rank's error (cli.main's one line) before the last lines: many ranks' launcher lines can push it out.
+        errors = [line for line in lines[:-15] if " error: " in line and "mm-ds " in line][-3:]
+        shown = "".join(errors + (["...\n"] if errors else []) + lines[-15:])
         raise StageFailed(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}; its output is in {log}:\n"
-                          f"{tail}\nFix the cause and re-run the same `mm-ds run` command: finished stages are "
+                          f"{shown}\nFix the cause and re-run the same `mm-ds run` command: finished stages are "
                           f"skipped and interrupted ones resume")
+
+
+def _state(run_dir: Path) -> tuple[bool, bool]:
+    """(complete, has checkpoints) of a stage's run directory."""
+    try:
+        return complete(run_dir), bool(checkpoint.list_checkpoints(run_dir))
+    except OSError as e:
+        raise checkpoint.CheckpointError(f"cannot read {run_dir} ({type(e).__name__}: {e}); make the run tree "
+                                         f"readable on rank 0's node, then re-run the same command") from e
 
 
 def job_main(argv: list[str]) -> int:
@@ -117,7 +132,7 @@ def job_main(argv: list[str]) -> int:
     from . import dist
     from .cli import run_stage
 
-    rank, _, _ = dist.init()
+    dist.init()
     for stage_argv in json.loads(Path(argv[0]).read_text()):
         if stage_argv[0] == "run-eval":
             from .stages.transfer import run_eval_main
@@ -126,8 +141,7 @@ def job_main(argv: list[str]) -> int:
         run_dir = Path(stage_argv[stage_argv.index("--out") + 1])
         # Rank 0 decides for all: a rank that looked for itself could see a stage that rank 0 has just
         # finished alone (an extraction) as complete, skip its barrier, and deadlock the job.
-        done, has_checkpoints = dist.broadcast_object(
-            (complete(run_dir), bool(checkpoint.list_checkpoints(run_dir))) if rank == 0 else None)
+        done, has_checkpoints = dist.on_rank0(lambda: _state(run_dir), f"looking at {run_dir}")
         if done:
             continue
         resume = ["--resume"] if has_checkpoints else []
@@ -171,20 +185,21 @@ def prepare_data(recipe: Recipe, out: Path) -> None:
 def evaluate(recipe: Recipe, out: Path, job_ran_it: bool = False) -> list[dict]:
     """Step 4 for the whole recipe: the units without a current result run on the recipe's launcher (every
     rank takes its share, on its device), or in this process when it has one rank; then every row."""
+    import torch
+
     from .config import LaunchConfig
     from .launch import command
-    from .stages.transfer import cached, collect, eval_units, run_units, write_eval_spec
+    from .stages.transfer import cached, collect, eval_units, run_units, scored_with, write_eval_spec
 
     units, root, results = eval_units(recipe, out), str(task_root(recipe, out)), out / "eval"
-    todo = [u for u in units if cached(results, u, root) is None]
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the ranks' kind of device: this machine's
+    todo = [u for u in units if cached(results, u, root, scored_with(device)) is None]
     if todo and not job_ran_it:
         cfg = from_dict(LaunchConfig, recipe.launch)
         say(f"evaluation: {len(todo)} of {len(units)} units to run on {cfg.world_size} rank(s); its log: "
             f"{out / 'logs' / 'eval.log'}")
         if cfg.world_size == 1 or cfg.launcher == "none":
-            import torch
-            run_units(units, root, results, device="cuda" if torch.cuda.is_available() else "cpu",
-                      say=lambda m: say(m.removeprefix("[mm-ds] ")))
+            run_units(units, root, results, device=device, say=lambda m: say(m.removeprefix("[mm-ds] ")))
         else:
             spec = write_eval_spec(recipe, out)
             _run_logged(command(cfg, ["run-eval", str(spec)]), out / "logs" / "eval.log", Follow([], spec))

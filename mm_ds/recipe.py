@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, did_you_mean, from_dict
+from .config import ConfigError, check_numbers, did_you_mean, from_dict
 from .data.tasks import HUB, TASKS, is_hub
 from .systems import STAGES, SYSTEMS, SystemNameError, sort_key, system_of
 
@@ -117,13 +117,14 @@ class Recipe:
                                   f"({', '.join(PRESETS)})")
             if self.rehearsal:
                 raise ConfigError(f"{where}: world (generated data) and rehearsal (real data) exclude each other")
-        if self.align_sequences < 0:
-            raise ConfigError(f"{where}: align_sequences must be >= 0 (0: no alignment check)")
+        try:  # prepare: and world: are passed on as they are; typed here only to be checked
+            check_numbers(vars(self) | {"prepare": from_dict(PrepareKeys, self.prepare, prefix="prepare."),
+                                        "world": from_dict(WorldKeys, self.world or {}, prefix="world.")}, RANGES)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
         bad = [lang for lang in self.heldout if lang not in self.langs]
         if bad:
             raise ConfigError(f"{where}: heldout.{bad[0]} is not a target language of the recipe ({', '.join(self.langs)})")
-        if self.eval_examples is not None and self.eval_examples < 1:
-            raise ConfigError(f"{where}: eval_examples must be positive (or null: every example)")
         for key in ("coverage", "eval_splits"):
             bad = [t for t in getattr(self, key) if t not in TASKS]
             if bad:
@@ -149,6 +150,40 @@ class Recipe:
                                   f"finetune/<task> with a task of {', '.join(TASKS)}")
             if not isinstance(self.overrides[k], list):
                 raise ConfigError(f"{where}: overrides.{k} must be a list of key=value strings")
+
+
+@dataclass
+class PrepareKeys:
+    """A recipe's `prepare:`: options of `mm-ds prepare` for every language (unset: prepare's defaults)."""
+    vocab_size: int | None = None
+    character_coverage: float | None = None
+    sample_sentences: int | None = None
+    model_type: str | None = None
+    seed: int | None = None
+    workers: int | None = None
+    spm_model: str | None = None
+
+
+@dataclass
+class WorldKeys:
+    """A recipe's `world:`: keyword arguments of mm_ds.data.world.generate_world (unset: its defaults)."""
+    seed: int | None = None
+    sentences: int | None = None
+    target_sentences: int | None = None
+    task_sizes: dict[str, int] | None = None
+    compress: bool | None = None
+
+
+RANGES = {
+    # key: the interval its values lie in (each item, for a list; each entry, for a mapping); every number is also
+    # finite (mm_ds.config.check_numbers). launch.* are LaunchConfig's (mm_ds.config.RANGES); the stages' keys are
+    # checked where each stage's config is read.
+    "seeds": "[0, inf)", "eval_examples": "[1, inf)", "align_sequences": "[0, inf)",
+    "world.seed": "[0, inf)", "world.sentences": "[1, inf)", "world.target_sentences": "[1, inf)",
+    "world.task_sizes": "[1, inf)",
+    "prepare.vocab_size": "[6, inf)", "prepare.character_coverage": "(0, 1]", "prepare.sample_sentences": "[1, inf)",
+    "prepare.seed": "[0, inf)", "prepare.workers": "[1, inf)",
+}
 
 
 def recipe_names() -> list[str]:

@@ -105,15 +105,13 @@ def prepare(found: Path, world_size: int, ds_cfg: dict, rank: int, force: bool =
         print(f"[mm-ds] resume from {found.name}: {why}", flush=True)
     if not convert:
         return found
-    error = None
-    if rank == 0:
-        try:
-            out = ensure_universal(found)
-            print(f"[mm-ds] universal checkpoint: {out}", flush=True)
-        except ckpt_io.CheckpointError as e:
-            error = str(e)
-    if dist.any_rank(error is not None):
-        raise ckpt_io.CheckpointError(error or f"universal conversion of {found} failed on rank 0")
+
+    def convert_it():
+        out = universal_dir(found)
+        with ckpt_io.writing(out, partial=out.with_name(out.name + ".tmp")):
+            print(f"[mm-ds] universal checkpoint: {ensure_universal(found)}", flush=True)
+
+    dist.on_rank0(convert_it, f"converting {found} to a universal checkpoint")
     ds_cfg.setdefault("checkpoint", {})["load_universal"] = True
     return universal_dir(found)
 

@@ -19,13 +19,14 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
 from mm_ds import checkpoint as ck
+from mm_ds import dist
 from mm_ds.data.corpus import prepare
 from mm_ds.data.world import generate_world
 from mm_ds.dist import free_port
@@ -295,14 +296,102 @@ def sweep(root: Path, full: bool, seed: int = 0, ranks: int | None = None,
     return reports
 
 
+# ---------------------------------------------------------------- rank-0 work that fails
+
+def _tiny_stage(corpus: Path, steps: int):
+    from mm_ds import config
+    from mm_ds.stages import pretrain
+
+    cfg = config.load("tiny/bl_base", overrides=[f"data.corpus={corpus}", *TINY_MODEL, "train.global_batch=8",
+                                                 "train.micro_batch=4", "train.warmup_steps=0", "train.steps=1",
+                                                 "train.checkpoint_steps=[]", "train.log_every=1", "peak_tflops=1",
+                                                 "ds_config=fp32_zero1.json"])  # ZeRO 1: a universal checkpoint
+    stage = pretrain.build(cfg)
+    stage.cfg.train.steps = steps  # 0: a stage of no updates (MINIJOINT's extraction)
+    return stage
+
+
+def _rank0_points(root: Path, corpus: Path) -> dict:
+    """point -> (what rank 0 finds in its way, the collective call that meets it). Each point's run directory
+    is root/<point>; the universal conversion reads the checkpoint the final weights' run left."""
+    from mm_ds import engine, pipeline, universal
+    from mm_ds.stages import transfer
+
+    def build(run: Path, frozen: bool = False):
+        stage = _tiny_stage(corpus, 1)
+        if frozen:
+            stage.trainable = lambda name: not name.startswith("layers.0.")
+        return engine.build_engine(stage, 2, run)
+
+    def job(run: Path):  # `mm-ds run`'s one job asks rank 0 whether a stage is complete; its read fails
+        def unreadable(run_dir):
+            raise OSError(5, "Input/output error", str(run_dir / "final"))
+        pipeline.complete = unreadable
+        (run / "job.json").write_text(json.dumps([["pretrain", "--out", str(run / "stage")]]))
+        return pipeline.job_main([str(run / "job.json")])
+
+    def evaluation(run: Path):
+        from mm_ds.recipe import load_recipe
+        (run / "recipe.json").write_text(json.dumps(asdict(load_recipe("tiny", ["curve=false"]))))
+        return transfer.run_eval_main([str(run / "logs" / "eval.json"), str(run / "recipe.json"), str(run)])
+
+    final_run = root / "final weights"
+    step1 = ck.checkpoints_dir(final_run) / ck.tag_for(1)
+    return {
+        "run files": (lambda run: (run / "ds_config.json").mkdir(parents=True), build),
+        "frozen weights": (lambda run: (run / "frozen.tmp").touch(), lambda run: build(run, frozen=True)),
+        "checkpoint directory": (lambda run: (run / "checkpoints").touch(),
+                                 lambda run: engine.train(_tiny_stage(corpus, 1), run, progress=False)),
+        "training log": (lambda run: (run / "logs" / "train.jsonl").mkdir(parents=True),
+                         lambda run: engine.train(_tiny_stage(corpus, 1), run, progress=False)),
+        "final weights": (lambda run: (run / "final.tmp").touch(),
+                          lambda run: engine.train(_tiny_stage(corpus, 1), run, progress=False)),
+        "universal conversion": (lambda run: step1.with_name(step1.name + universal.SUFFIX + ".tmp").touch(),
+                                 lambda run: universal.prepare(step1, 2, {}, dist.rank(), force=True)),
+        "model as built": (lambda run: (run / "final.tmp").touch(),
+                           lambda run: engine.train(_tiny_stage(corpus, 0), run, progress=False)),
+        "evaluation units": (lambda run: (run / "logs").touch(), evaluation),
+        "one job's stage state": (lambda run: None, job),
+    }
+
+
+def rank0_failures(root: Path, corpus: Path) -> None:
+    """Run by every rank of a 2-rank world: at each point where rank 0 works alone while the others wait, rank
+    0 meets a real obstacle (a file where a directory must go, or the reverse; an injected read error for the
+    one-job state). Writes root/rank<R>.json after each point: {point: [exception type, message, seconds]}.
+    A rank left waiting for rank 0 (a plain barrier after its work) never writes that point."""
+    rank, _, _ = dist.init()
+    seen = {}
+    for name, (obstacle, call) in _rank0_points(root, corpus).items():
+        run = root / name
+        if rank == 0:
+            run.mkdir(parents=True, exist_ok=True)
+            obstacle(run)
+        dist.barrier()  # the harness's own: the obstacle is in place before either rank starts
+        t0 = time.perf_counter()
+        try:
+            call(run)
+            seen[name] = ["none", "", 0.0]
+        except Exception as e:  # noqa: BLE001  what each rank raised is the finding
+            seen[name] = [type(e).__name__, str(e), 0.0]
+        seen[name][2] = round(time.perf_counter() - t0, 1)
+        (root / f"rank{rank}.json").write_text(json.dumps(seen, indent=1))
+    dist.finish(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python tests/fault_harness.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--full", action="store_true", help="the full sweep (default: the CI subset)")
+    p.add_argument("--rank0-failures", metavar="CORPUS", help="(each rank of a 2-rank world) fail rank 0's "
+                   "own work at each point, recording what every rank raised under --out")
     p.add_argument("--out", default="fault-sweep", help="working directory (reused: data and references)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random fault points")
     p.add_argument("--ranks", type=int, help="ranks for every stage (default: 2; the subset runs 1 after Step 1)")
     p.add_argument("--stages", default=",".join(STAGE_KINDS), help="comma-separated stage kinds")
     a = p.parse_args(argv)
+    if a.rank0_failures:
+        rank0_failures(Path(a.out).resolve(), Path(a.rank0_failures))
+        return 0
     t0 = time.perf_counter()
     reports = sweep(Path(a.out).resolve(), a.full, a.seed, a.ranks, tuple(a.stages.split(",")))
     (Path(a.out) / "report.json").write_text(json.dumps(reports, indent=1))

@@ -31,7 +31,7 @@ from textgen import write_corpus
     (["model.hidden_size=30", "model.num_heads=4"], "model.hidden_size=30 is not divisible by model.num_heads=4"),
     (["data.seq_len=1024"], "data.seq_len=1024 exceeds model.max_positions=512"),
     (["train.warmup_steps=20", "train.steps=10"], "train.warmup_steps=20 must lie in [0, train.steps=10]"),
-    (["train.max_nonfinite_steps=-1"], "train.max_nonfinite_steps must be >= 0, got -1"),
+    (["train.max_nonfinite_steps=-1"], "train.max_nonfinite_steps=-1 must be >= 0"),
     (["system=bl_huge"], "system='bl_huge' is not one of"),
     (["stage=adapt"], "stage adapt starts from a parent checkpoint: set parent=RUN_DIR"),
     (["data.mask_prob=1.5"], "data.mask_prob=1.5 must be in (0, 1)"),

@@ -91,3 +91,66 @@ def test_a_mistyped_or_renamed_key_gets_the_right_name():
         config.load("tiny/bl_base", None, ["train.stpes=2"])
     with pytest.raises(ConfigError, match="model.aux_head_layer is now model.secondary_head_layer"):
         config.load("tiny/minijoint", None, ["model.aux_head_layer=2"])
+
+
+def _numeric_keys(cls, prefix: str = "") -> set[str]:
+    """Every key of a config dataclass whose values are numbers (int, float, lists of them, optional or not)."""
+    import dataclasses
+    import typing
+
+    keys = set()
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            keys |= _numeric_keys(tp, f"{prefix}{f.name}.")
+        elif {int, float} & {a for t in [tp, *typing.get_args(tp)] for a in [t, *typing.get_args(t)]}:
+            keys.add(prefix + f.name)
+    return keys
+
+
+def test_every_numeric_key_has_a_range():
+    """A numeric key added without a row in config.RANGES (or recipe.RANGES) would take any finite value."""
+    from mm_ds.recipe import RANGES as RECIPE_RANGES, PrepareKeys, Recipe, WorldKeys
+
+    assert _numeric_keys(config.RunConfig) == set(config.RANGES)
+    assert (_numeric_keys(Recipe) | _numeric_keys(PrepareKeys, "prepare.") | _numeric_keys(WorldKeys, "world.")
+            == set(RECIPE_RANGES))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=nan", "train.lr=nan is not a finite number; it must be > 0"),
+    ("train.lr=.inf", "train.lr=inf is not a finite number; it must be > 0"),
+    ("model.dropout=-inf", "model.dropout=-inf is not a finite number; it must be in [0, 1)"),
+    ("finetune.warmup_ratio=1.5", "finetune.warmup_ratio=1.5 must be in [0, 1]"),
+    ("train.checkpoint_steps=[100,-5]", "train.checkpoint_steps[1]=-5 must be >= 1"),
+    ("peak_tflops=0", "peak_tflops=0.0 must be > 0"),
+    ("launch.master_port=0", "launch.master_port=0 must be in [1, 65535]"),
+    ("data.random_prob=0.95", "data.random_prob=0.95 and data.keep_prob=0.1 are shares of the selected tokens"),
+])
+def test_numbers_are_finite_and_in_range(override, message):
+    with pytest.raises(ConfigError) as e:
+        config.load("tiny/bl_base", overrides=[override])
+    assert message in str(e.value)
+
+
+def test_a_stage_dry_run_refuses_a_non_finite_number(tmp_path, capsys):
+    from mm_ds import cli
+
+    assert cli.main(["pretrain", "--preset", "tiny/bl_base", "--out", str(tmp_path / "run"), "--dry-run",
+                     "train.lr=nan"]) == 2
+    assert "mm-ds pretrain: error: train.lr=nan is not a finite number; it must be > 0" in capsys.readouterr().err
+
+
+def test_a_recipe_check_refuses_bad_numbers_in_its_keys_and_its_stages(tmp_path, capsys):
+    from mm_ds import cli
+    from mm_ds.recipe import load_recipe
+
+    with pytest.raises(ConfigError, match=r"with seeds=\[1, -2\]: seeds\[1\]=-2 must be >= 0"):
+        load_recipe("tiny", ["seeds=[1, -2]"])
+    with pytest.raises(ConfigError, match=r"world.task_sizes.dev=0 must be >= 1"):
+        load_recipe("tiny", ["world.task_sizes={dev: 0}"])
+    with pytest.raises(ConfigError, match=r"prepare.character_coverage=nan is not a finite number; it must be in \(0, 1\]"):
+        load_recipe("tiny", ["prepare.character_coverage=nan"])
+    rc = cli.main(["run", "tiny", "--check", "--out", str(tmp_path / "out"), "--set", "overrides.adapt=[train.lr=inf]"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "train.lr=inf is not a finite number; it must be > 0" in out, out

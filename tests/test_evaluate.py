@@ -1,15 +1,19 @@
 """Evaluation batches examples by length (less padding); predictions must come back in file order and
 not depend on the batch they were computed in."""
 
+import json
+
 import pytest
 import torch
 
-from mm_ds.config import ModelConfig
+from mm_ds import checkpoint
+from mm_ds.config import ConfigError, ModelConfig, to_dict
 from mm_ds.data.task_files import load_split
 from mm_ds.data.tasks import TASKS
 from mm_ds.data.world import generate_world
 from mm_ds.evaluate import evaluate, length_batches, predict
 from mm_ds.heads import RobertaForTask
+from mm_ds.stages import transfer
 from test_features import train_spm
 
 
@@ -49,3 +53,36 @@ def test_predictions_do_not_depend_on_batching(world, task):
         assert len(set(batched)) > 1
         assert evaluate(model, spec, examples, sp, "en", batch_size=16).score == pytest.approx(
             100 * sum(p == ex.label for p, ex in zip(one_by_one, examples)) / len(examples))
+
+
+def test_a_result_scored_on_another_kind_of_device_is_scored_again(world, tmp_path):
+    """OUT/eval/ records how each unit was scored (cuda/bf16 on GPUs, cpu/fp32 here) in its fingerprint: a GPU's
+    result (faked) is not reused on CPU but scored again, and results that mix the two are refused."""
+    root, sp = world
+    tok = tmp_path / "spm.model"
+    tok.write_bytes(sp.serialized_model_proto())
+    spec = TASKS["xnli"]
+    cfg = ModelConfig(vocab_size=sp.get_piece_size(), hidden_size=16, num_layers=1, num_heads=2, ffn_size=32,
+                      max_positions=64, init_std=0.5)
+    torch.manual_seed(0)
+    checkpoint.write_final(tmp_path / "ft" / "final", RobertaForTask(cfg, spec.kind, spec.num_labels).state_dict(),
+                           {"stage": "finetune", "system": "bl_base", "task": "xnli", "kind": spec.kind,
+                            "num_labels": spec.num_labels, "model": to_dict(cfg), "tokenizer": str(tok)})
+    units = [u for s in ("bl_base", "minipost")
+             for u in transfer.units_for("xnli", "en", [s], [str(tmp_path / "ft")], "test", limit=20)]
+    results, here, gpu = tmp_path / "eval", transfer.scored_with("cpu"), transfer.scored_with("cuda")
+    assert (here, gpu) == ("cpu/fp32", "cuda/bf16")
+    transfer.run_units(units, str(root), results, device="cpu", say=lambda m: None)
+    rows = transfer.collect(units, str(root), results)
+
+    path = results / f"{units[0].name}.json"
+    saved = json.loads(path.read_text())
+    assert saved["scored_with"] == here
+    path.write_text(json.dumps({"fingerprint": transfer.fingerprint(units[0], str(root), tmp_path, gpu),
+                                "scored_with": gpu, "rows": [r | {"score": -1.0} for r in saved["rows"]]}))
+    with pytest.raises(ConfigError, match=r"different kinds of device and precision \(cuda/bf16: 1 .*cpu/fp32: 1"):
+        transfer.collect(units, str(root), results)
+    assert transfer.cached(results, units[0], str(root), gpu) is not None  # current, for a GPU
+    assert transfer.cached(results, units[0], str(root), here) is None  # but not scored here
+    transfer.run_units(units, str(root), results, device="cpu", say=lambda m: None)
+    assert transfer.collect(units, str(root), results) == rows and json.loads(path.read_text())["scored_with"] == here

@@ -4,6 +4,7 @@ import gzip
 import json
 import lzma
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -110,8 +111,49 @@ def test_undecodable_lines_are_skipped_and_counted(tmp_path, capsys):
     meta = prepare("xx", [str(tmp_path / "a.txt")], str(tmp_path / "out"), vocab_size=200, workers=1,
                    progress=False)
     assert meta["skipped_lines"] == 2
-    assert "skipped 2 undecodable" in capsys.readouterr().err
+    assert "skipped 2 input lines that are not UTF-8 text" in capsys.readouterr().err
     assert decoded_docs(tmp_path / "out") == docs
+
+
+def _binary(kind: str) -> bytes:
+    rng = random.Random(7)
+    if kind == "random":  # compressed or encrypted data, an image: invalid UTF-8 nearly everywhere
+        return rng.randbytes(200_000)
+    if kind == "gzip_named_txt":  # compressed text under a .txt name
+        return gzip.compress(cc100(make_docs(400, seed=7)).encode(), mtime=0)
+    # a numeric dump (.npy, .pt, an executable): readable bits between NUL-padded binary records
+    return b"".join(b"record %d\x00\x00\x00\x01\x02\n" % i + rng.randbytes(20).replace(b"\n", b" ") + b"\n"
+                    for i in range(3000))
+
+
+@pytest.mark.parametrize("kind", ["random", "gzip_named_txt", "nul_padded"])
+def test_a_binary_input_is_refused_naming_it(tmp_path, kind, capsys):
+    """Before any work, nothing written: through `mm-ds prepare` as a user runs it, beside a text input."""
+    from mm_ds import cli
+
+    good, bad, out = tmp_path / "good.txt", tmp_path / "data.txt", tmp_path / "out"
+    good.write_text(cc100(make_docs(20, seed=6)))
+    bad.write_bytes(_binary(kind))
+    rc = cli.main(["prepare", "--lang", "xx", "--input", str(good), "--input", str(bad), "--out", str(out),
+                   "--vocab-size", "150", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"mm-ds prepare: error: input file {bad} is not UTF-8 text: " in err, err
+    assert re.search(r"non-blank lines in its first [\d,]+ bytes are not", err) and "remove it from --input" in err
+    assert leftovers(tmp_path, out) == []
+
+
+def test_an_input_that_turns_binary_after_its_head_is_refused_when_encoded(tmp_path):
+    """Text for its first 64 KiB, then mostly NUL-padded records: refused at the end of the encoding pass, and
+    the partial output is gone."""
+    f, out = tmp_path / "mixed.txt", tmp_path / "out"
+    head = cc100(make_docs(400, seed=8)).encode()
+    assert len(head) > inputs_mod.SNIFF_BYTES
+    f.write_bytes(head + b"\x00\x00 padding\n" * 40_000)
+    with pytest.raises(ValueError, match=f"input file {f} is not UTF-8 text: 40000 of the .* non-blank lines "
+                                         f"in the whole file are not"):
+        prepare("xx", [str(f)], str(out), vocab_size=150, workers=1, progress=False)
+    assert leftovers(tmp_path, out) == []
+    assert inputs_mod.split_lines(b"ok\nnul\x00\n\xff\n") == (["ok"], 2)
 
 
 def test_vocabulary_a_small_corpus_cannot_reach_shrinks_with_a_warning(tmp_path, capsys):

@@ -22,8 +22,9 @@ Steps, all streaming (the corpus is never held in memory):
      arrays to shards of about `shard_tokens` tokens (cut at line boundaries).
 
 Every non-blank line becomes its ids followed by EOS; a line that encodes to no token (empty, whitespace)
-is blank, i.e. a document boundary. Lines that are not valid UTF-8 are skipped and counted
-(`skipped_lines` in meta.json). `datasets` sources are streamed twice (sample, then encode).
+is blank, i.e. a document boundary. Lines that are not text (invalid UTF-8, control bytes such as NUL) are
+skipped and counted (`skipped_lines` in meta.json); an input that is mostly such lines (a binary) is refused,
+naming it, and nothing is written. `datasets` sources are streamed twice (sample, then encode).
 
 Everything is written into `<out_dir>.partial/` and renamed to `out_dir` at the end, meta.json last, so
 an interrupted run never leaves a directory that looks complete. Re-running with the same settings
@@ -49,7 +50,7 @@ import sentencepiece as spm
 from tqdm import tqdm
 
 from mm_ds import tokens
-from mm_ds.data.inputs import InputSource, chunks, resolve_inputs, split_lines, total_bytes
+from mm_ds.data.inputs import InputSource, chunks, not_text_error, resolve_inputs, split_lines, total_bytes
 from mm_ds.data.shards import (FORMAT_VERSION, META_FILE, SPM_MODEL_FILE, SPM_VOCAB_FILE, TokenCorpus,
                                shard_dtype, shard_files)
 from mm_ds.data.tokenizer import MODEL_TYPES, check_spm, reservoir_sample, train_spm
@@ -108,15 +109,22 @@ def _encode_in_worker(block: bytes) -> _Encoded:
     return _WORKER(block)
 
 
+def _source_chunks(sources: list[InputSource]) -> Iterator[tuple[bytes, bool, int, int]]:
+    """`chunks`, each with the index of the input it comes from."""
+    for i, src in enumerate(sources):
+        for block, first, consumed in chunks([src]):
+            yield block, first, consumed, i
+
+
 def _encoded_chunks(sources: list[InputSource], model_path: str, dtype: np.dtype,
-                    workers: int) -> Iterator[tuple[_Encoded, bool]]:
-    """(encoded chunk, starts a new input) in corpus order, using `workers` processes."""
+                    workers: int) -> Iterator[tuple[_Encoded, bool, int]]:
+    """(encoded chunk, starts a new input, index of that input) in corpus order, using `workers` processes."""
     if workers <= 1:
         enc = _Encoder(model_path, dtype.str)
-        for block, first, consumed in chunks(sources):
+        for block, first, consumed, i in _source_chunks(sources):
             r = enc(block)
             r.source_bytes = consumed
-            yield r, first
+            yield r, first, i
         return
     # Bounded in-flight window: Pool.imap would read the whole input ahead into memory.
     # fork: workers only run sentencepiece/numpy, and unlike spawn it works from scripts without a
@@ -124,19 +132,19 @@ def _encoded_chunks(sources: list[InputSource], model_path: str, dtype: np.dtype
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     with ctx.Pool(workers, initializer=_init_worker, initargs=(model_path, dtype.str)) as pool:
         pending: deque = deque()
-        for block, first, consumed in chunks(sources):
-            pending.append((pool.apply_async(_encode_in_worker, (block,)), first, consumed))
+        for block, first, consumed, i in _source_chunks(sources):
+            pending.append((pool.apply_async(_encode_in_worker, (block,)), first, consumed, i))
             if len(pending) >= 3 * workers:
                 yield _collect(pending.popleft())
         while pending:
             yield _collect(pending.popleft())
 
 
-def _collect(item: tuple) -> tuple[_Encoded, bool]:
-    result, first, consumed = item
+def _collect(item: tuple) -> tuple[_Encoded, bool, int]:
+    result, first, consumed, i = item
     r = result.get()
     r.source_bytes = consumed
-    return r, first
+    return r, first, i
 
 
 class _ShardWriter:
@@ -306,10 +314,13 @@ def _prepare_into(tmp: Path, lang: str, sources: list[InputSource], settings: di
 
     writer = _ShardWriter(tmp, dtype, shard_tokens)
     skipped, new_doc = 0, True
+    text, not_text = [0] * len(sources), [0] * len(sources)  # non-blank lines per input
     total = total_bytes(sources)
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"encode {lang}", disable=not progress,
               file=sys.stderr) as bar:
-        for r, first in _encoded_chunks(sources, str(model_path), dtype, workers):
+        for r, first, i in _encoded_chunks(sources, str(model_path), dtype, workers):
+            text[i] += len(r.lengths)
+            not_text[i] += r.skipped
             # A document opens at each input's first line and after blank lines, also across chunks.
             new_doc = new_doc or first
             doc_starts = r.doc_starts
@@ -323,11 +334,15 @@ def _prepare_into(tmp: Path, lang: str, sources: list[InputSource], settings: di
             skipped += r.skipped
             bar.update(r.source_bytes)
     shards = writer.finish()
+    for src, good, bad in zip(sources, text, not_text):  # a file whose head was text, then not
+        if error := not_text_error(src.describe(), good + bad, bad, "in the whole file"):
+            raise error
     num_lines = sum(s["num_lines"] for s in shards)
     if num_lines == 0:
         raise ValueError(f"inputs {settings['inputs']} contain no non-blank UTF-8 line; nothing to prepare")
     if skipped:
-        print(f"warning: skipped {skipped} undecodable (non-UTF-8) input lines", file=sys.stderr)
+        print(f"warning: skipped {skipped} input lines that are not UTF-8 text (undecodable, or with control "
+              f"bytes such as NUL)", file=sys.stderr)
     meta = {
         "format_version": FORMAT_VERSION, "lang": lang, "vocab_size": vocab_size, "dtype": dtype.name,
         "num_lines": num_lines, "num_tokens": sum(s["num_tokens"] for s in shards),

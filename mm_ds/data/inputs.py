@@ -1,7 +1,10 @@
 """`mm-ds prepare`'s inputs: file paths, globs and `datasets` specs, read as blocks of whole lines.
 
     file / glob   UTF-8 text, optionally `.gz`, `.xz` or `.bz2` compressed, in CC-100 layout: one
-                  paragraph/sentence per line, a blank line between documents; every file starts a document
+                  paragraph/sentence per line, a blank line between documents; every file starts a document.
+                  A line that is not text (invalid UTF-8, or control bytes such as NUL) is skipped and
+                  counted; a file whose first 64 KiB are mostly such lines (a binary, another encoding) is
+                  refused before any work, and one that is mostly such lines throughout when it is encoded.
     hf:NAME[:CONFIG][:SPLIT][:COLUMN]   a Hugging Face `datasets` source, streamed (needs network)
     hf-disk:PATH[:SPLIT][:COLUMN]       a dataset saved with `Dataset.save_to_disk` (offline)
 
@@ -12,6 +15,7 @@ read in ~1 MiB blocks (`chunks`), never whole.
 from __future__ import annotations
 
 import bz2
+import codecs
 import glob
 import gzip
 import lzma
@@ -21,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CHUNK_BYTES = 1 << 20  # per worker task: large enough to amortise IPC, small enough to keep 2 cores busy
+SNIFF_BYTES = 1 << 16  # what `resolve_inputs` reads of each file to tell text from a binary
+CONTROL = bytes(b for b in range(32) if b not in b"\t\n\v\f\r")
+"""Bytes that text does not hold (NUL and the other C0 controls but whitespace): a line with one is not text."""
 _DECOMPRESSORS = {".gz": lambda f: gzip.GzipFile(fileobj=f, mode="rb"), ".xz": lzma.LZMAFile,
                   ".bz2": bz2.BZ2File}  # each wraps an open binary file, so progress can follow raw.tell()
 
@@ -69,8 +76,39 @@ def resolve_inputs(inputs: list[str]) -> list[InputSource]:
                     raise FileNotFoundError(f"input file {p} does not exist; check --input")
                 if os.path.getsize(p) == 0:
                     raise ValueError(f"input file {p} is empty; remove it from --input")
+                _check_text(p)
                 sources.append(InputSource("file", os.path.abspath(p)))
     return sources
+
+
+def not_text_error(path: str, lines: int, bad: int, where: str) -> ValueError | None:
+    """The refusal of an input of which most of `lines` non-blank lines (`where`) are not text; None if it is text."""
+    if bad * 2 <= lines:
+        return None
+    return ValueError(f"input file {path} is not UTF-8 text: {bad} of the {lines} non-blank lines {where} are not "
+                      f"(invalid UTF-8, or control bytes such as NUL: a binary file, or another encoding?); remove it "
+                      f"from --input, or convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+
+
+def _check_text(path: str) -> None:
+    """Refuse a file whose first SNIFF_BYTES (decompressed) are mostly not text, before any work."""
+    opener = _DECOMPRESSORS.get(Path(path).suffix)
+    try:
+        with open(path, "rb") as raw:
+            head = (opener(raw) if opener else raw).read(SNIFF_BYTES)
+    except (EOFError, OSError, lzma.LZMAError) as e:
+        raise ValueError(f"input file {path} cannot be read/decompressed ({e}); fix or remove it from --input") from e
+    if len(head) == SNIFF_BYTES:  # cut short, maybe inside a character: judge the whole ones
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        try:
+            decoder.decode(head, final=False)
+            head = head[:len(head) - len(decoder.getstate()[0])]
+        except UnicodeDecodeError:
+            pass  # not UTF-8 before the end either
+    lines, bad = split_lines(head)
+    nonblank = sum(bool(line.strip()) for line in lines) + bad
+    if error := not_text_error(path, nonblank, bad, f"in its first {len(head):,} bytes"):
+        raise error
 
 
 def _file_chunks(path: str, chunk_bytes: int) -> Iterator[tuple[bytes, bool, int]]:
@@ -142,17 +180,26 @@ def chunks(sources: list[InputSource], chunk_bytes: int | None = None) -> Iterat
                     else _dataset_chunks(src, chunk_bytes))
 
 
+def is_text(line: bytes) -> bool:
+    """Valid UTF-8 without control bytes (CONTROL)."""
+    if len(line.translate(None, CONTROL)) != len(line):
+        return False
+    try:
+        line.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
 def split_lines(block: bytes) -> tuple[list[str], int]:
-    """Lines of a block, unstripped; undecodable lines are dropped and counted."""
+    """Lines of a block, unstripped; lines that are not text (`is_text`) are dropped and counted."""
     if block.endswith(b"\n"):
         block = block[:-1]  # the final newline terminates the last line, it does not open a blank one
-    try:
-        return block.decode("utf-8").split("\n"), 0
-    except UnicodeDecodeError:
-        lines, bad = [], 0
-        for raw in block.split(b"\n"):
-            try:
-                lines.append(raw.decode("utf-8"))
-            except UnicodeDecodeError:
-                bad += 1
-        return lines, bad
+    if len(block.translate(None, CONTROL)) == len(block):
+        try:
+            return block.decode("utf-8").split("\n"), 0
+        except UnicodeDecodeError:
+            pass
+    raw = block.split(b"\n")
+    lines = [line.decode("utf-8") for line in raw if is_text(line)]
+    return lines, len(raw) - len(lines)

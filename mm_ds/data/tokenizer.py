@@ -18,7 +18,7 @@ import sentencepiece as spm
 from tqdm import tqdm
 
 from mm_ds import tokens
-from mm_ds.data.inputs import InputSource, chunks, total_bytes
+from mm_ds.data.inputs import InputSource, chunks, is_text, total_bytes
 
 MAX_SAMPLE_LINE_BYTES = 8192  # also SentencePiece's max_sentence_length: longer lines are not sampled
 MODEL_TYPES = ("unigram", "bpe")
@@ -46,13 +46,8 @@ def reservoir_sample(sources: list[InputSource], k: int, seed: int, progress: bo
                     reservoir[j[idx]] = lines[fill + idx]
             seen += len(lines)
             bar.update(consumed)
-    sample = []
-    for line in reservoir:
-        try:
-            sample.append(line.decode("utf-8").strip())
-        except UnicodeDecodeError:
-            pass  # counted during encoding, where every line is looked at
-    return sample, seen
+    # Lines that are not text are counted during encoding, where every line is looked at.
+    return [line.decode("utf-8").strip() for line in reservoir if is_text(line)], seen
 
 
 def train_spm(sample: list[str], prefix: Path, vocab_size: int, character_coverage: float,

@@ -9,7 +9,9 @@ At the paper's scale that is 4 systems x 14 languages x ~29 checkpoints x 5 seed
 work is cut into independent `Unit`s (one checkpoint, or the source language, or a control, with all its seeds)
 that the ranks of a launch share (`run_units`: unit i goes to rank i mod world), each on its rank's device.
 A unit's result is a file under OUT/eval/ keyed by a fingerprint of its inputs (manifests of the checkpoints,
-the task file): an interrupted evaluation resumes, and a finished one is not redone.
+the task file) and of how it was scored (device type and precision: bf16 autocast on GPUs, fp32 on CPU): an
+interrupted evaluation resumes, a finished one is not redone, and a result scored on another kind of device is
+scored again, so that one table never mixes precisions.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..config import ConfigError, model_config_from_dict
 from ..data.task_files import load_split
 from ..data.tasks import find_local, get_task, hub_source, is_hub
 from ..data.tokenizer import pieces
-from ..evaluate import evaluate, features_for
+from ..evaluate import evaluate, features_for, scoring_precision
 from ..heads import RobertaForTask
 from ..recipe import MINI_DIR, minis_in_english, primaries, task_root
 from ..systems import system_of
@@ -184,11 +186,18 @@ def run_unit(unit: Unit, data_root: str, device="cpu") -> list[dict]:
 
 # ---------------------------------------------------------------- many units, many ranks
 
-def fingerprint(unit: Unit, data_root: str, base: Path) -> str:
+def scored_with(device) -> str:
+    """How a unit scored on `device` is computed: its device type and precision, e.g. cuda/bf16 or cpu/fp32."""
+    import torch
+
+    return f"{torch.device(device).type}/{scoring_precision(device)}"
+
+
+def fingerprint(unit: Unit, data_root: str, base: Path, how: str | None) -> str:
     """Changes when any input of the unit changes: the manifests (sha256 of every weight file) of the
-    finetuned models and of the Step-2 checkpoint, and the task file's size and time (the hub's dataset, config
-    and split for data root `hub`). Paths count relative to `base` (the run tree), so a run tree moved elsewhere
-    keeps its results."""
+    finetuned models and of the Step-2 checkpoint, the task file's size and time (the hub's dataset, config
+    and split for data root `hub`), and `how` it is scored (`scored_with`). Paths count relative to `base`
+    (the run tree), so a run tree moved elsewhere keeps its results."""
     base = base.resolve()
 
     def rel(p) -> str:
@@ -196,7 +205,7 @@ def fingerprint(unit: Unit, data_root: str, base: Path) -> str:
         return str(p.relative_to(base)) if p.is_relative_to(base) else str(p)
 
     fields = asdict(unit) | {"finetuned": [rel(r) for r in unit.finetuned],
-                             "adapted": rel(unit.adapted) if unit.adapted else None}
+                             "adapted": rel(unit.adapted) if unit.adapted else None, "scored_with": how}
     h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     for run in (*unit.finetuned, *([unit.adapted] if unit.adapted else [])):
         man = checkpoint.manifest_of(run)
@@ -214,26 +223,34 @@ def _result_path(results: Path, unit: Unit) -> Path:
     return results / f"{unit.name}.json"
 
 
-def cached(results: Path, unit: Unit, data_root: str) -> list[dict] | None:
-    path = _result_path(results, unit)
+def _saved(results: Path, unit: Unit, data_root: str) -> dict | None:
+    """The unit's result file ({fingerprint, scored_with, rows}) when its inputs are current."""
     try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
+        saved = json.loads(_result_path(results, unit).read_text())
+        how = saved.get("scored_with")
+    except (OSError, ValueError, AttributeError):
         return None
-    return saved["rows"] if saved.get("fingerprint") == fingerprint(unit, data_root, results.parent) else None
+    return saved if saved.get("fingerprint") == fingerprint(unit, data_root, results.parent, how) else None
+
+
+def cached(results: Path, unit: Unit, data_root: str, how: str) -> list[dict] | None:
+    """The unit's rows when its result is current and was scored `how` (`scored_with`); else None."""
+    saved = _saved(results, unit, data_root)
+    return saved["rows"] if saved is not None and saved["scored_with"] == how else None
 
 
 def run_units(units: list[Unit], data_root: str, results: Path, rank: int = 0, world: int = 1, device="cpu",
               say=print) -> None:
-    """This rank's share of `units` (every world-th), each written to results/ unless its result is there."""
+    """This rank's share of `units` (every world-th), each written to results/ unless its result is there,
+    scored on this kind of device."""
     results.mkdir(parents=True, exist_ok=True)
     t0, last = time.monotonic(), 0.0
-    mine = units[rank::world]
+    mine, how = units[rank::world], scored_with(device)
     for i, unit in enumerate(mine):
-        if cached(results, unit, data_root) is None:
+        if cached(results, unit, data_root, how) is None:
             rows = run_unit(unit, data_root, device)
-            checkpoint.write_json_atomic(_result_path(results, unit),
-                                         {"fingerprint": fingerprint(unit, data_root, results.parent), "rows": rows})
+            checkpoint.write_json_atomic(_result_path(results, unit), {
+                "fingerprint": fingerprint(unit, data_root, results.parent, how), "scored_with": how, "rows": rows})
         if rank == 0 and (time.monotonic() - last > 10 or i + 1 == len(mine)):  # progress from the shared files
             last = time.monotonic()
             done = sum(_result_path(results, u).is_file() for u in units)
@@ -244,14 +261,21 @@ def run_units(units: list[Unit], data_root: str, results: Path, rank: int = 0, w
 
 
 def collect(units: list[Unit], data_root: str, results: Path) -> list[dict]:
-    """Every unit's rows, in unit order; a unit without a current result is an error naming it."""
-    rows = []
+    """Every unit's rows, in unit order; a unit without a current result, or results scored on different
+    kinds of device (`scored_with`), are an error naming them."""
+    rows, by_how = [], {}
     for unit in units:
-        got = cached(results, unit, data_root)
-        if got is None:
+        saved = _saved(results, unit, data_root)
+        if saved is None:
             raise ConfigError(f"evaluation {unit.name} has no current result in {results}; re-run the same "
                               f"command (finished units are kept)")
-        rows += got
+        rows += saved["rows"]
+        by_how.setdefault(saved["scored_with"], []).append(unit.name)
+    if len(by_how) > 1:
+        mix = "; ".join(f"{how}: {len(names)} (e.g. {names[0]})" for how, names in by_how.items())
+        raise ConfigError(f"the results in {results} were scored on different kinds of device and precision ({mix}), "
+                          f"which one table must not mix; re-run the evaluation where the rest should be scored "
+                          f"(it scores again whatever another kind of device scored)")
     return rows
 
 
@@ -317,9 +341,11 @@ def eval_units(recipe, out: Path) -> list[Unit]:
 def write_eval_spec(recipe, out: Path) -> Path:
     """OUT/logs/eval.json: the units and where their results go, for `mm-ds run-eval` on every rank."""
     path = out / "logs" / "eval.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_json_atomic(path, {"data_root": str(task_root(recipe, out)), "results": str(out / "eval"),
-                                        "units": [asdict(u) for u in eval_units(recipe, out)]})
+    spec = {"data_root": str(task_root(recipe, out)), "results": str(out / "eval"),
+            "units": [asdict(u) for u in eval_units(recipe, out)]}
+    with checkpoint.writing(path, then="re-run the same command"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint.write_json_atomic(path, spec)
     return path
 
 
@@ -339,22 +365,23 @@ def run_eval_main(argv: list[str]) -> int:
     from .. import dist
 
     rank, _, world = dist.init()
-    if len(argv) == 3 and rank == 0:
+    if len(argv) == 3:
         from ..config import from_dict
         from ..recipe import Recipe
-        write_eval_spec(from_dict(Recipe, json.loads(Path(argv[1]).read_text())), Path(argv[2]))
-    dist.barrier()
-    spec = json.loads(Path(argv[0]).read_text())
-    units = units_from_spec(spec)
-    device = dist.device()
-    if rank == 0:
-        print(f"[mm-ds] evaluation: {len(units)} units on {world} rank(s), {device}", flush=True)
+        dist.on_rank0(lambda: write_eval_spec(from_dict(Recipe, json.loads(Path(argv[1]).read_text())),
+                                              Path(argv[2])), f"listing the evaluation units into {argv[0]}")
     error = None
     try:
+        spec = json.loads(Path(argv[0]).read_text())
+        units, device = units_from_spec(spec), dist.device()
+        if rank == 0:
+            print(f"[mm-ds] evaluation: {len(units)} units on {world} rank(s), {scored_with(device)}", flush=True)
         run_units(units, spec["data_root"], Path(spec["results"]), rank, world, device,
                   say=lambda m: print(m, flush=True))
     except Exception as e:  # noqa: BLE001  reported below, after every rank knows
         error = f"rank {rank}: {type(e).__name__}: {e}"
     if dist.any_rank(error is not None):  # every rank learns of a failure: none waits forever in a barrier
-        raise ConfigError(error or "evaluation failed on another rank; see its output above")
+        if error:
+            raise ConfigError(error)
+        raise dist.OtherRankFailed(f"rank {rank} stopped: another rank failed in the evaluation (its output says why)")
     return 0

@@ -1,0 +1,96 @@
+"""A failure in rank 0's own work (the run files, the frozen and final weights, a checkpoint's directory, the
+training log, a universal conversion, the evaluation's unit list, one job's stage state) ends every rank
+promptly with the reason, said once: the other ranks learn of it from a collective (`dist.on_rank0`), not from a
+barrier that under NCCL waits 30 minutes for a rank that left."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import fault_harness as harness
+from mm_ds import checkpoint, pipeline
+from mm_ds.dist import free_port
+from mm_ds.launch import command
+from mm_ds.config import LaunchConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_rank_raises_when_rank_0_fails_alone(corpus, tmp_path):
+    """Two ranks started as a launcher on two nodes would start them (no launcher kills the survivor when one
+    exits): at each point rank 0 raises a message that names the obstacle, and rank 1 learns that rank 0
+    failed, within seconds, instead of waiting for it."""
+    port, procs = free_port(), []
+    for rank in (0, 1):
+        env = os.environ | {"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
+                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, str(ROOT / "tests" / "fault_harness.py"), "--out",
+                                       str(tmp_path), "--rank0-failures", str(corpus)], env=env, cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + 120
+    try:
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for p in procs:
+            p.kill()
+        logs = [p.communicate()[0] for p in procs]
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) if (tmp_path / f"rank{r}.json").is_file() else {}
+            for r in (0, 1)]
+    points = list(harness._rank0_points(tmp_path, corpus))
+    report = json.dumps(seen, indent=1) + "\n" + "\n".join(log[-3000:] for log in logs)
+    assert list(seen[1]) == points, "rank 1 did not get past every point:\n" + report
+    for point in points:
+        (kind0, msg0, t0), (kind1, msg1, t1) = seen[0][point], seen[1][point]
+        assert kind0 == "CheckpointError" and kind1 == "OtherRankFailed", (point, report)
+        assert "rank 1 stopped: rank 0 failed" in msg1 and t1 < 30, (point, msg1, t1)
+        if point != "one job's stage state":
+            assert "nothing was published" in msg0 and "what is in the way" in msg0, (point, msg0)
+    assert [p.returncode for p in procs] == [0, 0], report
+    assert not (tmp_path / "final weights" / "final").exists()  # nothing half-published
+    assert checkpoint.list_checkpoints(tmp_path / "final weights")  # its checkpoint is intact
+
+
+def test_the_log_of_a_failed_job_names_the_error_once(corpus, tmp_path):
+    """The measured case (a `final.tmp` in the way of the final weights, 2 CPU ranks) as `mm-ds run` runs it:
+    one job under the deepspeed launcher, its output in a log, the stage's failure shown from the log's end.
+    Every rank exits non-zero within 60 s; the output has rank 0's message once and no traceback."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "final.tmp").touch()
+    argv = ["pretrain", "--preset", "tiny/bl_base", "--out", str(run), "--no-progress", f"data.corpus={corpus}",
+            *harness.TINY_MODEL, "train.global_batch=8", "train.micro_batch=4", "train.warmup_steps=0",
+            "train.steps=1", "train.checkpoint_steps=[]", "peak_tflops=1"]
+    (tmp_path / "job.json").write_text(json.dumps([argv]))
+    cfg = LaunchConfig(ranks=2, master_port=free_port())
+    log = tmp_path / "job.log"
+    with pytest.raises(pipeline.StageFailed) as failed:
+        pipeline._run_logged(command(cfg, ["run-job", str(tmp_path / "job.json")]), log)
+    took = time.time() - (run / "checkpoints" / checkpoint.LATEST).stat().st_mtime  # since just before the failure
+    reason = f"writing {run / 'final'} failed: FileExistsError"
+    out = log.read_text()
+    assert out.count(reason) == 1 and "Traceback" not in out, out[-4000:]
+    assert str(failed.value).count(reason) == 1, str(failed.value)
+    assert "Move or remove what is in the way" in out and took < 60, took
+    assert not (run / "final").exists() and checkpoint.list_checkpoints(run)
+
+
+def test_a_failed_stage_shows_its_error_line_when_launcher_lines_follow(tmp_path):
+    """On many ranks the launchers' lines after a rank's error can fill the log's last lines: the error is
+    still shown, once, and an earlier attempt's error in the same log is not."""
+    log = tmp_path / "stage.log"
+    log.write_text("mm-ds adapt: error: an earlier attempt's error\n")
+    script = ("print('mm-ds adapt: error: writing RUN/' + 'final failed')\n"  # (not as such in the command line)
+              "for i in range(40): print(f'Killing subprocess {i}')\nraise SystemExit(2)")
+    with pytest.raises(pipeline.StageFailed) as failed:
+        pipeline._run_logged([sys.executable, "-c", script], log)
+    msg = str(failed.value)
+    assert msg.count("writing RUN/final failed") == 1 and "earlier attempt" not in msg
+    assert "Killing subprocess 25\n" in msg and "Killing subprocess 24\n" not in msg  # and the last 15 lines
