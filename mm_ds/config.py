@@ -88,6 +88,9 @@ class DataConfig:
     """Share of the selected tokens replaced by a random piece."""
     keep_prob: float = 0.1
     """Share of the selected tokens left unchanged (the rest become <mask>)."""
+    prefetch: int = 4
+    """Micro-batches built ahead of training by a background thread (pinned on GPUs), so the device never waits
+    for packing and masking; 0 builds each one when the loop needs it. The batches are the same either way."""
 
 
 @dataclass
