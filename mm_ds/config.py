@@ -119,6 +119,10 @@ class TrainConfig:
     max_nonfinite_steps: int = 10
     """Updates with a non-finite loss or gradients that are skipped (not applied, counted, resumed with the
     run) before training stops with a diagnostic. 0: stop at the first. fp16 loss-scale skips do not count."""
+    tf32: bool = True
+    """fp32 engine configs on NVIDIA GPUs (fp32_zero1_gpu): matmuls in TF32 (10-bit mantissa, fp32 range; Ampere
+    and newer, ~8x the fp32 rate), the rate mm_ds/peaks.py's fp32 MFU column assumes. false: full fp32.
+    No effect in bf16/fp16 or on CPU."""
 
     def is_checkpoint_step(self, step: int) -> bool:
         """The checkpoint schedule: `checkpoint_steps`, every `checkpoint_every` updates, and the last one."""

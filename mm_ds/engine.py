@@ -115,6 +115,7 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
             (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         dist.barrier()
 
+    use_tf32(cfg.train.tf32 and dsc.precision(ds_cfg) == "fp32")
     if not ds_cfg.get("compile", {}).get("enabled"):
         # mm-ds compiles nothing, but DeepSpeed's optimizer set-up imports torch's compiler stack (dynamo,
         # inductor: ~2.5 s of every rank's start-up, most of a small stage's). Not when the config asks for
@@ -132,6 +133,13 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model, wd),
                                            config=copy.deepcopy(ds_cfg))
     return Engine(engine, ds_cfg, geo, n_train, n_total, found, load_from)
+
+
+def use_tf32(on: bool) -> None:
+    """TF32 matmuls (and cuDNN convolutions) on CUDA for fp32 training (train.tf32); torch's default is full
+    fp32 ("ieee"). torch 2.13's per-backend API (allow_tf32 is its legacy, not to be mixed with it)."""
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.fp32_precision = "tf32" if on else "ieee"
 
 
 # ---------------------------------------------------------------- the loop

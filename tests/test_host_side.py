@@ -180,3 +180,12 @@ def test_fused_adamw_skips_on_a_device_flag_without_touching_its_state():
     opt.step()
     assert not torch.equal(p.detach(), before) and float(opt.state[p]["step"]) == 2.0
     np.testing.assert_array_less(p.detach().numpy(), before.numpy())
+
+
+def test_tf32_follows_the_precision_and_the_key(monkeypatch):
+    from mm_ds import engine
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    engine.use_tf32(True)
+    assert torch.backends.cuda.matmul.fp32_precision == torch.backends.cudnn.fp32_precision == "tf32"
+    engine.use_tf32(False)
+    assert torch.backends.cuda.matmul.fp32_precision == torch.backends.cudnn.fp32_precision == "ieee"
