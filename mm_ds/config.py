@@ -86,6 +86,9 @@ class DataConfig:
     """Share of the selected tokens replaced by a random piece."""
     keep_prob: float = 0.1
     """Share of the selected tokens left unchanged (the rest become <mask>)."""
+    prefetch: int = 4
+    """Micro-batches built ahead of training by a background thread (pinned on GPUs), so the device never waits
+    for packing and masking; 0 builds each one when the loop needs it. The batches are the same either way."""
 
 
 @dataclass
@@ -114,6 +117,10 @@ class TrainConfig:
     max_nonfinite_steps: int = 10
     """Updates with a non-finite loss or gradients that are skipped (not applied, counted, resumed with the
     run) before training stops with a diagnostic. 0: stop at the first. fp16 loss-scale skips do not count."""
+    tf32: bool = True
+    """fp32 engine configs on NVIDIA GPUs (fp32_zero1_gpu): matmuls in TF32 (10-bit mantissa, fp32 range; Ampere
+    and newer, ~8x the fp32 rate), the rate mm_ds/peaks.py's fp32 MFU column assumes. false: full fp32.
+    No effect in bf16/fp16 or on CPU."""
 
     def is_checkpoint_step(self, step: int) -> bool:
         """The checkpoint schedule: `checkpoint_steps`, every `checkpoint_every` updates, and the last one."""
@@ -287,6 +294,7 @@ RANGES = {
     "model.dropout": "[0, 1)", "model.layer_norm_eps": "(0, 1)", "model.init_std": "(0, inf)",
     "model.secondary_head_layer": "[1, inf)",
     "data.seq_len": "[1, inf)", "data.mask_prob": "(0, 1)", "data.random_prob": "[0, 1]", "data.keep_prob": "[0, 1]",
+    "data.prefetch": "[0, inf)",
     "train.steps": "[1, inf)", "train.lr": "(0, inf)", "train.warmup_steps": "[0, inf)",
     "train.global_batch": "[1, inf)", "train.micro_batch": "[1, inf)", "train.seed": "[0, inf)",
     "train.checkpoint_steps": "[1, inf)", "train.checkpoint_every": "[1, inf)", "train.log_every": "[1, inf)",

@@ -59,6 +59,15 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     return t.cpu().tolist()
 
 
+def all_reduce_tensor(t: torch.Tensor, op: str = "sum") -> list[float]:
+    """Element-wise reduction of a 1-D tensor over all ranks, read back as numbers: one collective and one
+    host read (the loop's log window, which keeps its values on the device until then)."""
+    t = t.to(device=device(), dtype=torch.float64)
+    if is_initialized():
+        torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, _OPS[op]))
+    return t.cpu().tolist()
+
+
 def any_rank(flag: bool) -> bool:
     """True on every rank when `flag` is true on at least one."""
     return bool(all_reduce([1.0 if flag else 0.0], "max")[0])

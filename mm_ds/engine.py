@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -30,6 +29,8 @@ from .config import RunConfig, dump_yaml, to_dict
 from .ds_config import Geometry
 from .peaks import device_peak_flops
 from .phases import DepthSchedule
+from .prefetch import Prefetcher
+from .train_log import LogWindow, nonfinite_skips
 
 
 @dataclass
@@ -103,6 +104,7 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
             os.environ.setdefault("WANDB_DIR", str(run_dir / "logs"))  # W&B's block has no output path
             (run_dir / "logs").mkdir(parents=True, exist_ok=True)
 
+    use_tf32(cfg.train.tf32 and dsc.precision(ds_cfg) == "fp32")
     if not ds_cfg.get("compile", {}).get("enabled"):
         # mm-ds compiles nothing, but DeepSpeed's optimizer set-up imports torch's compiler stack (dynamo,
         # inductor: ~2.5 s of every rank's start-up, most of a small stage's). Not when the config asks for
@@ -134,6 +136,13 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, ds_cfg: dict, model: torch.n
     ckpt_io.write_frozen(run_dir, {n: p.detach().float().clone() for n, p in model.named_parameters()
                                    if not p.requires_grad})
     dsc.warn_if_slow(ds_cfg)
+
+
+def use_tf32(on: bool) -> None:
+    """TF32 matmuls (and cuDNN convolutions) on CUDA for fp32 training (train.tf32); torch's default is full
+    fp32 ("ieee"). torch 2.13's per-backend API (allow_tf32 is its legacy, not to be mixed with it)."""
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.fp32_precision = "tf32" if on else "ieee"
 
 
 # ---------------------------------------------------------------- the loop
@@ -192,55 +201,59 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
         bar = tqdm(total=cfg.train.steps, initial=start_step, desc=f"{cfg.system}/{cfg.stage}",
                    dynamic_ncols=True, mininterval=2.0)
     engine.train()
-    window: dict[str, float] = {}
-    window_steps, window_time, data_time, window_skipped = 0, 0.0, 0.0, 0
-    for step in range(start_step, cfg.train.steps):
-        t0 = time.perf_counter()
-        step_logs, step_data_time = train_step(engine, stage, step, rank, geo)
-        data_time += step_data_time
-        skipped = _nonfinite_check(engine, step, step_logs, run_dir, rank, nonfinite, cfg.train.max_nonfinite_steps)
-        nonfinite += skipped
-        window_skipped += skipped
-        phase = schedule.phase_for(step) if schedule else None  # before `observe` may move to the next
-        depth = schedule.depths[phase] if schedule else None
-        if schedule is not None and schedule.plateau and not skipped:  # every rank decides on the same loss
-            schedule.observe(step, dist.all_reduce([step_logs["loss"]], "sum")[0] / (world * geo.grad_accum))
-        dt = time.perf_counter() - t0
-        window_steps += 1
-        window_time += dt
-        for k, v in ({} if skipped else step_logs).items():
-            window[k] = window.get(k, 0.0) + v
-        tokens += tokens_per_step
-        done = step + 1
-        phase_ends = schedule is not None and done < cfg.train.steps and schedule.depth_for(done) != depth
-        if done % cfg.train.log_every == 0 or done == cfg.train.steps or phase_ends:  # a row never spans phases
-            logs = _reduce_logs(window, max(1, window_steps - window_skipped) * geo.grad_accum)
-            if nonfinite:
-                logs["nonfinite_steps"] = nonfinite
-            window_flops = stage.flops_until(done, geo.global_batch) - stage.flops_until(done - window_steps,
-                                                                                            geo.global_batch)
-            logs.update(lr=engine.get_lr()[0], tokens_per_s=tokens_per_step * window_steps / window_time,
-                        step_time_s=window_time / window_steps, data_share=data_time / window_time,
-                        tflops=window_flops / window_time / 1e12, flops=stage.flops_until(done, geo.global_batch))
-            if schedule is not None:
-                logs.update(phase=phase, depth=depth)
-            logs["mfu"] = logs["tflops"] * 1e12 / peak if peak == peak else float("nan")
-            gn = engine.get_global_grad_norm()
-            if gn is not None:
-                logs["grad_norm"] = float(gn)
-            row = {"step": done, "total_steps": cfg.train.steps, "tokens": tokens} | logs
-            dist.on_rank0(lambda: _log_row(engine, run_dir, row), f"writing {run_dir / 'logs'}")
+    window = LogWindow(geo.grad_accum)
+    last_checkpoint = ckpt_io.latest_tag(run_dir)
+    ahead = Prefetcher(stage.batches, rank, geo, start_step, cfg.train.steps, ahead=cfg.data.prefetch,
+                       pin=engine.device.type == "cuda")
+    try:
+        for step in range(start_step, cfg.train.steps):
+            depth = schedule.depth_for(step) if schedule else None
+            sums, data_time, skipped = train_step(engine, stage, step, rank, geo, ahead.get)
+            window.add(step, sums, skipped, data_time)
+            tokens += tokens_per_step
+            done = step + 1
+            phase_ends = schedule is not None and done < cfg.train.steps and schedule.depth_for(done) != depth
+            row = done % cfg.train.log_every == 0 or done == cfg.train.steps or phase_ends  # never spans phases
+            checkpoint = is_checkpoint_step(done, cfg)
+            if row or checkpoint:  # the one host read of these updates (mm_ds/train_log.py)
+                settled = window.read(row)
+                nonfinite = nonfinite_skips(settled, nonfinite, cfg.train.max_nonfinite_steps,
+                                            engine.fp16_enabled(), last_checkpoint,
+                                            say=lambda m: rank == 0 and print(m, flush=True))
+                if schedule is not None and schedule.plateau:  # every rank sees the same losses
+                    schedule.observe(settled, done)
+            if row:
+                logs = settled.logs | ({"nonfinite_steps": nonfinite} if nonfinite else {})
+                seconds, n = window.seconds(), window.updates
+                window_flops = stage.flops_until(done, geo.global_batch) - stage.flops_until(done - n,
+                                                                                                geo.global_batch)
+                logs.update(lr=engine.get_lr()[0], tokens_per_s=tokens_per_step * n / seconds,
+                            step_time_s=seconds / n, data_share=window.data_time / seconds,
+                            tflops=window_flops / seconds / 1e12, flops=stage.flops_until(done, geo.global_batch))
+                if schedule is not None:
+                    logs.update(phase=schedule.depths.index(depth), depth=depth)
+                logs["mfu"] = logs["tflops"] * 1e12 / peak if peak == peak else float("nan")
+                gn = engine.get_global_grad_norm()
+                if gn is not None:
+                    logs["grad_norm"] = float(gn)
+                line = {"step": done, "total_steps": cfg.train.steps, "tokens": tokens} | logs
+                dist.on_rank0(lambda: _log_row(engine, run_dir, line), f"writing {run_dir / 'logs'}")
+                if bar is not None:
+                    bar.set_postfix({k: f"{v:.3g}" for k, v in logs.items()
+                                     if k in ("loss", "loss_main", "loss_secondary", "tokens_per_s", "mfu")},
+                                    refresh=False)
+                window.reset()
             if bar is not None:
-                bar.set_postfix({k: f"{v:.3g}" for k, v in logs.items()
-                                 if k in ("loss", "loss_main", "loss_secondary", "tokens_per_s", "mfu")}, refresh=False)
-            window, window_steps, window_time, data_time, window_skipped = {}, 0, 0.0, 0.0, 0
-        if bar is not None:
-            bar.update(1)
-        if is_checkpoint_step(done, cfg):
-            client = {"step": done, "tokens": tokens, "rng_cpu": torch.get_rng_state(), "seed": cfg.train.seed,
-                      "nonfinite_steps": nonfinite} | ({"schedule": schedule.state_dict()} if schedule else {})
-            ckpt_io.save(engine, run_dir, done, client, meta(done))
-        faults.after_step(done, rank, cfg.stage)  # a test's fault point (MM_DS_KILL_AT); inert otherwise
+                bar.update(1)
+            if checkpoint:
+                client = {"step": done, "tokens": tokens, "rng_cpu": torch.get_rng_state(),
+                          "seed": cfg.train.seed, "nonfinite_steps": nonfinite}
+                ckpt_io.save(engine, run_dir, done, client | ({"schedule": schedule.state_dict()} if schedule else {}),
+                             meta(done))
+                last_checkpoint = ckpt_io.tag_for(done)
+            faults.after_step(done, rank, cfg.stage)  # a test's fault point (MM_DS_KILL_AT); inert otherwise
+    finally:
+        ahead.close()
     if bar is not None:
         bar.close()
     if faults.ARMED:  # a test's look at the live frozen weights (MM_DS_DUMP_FROZEN); never in a production run
@@ -262,44 +275,37 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
     return final_dir
 
 
-def train_step(engine, stage: Stage, step: int, rank: int, geo: Geometry) -> tuple[dict[str, float], float]:
-    """One optimizer update (geo.grad_accum micro steps): the summed per-micro-step logs, and the seconds
-    spent fetching batches. `mm-ds bench` times this same function."""
-    sums: dict[str, torch.Tensor] = {}  # on the device: read once per update, not once per micro-step (a sync)
-    data_time = 0.0
+def train_step(engine, stage: Stage, step: int, rank: int, geo: Geometry, batch_for=None
+               ) -> tuple[dict[str, torch.Tensor], float, bool | torch.Tensor]:
+    """One optimizer update (geo.grad_accum micro steps). Returns the summed per-micro-step logs, left on the
+    device (mm_ds/train_log.py reads them when a row is due), the seconds spent waiting for batches, and
+    whether the update was skipped as non-finite (`skip_nonfinite`). `batch_for(step, micro)` gives the
+    batches (the loop's `Prefetcher`); by default they are built here. `mm-ds bench` times this function."""
+    batch_for = batch_for or (lambda s, m: stage.batches(s, m, rank, geo))
+    # Multi-depth Step 2: the depth is the schedule's when the update runs (a plateau may just have moved it).
+    depth = {"depth": stage.schedule.depth_for(step)} if stage.schedule is not None else {}
+    sums: dict[str, torch.Tensor] = {}
+    data_time, skipped = 0.0, False
     for micro in range(geo.grad_accum):
         td = time.perf_counter()
-        batch = stage.batches(step, micro, rank, geo)
+        batch = batch_for(step, micro)
         batch = {k: (v.to(engine.device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
         data_time += time.perf_counter() - td
         torch.manual_seed(_dropout_seed(stage.cfg.train.seed, step, micro, rank))
-        out = engine(**batch)
+        out = engine(**batch, **depth)
         if faults.ARMED:  # a test's fault point (MM_DS_NAN_AT); never in a production run
             out = faults.poison(out, step + 1, rank)
         engine.backward(out["loss"])
         if micro == geo.grad_accum - 1:
-            _drop_nonfinite_grads(engine)
+            skipped = skip_nonfinite(engine)
         engine.step()
         for k, v in out.items():
             if k.startswith(("loss", "correct", "masked", "examples")):
                 v = v.detach().double()
                 sums[k] = sums[k] + v if k in sums else v
-    keys = sorted(sums)
-    values = torch.stack([sums[k] for k in keys]).tolist() if keys else []
-    return dict(zip(keys, values)), data_time
-
-
-def _reduce_logs(window: dict[str, float], n_micro: int) -> dict[str, float]:
-    keys = sorted(window)
-    world = dist.world_size()
-    vals = {k: v / world for k, v in zip(keys, dist.all_reduce([window[k] for k in keys], "sum"))}
-    out = {k: vals[k] / n_micro for k in keys if k.startswith("loss")}
-    # MLM accuracy over masked tokens per head; downstream accuracy over examples.
-    denom = vals.get("masked_tokens", vals.get("examples"))
-    for k in keys:
-        if k.startswith("correct") and denom:
-            out["acc" + k[len("correct"):]] = vals[k] / denom
-    return out
+    if skipped is False:  # DeepSpeed's own optimizers decided (their own host read); free to ask
+        skipped = not engine.was_step_applied()
+    return sums, data_time, skipped
 
 
 def _meta(stage: Stage, step: int, tokens: int, flops: float, ds_cfg: dict | None = None,
@@ -344,50 +350,29 @@ def _log_row(engine, run_dir: Path, row: dict) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def _drop_nonfinite_grads(engine) -> None:
-    """Give a plain optimizer DeepSpeed's skip. The ZeRO 1-3 optimizers (and the fp16/bf16 wrappers) skip an
-    update whose gradient norm is not finite by themselves: no parameter or optimizer-state change, no
-    LR-scheduler step, `engine.skipped_steps` + 1. Under ZeRO 0 in fp32, DeepSpeed hands the update to the
-    torch (or fused) optimizer, which would apply NaN. Called after the last micro-step's backward (the
-    gradients are all-reduced by then), it drops non-finite gradients and raises the `overflow` flag that
-    DeepSpeed's `_take_model_step` reads to skip the LR step and count the skip, as for its own optimizers."""
+def skip_nonfinite(engine) -> bool | torch.Tensor:
+    """Give a plain optimizer DeepSpeed's skip of a non-finite update. The ZeRO 1-3 optimizers (and the
+    fp16/bf16 wrappers) skip an update whose gradient norm is not finite by themselves: no parameter or
+    optimizer-state change, no LR-scheduler step, `engine.skipped_steps` + 1; this returns False for them (the
+    loop asks `engine.was_step_applied()`). Under ZeRO 0 in fp32, DeepSpeed hands the update to the torch
+    optimizer, which would apply NaN. Called after the last micro-step's backward (the gradients are
+    all-reduced by then, so every rank sees the same), for torch's fused Adam/AdamW (what mm-ds configures) it
+    hands the optimizer a device flag, `found_inf`, that makes its kernel leave parameters, moments and step
+    count untouched, with no host read; the flag is returned. The LR schedule still advances over such an
+    update (DeepSpeed cannot know of it without a read). Any other optimizer costs one host read per update:
+    non-finite gradients are dropped and DeepSpeed's `overflow` flag raised, as for its own optimizers."""
     opt = engine.optimizer
     if type(opt).__module__.startswith("deepspeed.runtime"):
-        return  # a DeepSpeed optimizer: it checks (and skips) itself
+        return False  # a DeepSpeed optimizer: it checks (and skips) itself
     params = [p for p in engine.module.parameters() if p.grad is not None]
-    bad = bool(params) and not bool(torch.isfinite(torch.stack(torch._foreach_norm([p.grad for p in params])).sum()))
-    opt.overflow = dist.any_rank(bad)
+    if not params:
+        return False
+    bad = ~torch.isfinite(torch.stack(torch._foreach_norm([p.grad for p in params])).sum())
+    if isinstance(opt, torch.optim.Adam | torch.optim.AdamW) and opt.defaults.get("fused"):
+        opt.found_inf = bad.float()
+        return opt.found_inf
+    opt.overflow = dist.any_rank(bool(bad))
     if opt.overflow:
         for p in params:
             p.grad = None  # the optimizer leaves parameters without gradients (and their state) untouched
-
-
-def _nonfinite_check(engine, step: int, logs: dict, run_dir: Path, rank: int, count: int, budget: int) -> bool:
-    """Collective. True when update `step` was non-finite on any rank and skipped; raises when it was
-    applied anyway (nothing can undo it) or when the skips exceed train.max_nonfinite_steps."""
-    keys = sorted(k for k in logs if k.startswith("loss"))
-    flags = dist.all_reduce([0.0 if math.isfinite(logs[k]) else 1.0 for k in keys]
-                            + [0.0 if engine.was_step_applied() else 1.0], "max")
-    bad_heads = [k for k, f in zip(keys, flags[:-1]) if f]
-    skipped = bool(flags[-1])
-    if not bad_heads and (not skipped or engine.fp16_enabled()):
-        return False  # fp16 loss scaling skips overflowing updates while it calibrates: not a fault
-    heads = ", ".join(h for h in bad_heads if h != "loss") or ("loss" if bad_heads else "none (the loss is "
-                                                               "finite; the gradients are not)")
-    last = ckpt_io.latest_tag(run_dir)
-    if not skipped:
-        raise FloatingPointError(f"non-finite loss at step {step + 1} (head(s): {heads}) and DeepSpeed applied "
-                                 f"the update anyway (no gradient-norm check: zero_optimization.compute_grad_norm "
-                                 f"is off?); the weights are garbage from here. Stopped. Last good checkpoint: "
-                                 f"{last or 'none'}; resume from it with --resume.")
-    count += 1
-    where = (f"step {step + 1} (head(s): {heads}); {count} non-finite update(s) so far, budget "
-             f"train.max_nonfinite_steps={budget}")
-    if count > budget:
-        raise FloatingPointError(f"non-finite loss or gradients at {where}: stopped instead of training on "
-                                 f"garbage. Last good checkpoint: {last or 'none'}. Lower train.lr, enable "
-                                 f"gradient_clipping in the DeepSpeed config or check the data, then --resume "
-                                 f"(or raise train.max_nonfinite_steps).")
-    if rank == 0:
-        print(f"[mm-ds] skipped the update of {where}", flush=True)
-    return True
+    return opt.overflow

@@ -99,7 +99,7 @@ class RobertaForTask(Encoder):
             if labels is not None:
                 out["loss"] = self.task_head.loss(logits, labels)
                 out["correct"] = (logits.argmax(-1) == labels).sum()
-                out["examples"] = labels.new_tensor(labels.numel())
+                out["examples"] = labels.new_full((), labels.numel())  # a fill, not a copy from the host
             return out
         start, end = self.task_head(hidden, attention_mask)
         out = {"start_logits": start, "end_logits": end}

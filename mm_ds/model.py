@@ -231,12 +231,16 @@ class RobertaMLM(Encoder):
         return dict(zip(self.head_depths(), modules))
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, depth: int | None = None) -> dict[str, torch.Tensor]:
+                attention_mask: torch.Tensor | None = None, depth: int | None = None,
+                masked_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """With labels: only masked positions go through the head(s) (the paper's FLOPs model; a 50k-row
         projection over every position would cost more than several layers). MINIJOINT's loss is the mean
         of all heads' losses. Without labels: full (B, T, V) logits per head, for evaluation and tests.
         `depth=N`: only the bottom N layers and the head after layer N run (a multi-depth mini-model's
-        Step 2 at depth N); its loss is the loss."""
+        Step 2 at depth N); its loss is the loss. `masked_positions` (M,): flat indices of the masked
+        positions, as the training batches carry them (mm_ds/data/mlm.py): a fixed length per batch shape,
+        padded with positions whose label is ignored, so that training never asks the device which
+        positions are masked (`nonzero` waits for the device and gives a new shape every batch)."""
         depths = self.head_depths()
         if depth is not None:
             names = [k for k, n in depths.items() if n == depth][:1]  # the main head when the depths coincide
@@ -251,14 +255,16 @@ class RobertaMLM(Encoder):
         if labels is None:
             return {f"logits_{k}": head(hidden[k], emb) for k, head in heads.items()}
         flat_labels = labels.reshape(-1)
-        idx = flat_labels.ne(IGNORE_INDEX).nonzero().squeeze(1)  # (M,) masked positions
-        targets = flat_labels.index_select(0, idx)
-        out: dict[str, torch.Tensor] = {"masked_tokens": idx.new_tensor(idx.numel())}
+        idx = masked_positions
+        if idx is None:  # evaluation and tests: find them (a host sync on a GPU)
+            idx = flat_labels.ne(IGNORE_INDEX).nonzero().squeeze(1)
+        targets = flat_labels.index_select(0, idx)  # (M,): IGNORE_INDEX at padding
+        out: dict[str, torch.Tensor] = {"masked_tokens": targets.ne(IGNORE_INDEX).sum()}
         losses = []
         for k, head in heads.items():
             sel = hidden[k].reshape(-1, hidden[k].size(-1)).index_select(0, idx)  # (M, h)
             logits = head(sel, emb)  # (M, V)
-            loss = F.cross_entropy(logits.float(), targets)
+            loss = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX)
             out[f"loss_{k}"] = loss
             out[f"correct_{k}"] = (logits.argmax(-1) == targets).sum()
             losses.append(loss)

@@ -8,7 +8,8 @@ schedules (mm_ds.config.MiniConfig):
                    a depth). The phase of an update is a function of its step alone.
     plateau        mini.plateau_window=W, mini.plateau_delta=X: move to the next depth once the best target MLM
                    loss of the last W updates is not X below the best before them (in this phase); the
-                   deepest depth runs to the end.
+                   deepest depth runs to the end. Losses are read at log and checkpoint updates (every
+                   train.log_every): a switch takes effect after the read that found the plateau.
 
 The state (`state_dict`) goes into every checkpoint, so a resumed run switches where the uninterrupted one did.
 """
@@ -49,17 +50,24 @@ class DepthSchedule:
     def depth_for(self, step: int) -> int:
         return self.depths[self.phase_for(step)]
 
-    def observe(self, step: int, loss: float) -> None:
-        """Update `step` done with target MLM loss `loss` (the same on every rank): maybe switch (plateau)."""
+    def observe(self, settled, end: int) -> None:
+        """The updates `settled` (mm_ds.train_log.Settled: steps, mean losses, skips; the same on every rank)
+        ran, the last of them update `end` - 1: maybe switch (plateau). The loop reads losses only at log and
+        checkpoint updates (a read on the host waits for the device), so a plateau found at an earlier update
+        of the batch takes effect at `end`; the rest of the batch belongs to the old phase and is not observed."""
         if not self.plateau or len(self.starts) == len(self.depths):
             return
-        self.recent.append(loss)
-        if len(self.recent) <= self.window:
-            return
-        self.best = min(self.best, self.recent.pop(0))  # the best before the window
-        if min(self.recent) > self.best - self.delta:
-            self.starts.append(step + 1)
-            self.best, self.recent = float("inf"), []
+        for step, loss, skipped in zip(settled.steps, settled.losses, settled.skipped):
+            if skipped:
+                continue
+            self.recent.append(loss)
+            if len(self.recent) <= self.window:
+                continue
+            self.best = min(self.best, self.recent.pop(0))  # the best before the window
+            if min(self.recent) > self.best - self.delta:
+                self.starts.append(end)
+                self.best, self.recent = float("inf"), []
+                return
 
     def phases_until(self, step: int) -> list[tuple[int, int, int]]:
         """(depth, first step, end step) of the phases of updates [0, step), empty phases left out."""

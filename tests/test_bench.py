@@ -69,7 +69,15 @@ def test_setup_peak_prepare_peer_and_targets_are_reported(report):
         for r in rep["peer"].values():
             assert r["tokens_per_s"] > 0 and all(math.isfinite(x) for x in r["losses"])
     keys = {t["target"] for t in rep["targets"]}
-    assert {"a3_speedup", "mfu_pretrain", "prepare_encode", "loader_share"} <= keys
+    assert {"a3_speedup", "mfu_pretrain", "prepare_encode", "loader_share", "host_side"} <= keys
+    host = rep["host"]
+    assert set(host["rows"]) == {"pretrain", "adapt_mini"} and (host["micro_batch"], host["seq"]) == (32, 512)
+    for r in host["rows"].values():
+        assert r["device_s"] > 0 and r["loop_s"] > 0 and r["builder_s"] > 0
+        assert r["loop_share"] == pytest.approx(r["loop_s"] / r["device_s"])
+    # the analytic device time: A1 over 12 layers costs more than A3 over the 4-layer mini-model
+    assert host["rows"]["pretrain"]["device_s"] > 2 * host["rows"]["adapt_mini"]["device_s"]
+    assert "host side per micro-step" in stdout
     assert all(t["pass"] in (True, False) for t in rep["targets"])
     assert "PASS" in stdout or "FAIL" in stdout
     assert "| Step 2, mini-model" in stdout

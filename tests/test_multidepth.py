@@ -19,6 +19,7 @@ from mm_ds.model import RobertaMLM, is_language_param, param_shapes
 from mm_ds.phases import DepthSchedule, schedule_for
 from mm_ds.systems import system_of
 from mm_ds.tools.costs import recipe_costs, step2_phases
+from mm_ds.train_log import Settled
 
 TINY = dict(vocab_size=40, hidden_size=16, num_layers=5, num_heads=2, ffn_size=32, max_positions=32)
 
@@ -146,12 +147,22 @@ def test_schedule_by_plateau():
               3.5, 3.0, 2.5, 2.0, 1.95, 1.9, 1.99,  # depth 2: switch after step 11
               9.0, 9.0, 9.0, 9.0]  # the deepest runs to the end
     depths = []
-    for step, loss in enumerate(losses):
+    for step, loss in enumerate(losses):  # read after every update: the switch follows the plateau at once
         depths.append(s.depth_for(step))
-        s.observe(step, loss)
+        s.observe(Settled([step], [[]], [False], [loss]), step + 1)
     assert depths == [1] * 5 + [2] * 7 + [4] * 4
     assert s.phases_until(16) == [(1, 0, 5), (2, 5, 12), (4, 12, 16)]
     assert s.phases_until(7) == [(1, 0, 5), (2, 5, 7)]
+    # Read every 3 updates (the loop's log rows): the plateau found after step 4 switches at the read after
+    # step 5, and the rest of that read is not observed; a skipped update is not observed at all.
+    late = DepthSchedule((1, 2, 4), 100, window=2, delta=0.1)
+    for first in range(0, 12, 3):
+        late.observe(Settled(list(range(first, first + 3)), [[]] * 3, [False] * 3, losses[first:first + 3]),
+                     first + 3)
+    assert late.phases_until(12) == [(1, 0, 6), (2, 6, 12)]
+    skipping = DepthSchedule((1, 2), 100, window=2, delta=0.1)
+    skipping.observe(Settled([0, 1, 2, 3], [[]] * 4, [False, False, True, False], [5.0, 4.0, 9.0, 3.95]), 4)
+    assert skipping.phases_until(4) == [(1, 0, 4)] and skipping.state_dict()["recent"] == [4.0, 3.95]
     again = DepthSchedule((1, 2, 4), 100, window=2, delta=0.1)
     again.load_state_dict(json.loads(json.dumps(s.state_dict())))  # checkpoints hold it as plain values
     assert again.state_dict() == s.state_dict() and again.depth_for(16) == 4
@@ -213,7 +224,8 @@ STAGE_SCRIPT = textwrap.dedent('''
                                           checkpoint_steps=[2], checkpoint_every=0, log_every=3),
                         launch=LaunchConfig(launcher="none"))
         cfg.data.seq_len = 12
-        # plateau at once: the switch to depth 2 comes after update 3 (window 3), past the checkpoint at 2
+        # plateau at once: found at the read after update 6 (window 3; reads at the checkpoint 2 and the rows
+        # 3 and 6), the switch to depth 2 comes past the checkpoint at 2
         schedule = (DepthSchedule((1, 2), 8, window=3, delta=100.0) if mode == "plateau"
                     else DepthSchedule((1, 2), 8, [3, 5]))
 
@@ -221,7 +233,7 @@ STAGE_SCRIPT = textwrap.dedent('''
             g = torch.Generator().manual_seed(1000 * step + micro)
             ids = torch.randint(5, 40, (2, 12), generator=g)
             labels = torch.where(torch.rand(2, 12, generator=g) < 0.3, ids, torch.full_like(ids, -100))
-            return {"input_ids": ids, "labels": labels, "depth": schedule.depth_for(step)}
+            return {"input_ids": ids, "labels": labels}  # the loop adds the schedule's depth
 
         return engine.Stage(cfg=cfg, model=RobertaMLM(mcfg), trainable=is_language_param, batches=batches,
                             flops_per_step=stage_flops(cfg, "adapt", 2), tokens_per_sample=12, schedule=schedule)
@@ -243,14 +255,14 @@ def test_step2_resumes_exactly_across_a_depth_switch(tmp_path, mode):
     from mm_ds import checkpoint
     (meta_a, sd_a), (meta_b, sd_b) = (checkpoint.load_final(tmp_path / r / "final") for r in "ab")
     assert sd_a.keys() == sd_b.keys() and all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
-    switch = 4 if mode == "plateau" else 3
+    switch = 6 if mode == "plateau" else 3
     assert meta_a["depth_phases"] == meta_b["depth_phases"] == [[1, 0, switch], [2, switch, 8]]
     shape = dict(hidden=16, vocab=40, seq_len=12, mask_prob=0.15, global_batch=4)
     want = sum(flops.stage_flops_per_step("adapt", layers=d, **shape) * (e - s) for d, s, e in meta_a["depth_phases"])
     assert meta_a["flops"] == pytest.approx(want)
     rows = [json.loads(line) for line in (tmp_path / "a" / "logs" / "train.jsonl").read_text().splitlines()]
     # rows every 3 updates, and one where a phase ends: no row spans two depths
-    want_rows = [(3, 0, 1), (4, 0, 1), (6, 1, 2), (8, 1, 2)] if switch == 4 else [(3, 0, 1), (6, 1, 2), (8, 1, 2)]
+    want_rows = [(3, 0, 1), (6, 0, 1), (8, 1, 2)] if mode == "plateau" else [(3, 0, 1), (6, 1, 2), (8, 1, 2)]
     assert [(r["step"], r["phase"], r["depth"]) for r in rows] == want_rows
     assert rows[-1]["flops"] == pytest.approx(want)
     # the deeper head's output bias moved only once its phase began; the shallower one trained first

@@ -16,7 +16,9 @@ sample's masks depend on nothing else (rank, batch layout, what was drawn before
 tokens of a block, round(mask_prob * n) are selected (randomised rounding, at least one); of those,
 `random_prob` become a random non-special token of the corpus vocabulary, `keep_prob` stay unchanged and
 the rest become <mask>.
-Special tokens (ids 0..4, mm_ds.tokens) and padding are never selected.
+Special tokens (ids 0..4, mm_ds.tokens) and padding are never selected. A batch also carries the flat
+indices of its masked positions, padded to a length fixed by its shape (`masked_positions`), so that the model
+finds them without a device-to-host read.
 """
 
 from __future__ import annotations
@@ -192,7 +194,22 @@ class MLMBatches:
         input_ids, labels = self._mask(ids, g)
         pad = ids == tokens.PAD
         return {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels),
-                "attention_mask": torch.from_numpy(~pad) if pad.any() else None}
+                "attention_mask": torch.from_numpy(~pad) if pad.any() else None,
+                "masked_positions": torch.from_numpy(self.masked_positions(labels))}
+
+    def max_masked(self) -> int:
+        """Most positions `_mask` selects in one block: floor(mask_prob x candidates + u) with u < 1, and at
+        most seq_len - 1 candidates (never <s>)."""
+        return min(int(self.mask_prob * (self.seq_len - 1)) + 1, self.seq_len - 1)
+
+    def masked_positions(self, labels: np.ndarray) -> np.ndarray:
+        """Flat indices of the masked positions of `labels` (B, T), ascending, padded to B x `max_masked()`
+        with index 0 (row 0's <s>, whose label is ignored): one length for every batch of this shape, so the
+        model selects them without asking the device (`RobertaMLM.forward`)."""
+        found = np.flatnonzero(labels.reshape(-1) != tokens.IGNORE_INDEX)
+        out = np.zeros(labels.shape[0] * self.max_masked(), dtype=np.int64)
+        out[:len(found)] = found
+        return out
 
     def _mask(self, ids: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         B, T = ids.shape

@@ -68,12 +68,9 @@ def build(cfg: RunConfig) -> Stage:
     model = RobertaMLM(new_cfg)
     model.load_state_dict(new_sd, strict=True)
     torch.manual_seed(cfg.train.seed)
-    schedule, mlm = depth_schedule(cfg), mlm_batches(cfg, corpus)
-
-    def batches(step, micro, rank, geo):  # multi-depth: the bottom `depth` layers and the head after them run
-        return mlm(step, micro, rank, geo) | ({"depth": schedule.depth_for(step)} if schedule else {})
-    return Stage(cfg=cfg, model=model, trainable=is_language_param, schedule=schedule,
-                 batches=batches, flops_per_step=stage_flops(cfg, "adapt", new_cfg.num_layers),
+    # Multi-depth: the loop passes each update's depth from the schedule (engine.train_step).
+    return Stage(cfg=cfg, model=model, trainable=is_language_param, schedule=depth_schedule(cfg),
+                 batches=mlm_batches(cfg, corpus), flops_per_step=stage_flops(cfg, "adapt", new_cfg.num_layers),
                  tokens_per_sample=cfg.data.seq_len, parent=cfg.parent,
                  parent_flops=meta.get("flops_cumulative", 0.0),  # reports use this stage's own "flops" (§3)
                  meta={"tokenizer": str(corpus.spm_model.resolve()), "overlap": report,

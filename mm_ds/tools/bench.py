@@ -49,6 +49,7 @@ from .. import engine as eng
 from ..config import DataConfig, FinetuneConfig, MiniConfig, ModelConfig, RunConfig, TrainConfig, read_preset
 from ..peaks import measure_matmul_peak
 from ..systems import SYSTEMS
+from . import bench_host
 from .bench_data import pair_batches, prepare_corpus, write_pair_task
 from .bench_peer import RssPeak, maxrss_bytes, release_free_memory, run_peer_stage
 
@@ -105,6 +106,8 @@ TARGETS = (
     ("mfu_pretrain", "pretrain achieved FLOP/s >= 50% of matmul peak", 0.50),
     ("prepare_encode", "prepare encode >= 80% of 1-proc SentencePiece x workers", 0.80),
     ("loader_share", "loader < 2% of step time (every MLM stage)", 0.02),
+    ("host_side", "host keeps an H100 busy: loop and batch builder each < 50% of its time per micro-step "
+                  "(Step 1 BL_BASE, Step 2 MINIJOINT mini; bench_host.py)", bench_host.THRESHOLD),
 )
 
 
@@ -182,9 +185,9 @@ def run_engine_stage(stage: eng.Stage, micro_batch: int, warmup: int, steps: int
     times, data, cpu, losses = [], [], [], []
     for step in range(warmup + steps):
         t0, c0 = time.perf_counter(), time.process_time()
-        logs, dt = eng.train_step(engine, stage, step, rank, geo)
+        logs, dt, _ = eng.train_step(engine, stage, step, rank, geo)
+        losses.append(float(logs["loss"]))  # a host read: each step is timed to its end
         elapsed, cpu_s = time.perf_counter() - t0, time.process_time() - c0
-        losses.append(logs["loss"])
         if step >= warmup:
             times.append(elapsed)
             data.append(dt)
@@ -234,7 +237,7 @@ def table(results: dict, peer: dict) -> str:
     return "\n".join(lines + [_fmt_row(r, widths) for r in rows])
 
 
-def evaluate_targets(results: dict, peer: dict, encode: dict | None) -> list[dict]:
+def evaluate_targets(results: dict, peer: dict, encode: dict | None, host: dict | None = None) -> list[dict]:
     out = []
 
     def add(key, value, ok, detail):
@@ -265,6 +268,9 @@ def evaluate_targets(results: dict, peer: dict, encode: dict | None) -> list[dic
         worst = max(mlm, key=lambda k: mlm[k]["loader_share"])
         share = mlm[worst]["loader_share"]
         add("loader_share", share, share < 0.02, f"worst: {worst} {100 * share:.2f}% of step time")
+    if host:
+        share, what = bench_host.worst_share(host)
+        add("host_side", share, share < bench_host.THRESHOLD, f"worst: {what} = {100 * share:.0f}%")
     return out
 
 
@@ -342,6 +348,10 @@ def run(args) -> dict:
                 p |= {"layers": layers, "peak_rss_bytes": mem.peak}
                 peer[name] = p
                 log(f"{name} (transformers): {p['step_time_s']:.3f} s/step, {p['tokens_per_s']:.0f} tokens/s")
+        host = bench_host.measure(lambda m, sq, mb, ds: Stages(work, corpus_dir, text, m, PRESETS["base"], sq, mb, ds,
+                                                               log),
+                                  corpus_dir, mcfg.vocab_size, base_model_cfg(PRESETS["base"]),
+                                  PRESETS["base"].mini_layers, rank, log)
         # The loader alone, for reference.
         mlm = MLMBatches(TokenCorpus(corpus_dir), seq, seed=0, vocab_size=mcfg.vocab_size)
         t0 = time.perf_counter()
@@ -371,9 +381,9 @@ def run(args) -> dict:
                   "load_avg_start": load_start, "load_avg_end": load_end},
         "peak": {"start": peak_start, "end": peak_end, "probes": probes, "used_flops": peak},
         "stages": results, "peer": peer, "peer_note": peer_note, "prepare": encode,
-        "loader_only_s": loader_only, "max_rss_bytes": maxrss_bytes(),
+        "loader_only_s": loader_only, "max_rss_bytes": maxrss_bytes(), "host": host,
     }
-    report["targets"] = evaluate_targets(results, peer, encode)
+    report["targets"] = evaluate_targets(results, peer, encode, host)
     return report
 
 
@@ -408,6 +418,8 @@ def print_report(rep: dict) -> None:
     print(f"prepare: {e['text_bytes'] / 2**20:.1f} MiB encoded in {e['prepare_encode_s']:.2f} s with "
           f"{e['workers']} workers, {e['prepare_1_worker_s']:.2f} s with 1; single-process SentencePiece "
           f"{e['single_process_encode_s']:.2f} s")
+    print()
+    print(bench_host.table(rep["host"]))
     print()
     for t in rep["targets"]:
         verdict = "PASS" if t["pass"] else "FAIL"

@@ -1,0 +1,133 @@
+"""`mm-ds bench`'s host-side figure: does the host keep a GPU busy at the paper's shapes?
+
+On a GPU the host queues kernels ahead of the device and costs time only when it waits for the device (a
+read of a device value: the loop has none outside log and checkpoint updates, tests/test_host_side.py) or
+cannot keep up. Per micro-step it must do two things faster than the device runs that micro-step:
+
+  loop     the training thread: take the next batch from the prefetcher (mm_ds/prefetch.py), issue its
+           copies, the loop's bookkeeping, and the Python and dispatch work of forward, backward and (once per
+           update, shared by its micro-steps) DeepSpeed's optimizer step;
+  builder  the prefetcher's thread: pack and mask one micro-batch of the paper's shape.
+
+Method. `loop` is `engine.train_step` timed on one CPU rank with the compute taken out: the paper's
+architecture (12 layers and their ops; the 4-layer MINIJOINT mini-model for Step 2) at near-zero width
+(hidden 12, one dimension per head, FFN 12) and 16 tokens per micro-batch, one thread, ZeRO 1 (the paper's
+optimizer path; in fp32, because this CPU's bf16 kernels cost milliseconds per call even at this width and
+would count as host time) and the paper's gradient accumulation (8 micro-steps per update, as 2048 sequences
+on 8 x 32 do), batches from the prefetcher. What remains of its wall time is host work: this CPU's op dispatch
+stands in for a GPU's kernel launches, which cost about as much per op. `builder` is `MLMBatches` building micro-batches of the
+paper's shape (32 x 512) over the bench corpus. Both are compared with the device time per micro-step that
+`mm-ds plan`'s model predicts for an H100: the analytic FLOPs (A1 for Step 1 BL_BASE, A3 over 4 layers for
+Step 2) over its bf16 peak at the plan's default MFU. PASS when each is below half of it: then even if the
+two threads never overlapped (Python's lock), the host stays ahead with margin.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+
+import torch
+
+from .. import flops
+from ..prefetch import Prefetcher
+from .plan import Cluster
+
+PAPER_MICRO, PAPER_SEQ, PAPER_ACCUM = 32, 512, 8  # 2048 sequences per update on 8 GPUs: 32 x 8 accumulation
+SHAPES = {  # bench stage -> (what, FLOPs kind, layers the device runs)
+    "pretrain": ("Step 1, BL_BASE", "pretrain", None),
+    "adapt_mini": ("Step 2, MINIJOINT mini-model", "adapt", "mini"),
+}
+THRESHOLD = 0.5
+
+
+def device_seconds(kind: str, hidden: int, vocab: int, layers: int, cluster: Cluster) -> float:
+    """One micro-step (PAPER_MICRO x PAPER_SEQ) on one GPU at the plan's peak and MFU."""
+    f = flops.stage_flops_per_step(kind, hidden=hidden, vocab=vocab, layers=layers, seq_len=PAPER_SEQ,
+                                   mask_prob=0.15, global_batch=PAPER_MICRO)
+    return f / (cluster.peak_tflops * 1e12 * cluster.mfu)
+
+
+def loop_seconds(builder, name: str, updates: int, rank: int) -> float:
+    """Median wall seconds per micro-step of `engine.train_step` for bench stage `name` of `builder` (a
+    `bench.Stages` over a near-zero-width model), batches from a `Prefetcher`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the host's work is one thread's; a thread pool's barriers per tiny op are not it
+    try:
+        return _loop_seconds(builder, name, updates, rank)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _loop_seconds(builder, name: str, updates: int, rank: int) -> float:
+    from .. import engine as eng
+
+    stage = builder.timed(name, updates + 1)
+    stage.cfg.train = replace(stage.cfg.train, global_batch=PAPER_ACCUM * builder.micro_batch)
+    built = eng.build_engine(stage, 1)
+    engine, geo = built.engine, built.geo
+    engine.train()
+    times = []
+    with Prefetcher(stage.batches, rank, geo, 0, updates + 1, ahead=stage.cfg.data.prefetch) as ahead:
+        for step in range(updates + 1):
+            t0 = time.perf_counter()
+            sums, _, _ = eng.train_step(engine, stage, step, rank, geo, ahead.get)
+            float(sums["loss"])  # the update's work is done (on a GPU the loop would not wait here)
+            if step:  # the first builds DeepSpeed's buffers
+                times.append((time.perf_counter() - t0) / geo.grad_accum)
+    return statistics.median(times)
+
+
+def builder_seconds(corpus_dir, vocab: int, reps: int = 5) -> float:
+    """Median seconds to build one micro-batch of the paper's shape (packing, masking, masked positions)."""
+    from ..data.mlm import MLMBatches
+    from ..data.shards import TokenCorpus
+
+    mlm = MLMBatches(TokenCorpus(corpus_dir), PAPER_SEQ, seed=0, vocab_size=vocab)
+    times = []
+    for s in range(reps + 1):
+        t0 = time.perf_counter()
+        mlm.batch(s, 0, 0, 8, PAPER_MICRO, PAPER_ACCUM)
+        if s:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(stages_for, corpus_dir, corpus_vocab: int, paper_cfg, mini_layers: int, rank: int, log,
+            updates: int = 3) -> dict:
+    """The host-side figure for both shapes. `stages_for(mcfg, seq, micro, ds_config)` gives a `bench.Stages`
+    over the bench corpus (`corpus_vocab` pieces); `paper_cfg` is the paper's primary model (models/base)."""
+    cluster = Cluster()
+    tiny = replace(paper_cfg, hidden_size=12, num_heads=12, ffn_size=12, vocab_size=corpus_vocab)
+    builder = stages_for(tiny, 16, 1, "fp32_zero1.json")
+    build = builder_seconds(corpus_dir, paper_cfg.vocab_size)
+    rows = {}
+    for name, (what, kind, depth) in SHAPES.items():
+        layers = mini_layers if depth == "mini" else paper_cfg.num_layers
+        dev = device_seconds(kind, paper_cfg.hidden_size, paper_cfg.vocab_size, layers, cluster)
+        log(f"host side, {what}: timing the loop at near-zero width ...")
+        loop = loop_seconds(builder, name, updates, rank)
+        rows[name] = {"what": what, "layers": layers, "device_s": dev, "loop_s": loop, "builder_s": build,
+                      "loop_share": loop / dev, "builder_share": build / dev}
+    return {"rows": rows, "gpu": f"H100 at {cluster.peak_tflops:g} TFLOP/s bf16, MFU {cluster.mfu:g}",
+            "micro_batch": PAPER_MICRO, "seq": PAPER_SEQ, "grad_accum": PAPER_ACCUM, "threshold": THRESHOLD}
+
+
+def table(host: dict) -> str:
+    lines = [f"host side per micro-step ({host['micro_batch']} x {host['seq']} tokens, {host['grad_accum']} "
+             f"micro-steps per update) against {host['gpu']}:",
+             "| shape | layers | device ms | loop ms | loop share | builder ms | builder share |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in host["rows"].values():
+        lines.append(f"| {r['what']} | {r['layers']} | {1e3 * r['device_s']:.2f} | {1e3 * r['loop_s']:.2f} | "
+                     f"{100 * r['loop_share']:.0f}% | {1e3 * r['builder_s']:.2f} | {100 * r['builder_share']:.0f}% |")
+    return "\n".join(lines)
+
+
+def worst_share(host: dict) -> tuple[float, str]:
+    """The largest share of the device time any host part needs, and what it is."""
+    return max((r[f"{part}_share"], f"{r['what']}: {part} {1e3 * r[f'{part}_s']:.2f} ms vs device "
+                                    f"{1e3 * r['device_s']:.2f} ms")
+               for r in host["rows"].values() for part in ("loop", "builder"))
+

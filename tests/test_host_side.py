@@ -1,0 +1,191 @@
+"""The host never makes the device wait: no read of a device value outside log and checkpoint updates, batches
+built ahead (bitwise the batches the loop would build), masked positions without `nonzero`, and a non-finite
+update skipped on the device. The counter is tests/host_reads.py; `mm-ds bench` measures the host's time."""
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from host_reads import HostReads, summary
+from mm_ds.config import ModelConfig
+from mm_ds.data.mlm import MLMBatches
+from mm_ds.data.shards import TokenCorpus
+from mm_ds.ds_config import Geometry
+from mm_ds.heads import RobertaForTask
+from mm_ds.model import RobertaMLM
+from mm_ds.prefetch import Prefetcher
+from mm_ds.tokens import IGNORE_INDEX
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_the_counter_counts_and_attributes_reads():  # a test that cannot fail is a defect
+    reads = HostReads()
+    reads.update = 1
+    x = torch.tensor([0.0, 1.0, 2.0])
+    with reads:
+        x.sum().item()
+        x.nonzero()
+        x.tolist()
+        bool(x[0])
+        x.new_tensor(3)
+        x.sum()  # not a read
+    whats = [r[3] for r in reads.records]
+    assert whats == ["_local_scalar_dense", "nonzero", "tolist", "_local_scalar_dense", "lift_fresh"]
+    assert {r[1] for r in reads.records} == {"other"}  # called from this test, not from mm_ds or deepspeed
+
+
+def test_forward_passes_read_nothing_back():
+    cfg = ModelConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, ffn_size=32, max_positions=16,
+                      secondary_head_layer=1, dropout=0.0)
+    ids = torch.randint(5, 50, (2, 16))
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[:, 3] = ids[:, 3]
+    positions = torch.tensor([3, 19, 0, 0])  # padded with a position whose label is ignored
+    mlm, task = RobertaMLM(cfg), RobertaForTask(cfg, "pair_classification", 3)
+    with HostReads() as reads:
+        reads.update = 1
+        out = mlm(ids, labels, masked_positions=positions)
+        out["loss"].backward()
+        task(ids, labels=torch.tensor([0, 2]).clone())["loss"].backward()
+    assert [r for r in reads.records if r[3] != "lift_fresh" or r[1] == "mm_ds"] == []
+    # the padded selection computes what the searched one does
+    ref = mlm(ids, labels)
+    assert int(out["masked_tokens"]) == 2 and torch.allclose(out["loss"], ref["loss"])
+    assert torch.equal(out["correct_main"], ref["correct_main"])
+
+
+def test_masked_positions_are_fixed_length_complete_and_padded_with_ignored_labels(corpus):
+    mlm = MLMBatches(TokenCorpus(corpus), 32, seed=3, vocab_size=TokenCorpus(corpus).vocab_size)
+    for step in range(20):
+        b = mlm.batch(step, 0, 0, 1, 4)
+        pos, labels = b["masked_positions"], b["labels"].reshape(-1)
+        assert pos.shape == (4 * mlm.max_masked(),)
+        found = labels.ne(IGNORE_INDEX).nonzero().squeeze(1)
+        assert torch.equal(pos[:len(found)], found) and (labels[pos[len(found):]] == IGNORE_INDEX).all()
+
+
+def _geo() -> Geometry:
+    return Geometry(8, 2, 2, 2)
+
+
+def test_prefetched_batches_are_the_loops_batches(corpus):
+    mlm = MLMBatches(TokenCorpus(corpus), 32, seed=1, vocab_size=TokenCorpus(corpus).vocab_size)
+    fn = lambda s, m, r, g: mlm.batch(s, m, r, g.world_size, g.micro_batch, g.grad_accum)  # noqa: E731
+    rng = torch.get_rng_state()
+    with Prefetcher(fn, 1, _geo(), 3, 9, ahead=3) as ahead:
+        got = [ahead.get(s, m) for s in range(3, 9) for m in range(2)]
+    assert torch.equal(torch.get_rng_state(), rng)  # building batches drew nothing from torch's generator
+    fresh = MLMBatches(TokenCorpus(corpus), 32, seed=1, vocab_size=TokenCorpus(corpus).vocab_size)
+    want = [fresh.batch(s, m, 1, 2, 2, 2) for s in range(3, 9) for m in range(2)]
+    for a, b in zip(got, want):
+        assert a.keys() == b.keys()
+        assert all((a[k] is None and b[k] is None) or torch.equal(a[k], b[k]) for k in a)
+
+
+def test_prefetch_errors_order_and_shutdown():
+    def broken(step, micro, rank, geo):
+        if step == 2:
+            raise ValueError("shard 7 is unreadable")
+        return {"x": torch.tensor([step, micro])}
+
+    with Prefetcher(broken, 0, _geo(), 0, 5, ahead=2) as ahead:
+        assert ahead.get(0, 0)["x"].tolist() == [0, 0]
+        with pytest.raises(RuntimeError, match="out of order"):
+            ahead.get(1, 1)
+    with Prefetcher(broken, 0, _geo(), 0, 5, ahead=2) as ahead:
+        for s, m in [(0, 0), (0, 1), (1, 0), (1, 1)]:
+            ahead.get(s, m)
+        with pytest.raises(ValueError, match="shard 7"):  # the builder's error, raised in the loop
+            ahead.get(2, 0)
+    before = threading.active_count()
+    with Prefetcher(broken, 0, _geo(), 0, 2, ahead=1):
+        pass  # closed with batches unread: the thread ends
+    assert threading.active_count() == before
+
+
+def _reads(corpus: Path, out: Path, stage: str, ds_config: str, env=None, *overrides: str) -> dict:
+    proc = subprocess.run([sys.executable, str(HERE / "host_reads.py"), str(corpus), str(out), stage, ds_config,
+                           *overrides], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("stage,ds_config", [("pretrain", "fp32_zero0.json"), ("adapt", "bf16_zero1.json")])
+def test_the_loop_reads_the_device_only_at_log_and_checkpoint_updates(corpus, tmp_path, stage, ds_config):
+    """pretrain: MINIJOINT's secondary head, torch's fused AdamW with a non-finite update in a quiet update
+    (skipped on the device, counted at the next read); adapt: Step 2 under DeepSpeed's bf16 ZeRO optimizer."""
+    import os
+    env = os.environ | ({"MM_DS_NAN_AT": "2"} if stage == "pretrain" else {})
+    result = _reads(corpus, tmp_path, stage, ds_config, env)
+    per_micro = summary(result)
+    ours = {k: v for k, v in per_micro.items() if k[0] != "deepspeed"}
+    assert not ours, f"host reads per micro-step outside log/checkpoint updates: {ours}"
+    theirs = {k: v for k, v in per_micro.items() if k[0] == "deepspeed"}
+    # DeepSpeed's own, per update, not per micro-step: its ZeRO/bf16 optimizers' gradient-norm check (one read
+    # in is_invalid_grad_norm, one tensor from a host value in mask_nan_or_inf_with_val_inplace)
+    assert sum(theirs.values()) * result["grad_accum"] <= 2, theirs
+    rows = [json.loads(line) for line in (tmp_path / "run" / "logs" / "train.jsonl").read_text().splitlines()]
+    if stage == "pretrain":  # the skip of update 2 was counted at the read of update 3, no NaN logged
+        assert rows[0]["step"] == 3 and rows[0]["nonfinite_steps"] == 1
+        assert all(r["loss"] == r["loss"] for r in rows)
+
+
+RUN_TWICE = textwrap.dedent('''
+    import sys, torch
+    from pathlib import Path
+    from mm_ds import checkpoint, config, engine
+    from mm_ds.stages import pretrain
+
+    corpus, root = sys.argv[1], Path(sys.argv[2])
+    tiny = ["model.hidden_size=16", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=32",
+            "model.max_positions=32", "data.seq_len=32", f"data.corpus={corpus}", "train.global_batch=8",
+            "train.micro_batch=4", "train.steps=5", "train.warmup_steps=1", "train.log_every=2",
+            "train.checkpoint_steps=[]", "ds_config=fp32_zero0.json", "model.secondary_head_layer=1"]
+    for ahead in (0, 3):
+        engine.train(pretrain.build(config.load("tiny/minijoint", None, tiny + [f"data.prefetch={ahead}"])),
+                     root / str(ahead), progress=False)
+    a, b = (checkpoint.load_final(root / r)[1] for r in ("0", "3"))
+    assert all(torch.equal(a[k], b[k]) for k in a), "prefetching changed training"
+    print("same")
+''')
+
+
+def test_training_with_batches_built_ahead_is_bitwise_the_same(corpus, tmp_path):
+    proc = subprocess.run([sys.executable, "-c", RUN_TWICE, str(corpus), str(tmp_path)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0 and "same" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_fused_adamw_skips_on_a_device_flag_without_touching_its_state():
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.AdamW([p], lr=0.1, fused=True)
+    p.grad = torch.ones(4)
+    opt.step()
+    state = {k: v.clone() for k, v in opt.state[p].items()}
+    before = p.detach().clone()
+    p.grad = torch.full((4,), float("nan"))
+    opt.found_inf = torch.ones(())  # what engine.skip_nonfinite hands it
+    opt.step()
+    assert torch.equal(p.detach(), before) and all(torch.equal(opt.state[p][k], v) for k, v in state.items())
+    opt.found_inf = torch.zeros(())
+    p.grad = torch.ones(4)
+    opt.step()
+    assert not torch.equal(p.detach(), before) and float(opt.state[p]["step"]) == 2.0
+    np.testing.assert_array_less(p.detach().numpy(), before.numpy())
+
+
+def test_tf32_follows_the_precision_and_the_key(monkeypatch):
+    from mm_ds import engine
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    engine.use_tf32(True)
+    assert torch.backends.cuda.matmul.fp32_precision == torch.backends.cudnn.fp32_precision == "tf32"
+    engine.use_tf32(False)
+    assert torch.backends.cuda.matmul.fp32_precision == torch.backends.cudnn.fp32_precision == "ieee"
