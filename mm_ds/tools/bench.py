@@ -50,6 +50,7 @@ from ..config import DataConfig, FinetuneConfig, MiniConfig, ModelConfig, RunCon
 from ..peaks import measure_matmul_peak
 from ..systems import SYSTEMS
 from . import bench_host
+from .bench_report import print_report
 from .bench_data import pair_batches, prepare_corpus, write_pair_task
 from .bench_peer import RssPeak, maxrss_bytes, release_free_memory, run_peer_stage
 
@@ -216,27 +217,6 @@ def summarise(raw: dict, tokens_per_step: int, flops_per_step: float, peak: floa
     return out | {k: v for k, v in raw.items() if k not in out}
 
 
-def _fmt_row(cells, widths):
-    return "| " + " | ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
-
-
-def table(results: dict, peer: dict) -> str:
-    head = ["stage", "layers", "train params", "step s (med)", "tokens/s", "GFLOP/step", "TFLOP/s", "MFU",
-            "peak RSS GiB", "loader %", "CPU share", "HF tokens/s", "vs HF"]
-    rows = []
-    for name, r in results.items():
-        p = peer.get(name)
-        rows.append([STAGE_TITLES[name], r["layers"], f"{r['trainable_params'] / 1e6:.1f}M",
-                     f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['flops_per_step'] / 1e9:.1f}",
-                     f"{r['tflops']:.4f}", f"{100 * r['mfu']:.1f}%", f"{r['peak_rss_bytes'] / 2**30:.2f}",
-                     f"{100 * r['loader_share']:.2f}", f"{r['cpu_share']:.2f}", f"{p['tokens_per_s']:.0f}" if p else "-",
-                     f"{r['tokens_per_s'] / p['tokens_per_s']:.2f}x" if p else "-"])
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    lines = [_fmt_row(head, widths), "|" + "|".join(("-" * (w + 1) + ":") if i else "-" * (w + 2)
-                                                   for i, w in enumerate(widths)) + "|"]
-    return "\n".join(lines + [_fmt_row(r, widths) for r in rows])
-
-
 def evaluate_targets(results: dict, peer: dict, encode: dict | None, host: dict | None = None) -> list[dict]:
     out = []
 
@@ -392,38 +372,6 @@ def _version(mod: str) -> str | None:
         return __import__(mod).__version__
     except ImportError:
         return None
-
-
-def print_report(rep: dict) -> None:
-    s = rep["setup"]
-    print(f"mm-ds bench  {rep['date']}  preset={s['preset']}  h={s['hidden']} layers={s['layers']} "
-          f"heads={s['heads']} ffn={s['ffn']} V={s['vocab']} seq={s['seq']} micro_batch={s['micro_batch']} "
-          f"N={s['mini_layers']} {s['dtype']}")
-    print(f"cpu: {s['machine']}, {s['threads']} threads of {s['cpus']} cpus; torch {s['torch']}, deepspeed "
-          f"{s['deepspeed']}, transformers {s['transformers']}; ds config {s['ds_config']}; median of "
-          f"{s['steps']} steps after {s['warmup']} warm-up")
-    pk = rep["peak"]
-    probes = [p["median_flops"] / 1e9 for p in pk["probes"]]
-    print(f"matmul peak (fp32 2048^3, medians): {pk['start']['median_flops'] / 1e9:.1f} GFLOP/s at start, "
-          f"{pk['end']['median_flops'] / 1e9:.1f} at end, {min(probes):.1f}-{max(probes):.1f} over "
-          f"{len(probes)} probes; MFU uses the highest, {pk['used_flops'] / 1e9:.1f}. "
-          f"load average {s['load_avg_start'][0]:.2f} -> {s['load_avg_end'][0]:.2f}")
-    print()
-    print(table(rep["stages"], rep["peer"]))
-    if rep["peer_note"]:
-        print(f"peer: {rep['peer_note']}")
-    spread = [f"{k} {100 * (r['step_time_max_s'] / r['step_time_min_s'] - 1):.0f}%" for k, r in rep["stages"].items()]
-    print(f"step-time spread (max/min - 1): {', '.join(spread)}")
-    e = rep["prepare"]
-    print(f"prepare: {e['text_bytes'] / 2**20:.1f} MiB encoded in {e['prepare_encode_s']:.2f} s with "
-          f"{e['workers']} workers, {e['prepare_1_worker_s']:.2f} s with 1; single-process SentencePiece "
-          f"{e['single_process_encode_s']:.2f} s")
-    print()
-    print(bench_host.table(rep["host"]))
-    print()
-    for t in rep["targets"]:
-        verdict = "PASS" if t["pass"] else "FAIL"
-        print(f"[{verdict}] {t['description']}: {t['detail']}")
 
 
 def main(argv: list[str] | None = None) -> int:
