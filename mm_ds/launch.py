@@ -119,6 +119,19 @@ def preflight(launch: LaunchConfig, port: bool = True) -> None:
     `--dry-run`: whether the port is free is not checked, it need only be free when the ranks start)."""
     if launch.launcher == "none":
         return
+    check_hosts(launch)
+    addr = master_addr(launch)
+    if launch.launcher == "srun" or not addr:
+        return  # the address is found at start (the allocation's first node, or asked of rank 0's host)
+    # Rank 0 runs here on one node, or on node 0 of a --no_ssh start; a pdsh/openmpi start may be elsewhere.
+    # The other --no_ssh nodes only need the address to resolve (node 0 may already be listening).
+    check_master(addr, launch.master_port, must_be_local=launch.nodes == 1 or launch.node_rank == 0,
+                 bind=port and launch.node_rank in (None, 0))
+
+
+def check_hosts(launch: LaunchConfig) -> None:
+    """What needs no network: the hostfile (its lines, nodes and slots) and a master address that is not
+    loopback on several nodes (`mm-ds run --check` runs this much on a login node)."""
     hosts = []
     if launch.hostfile:
         from . import hostfile
@@ -135,12 +148,6 @@ def preflight(launch: LaunchConfig, port: bool = True) -> None:
         raise ConfigError(f"launch.master_addr={addr} is loopback, but launch.nodes={launch.nodes}: the other nodes' "
                           f"ranks would dial their own machine and wait 30 minutes. Give rank 0's address that the "
                           f"other nodes reach, {fix}, or leave launch.master_addr empty for mm-ds to choose")
-    if launch.launcher == "srun" or not addr:
-        return  # the address is found at start (the allocation's first node, or asked of rank 0's host)
-    # Rank 0 runs here on one node, or on node 0 of a --no_ssh start; a pdsh/openmpi start may be elsewhere.
-    # The other --no_ssh nodes only need the address to resolve (node 0 may already be listening).
-    check_master(addr, launch.master_port, must_be_local=launch.nodes == 1 or launch.node_rank == 0,
-                 bind=port and launch.node_rank in (None, 0))
 
 
 def check_master(addr: str, port: int, must_be_local: bool, bind: bool = True) -> None:

@@ -299,6 +299,13 @@ def test_loopback_master_refused_on_several_nodes(corpus, tmp_path):
         assert proc.returncode == 2 and "launch.master_addr=127.0.0.1 is loopback, but launch.nodes=2" in proc.stderr \
             and "launch.master_addr=node-a (the hostfile's first host)" in proc.stderr, proc.stderr[-2000:]
         assert "launching" not in proc.stdout and not out.exists()  # nothing started, nothing written
+    # `mm-ds run RECIPE --check` (and `mm-ds run` before any work) says the same for every training stage.
+    from mm_ds.check import check as check_recipe
+    from mm_ds.recipe import load_recipe
+    recipe = load_recipe("tiny", [f"launch.hostfile={hosts}", "launch.nodes=2", "launch.ranks=1",
+                                  "launch.master_addr=127.0.0.1"])
+    problems = check_recipe(recipe, out, strict=False).format()
+    assert "launch.master_addr=127.0.0.1 is loopback" in problems and not out.exists(), problems
 
 
 # ---------------------------------------------------------------- another world size on resume
