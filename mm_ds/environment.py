@@ -69,9 +69,6 @@ VARIABLES = {
     "MM_DS_MALLOC": Variable(USER, "`system`: give freed memory back to the kernel (CPU ranks)"),
     "WANDB_DIR": Variable(USER, "where W&B writes; defaults to RUN/logs"),
     "TORCHDYNAMO_DISABLE": Variable(USER, "defaults to 1: torch's compiler stack is not imported"),
-    "MM_DS_KILL_AT": Variable(USER, "test fault point (mm_ds/faults.py)"),
-    "MM_DS_KILL_IN_SAVE": Variable(USER, "test fault point (mm_ds/faults.py)"),
-    "MM_DS_KILL_STAGE": Variable(USER, "test fault point (mm_ds/faults.py)"),
-    "MM_DS_NAN_AT": Variable(USER, "test fault point (mm_ds/faults.py)"),
-    "MM_DS_DUMP_RESUMED": Variable(USER, "test hook: rank 0 saves the weights a universal checkpoint restored"),
 }
+FAULT_POINTS = Variable(USER, "a test's fault point: read in mm_ds/faults.py, the one module that names them")
+"""What the variables mm_ds/faults.py reads are (tests/test_fault_points.py keeps them out of other modules)."""
