@@ -216,11 +216,7 @@ def _launcher(cfg: RunConfig, launch) -> None:
         if lc.ranks != 1:
             raise ConfigError("launch.launcher=none runs a single process; set launch.ranks=1")
         return
-    if lc.hostfile:
-        from . import hostfile
-        if lc.launcher == "srun":
-            raise ConfigError("launch.hostfile is for deepspeed and mpirun; under srun the allocation names the nodes")
-        hostfile.select(hostfile.read(lc.hostfile), lc.nodes, lc.ranks, lc.hostfile)
+    launch.check_hosts(lc)  # the hostfile, and no loopback master address on several nodes
     launch.command(lc, ["noop"])  # the executable exists; several nodes have a hostfile
 
 

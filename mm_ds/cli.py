@@ -96,7 +96,8 @@ def stage_config(name: str, argv: list[str]):
 
 
 VALIDATED = "MM_DS_VALIDATED"
-"""Set by the mm-ds launcher side for the ranks it starts: the fingerprint of the command it validated."""
+"""Set by the mm-ds launcher side for the ranks it starts: the fingerprint of the command it validated. A
+launcher may hand it to some ranks only (mpirun: those on its own node), so rank 0's tells every rank."""
 
 
 def fingerprint(name: str, argv: list[str]) -> str:
@@ -190,26 +191,31 @@ def preflight_stage(name: str, argv: list[str]):
     return args, cfg, False
 
 
+def validated_here(name: str, argv: list[str]) -> bool:
+    """This process's environment says the mm-ds process that started it validated `mm-ds NAME ARGV`. Only one
+    process's answer counts: under a launcher rank 0's, broadcast (another rank may not have the variable)."""
+    return os.environ.get(VALIDATED) == fingerprint(name, argv)
+
+
 def run_stage(name: str, argv: list[str]) -> int:
     from . import dist, engine, launch
 
-    checked = os.environ.get(VALIDATED) == fingerprint(name, argv)  # by the mm-ds process that started us
-    if not launch.under_launcher() and not checked:
-        args, cfg, done = preflight_stage(name, argv)
-        if done:
-            return 0
-        if cfg.launch.launcher != "none":
-            os.environ.update(validated_env([name, *argv]))  # for the ranks relaunch() starts
-            return launch.relaunch(cfg.launch, [name, *argv])
+    if not launch.under_launcher():
+        args, cfg = stage_config(name, argv)
+        if not (cfg.launch.launcher == "none" and validated_here(name, argv)):  # else `mm-ds run` checked it
+            args, cfg, done = preflight_stage(name, argv)
+            if done:
+                return 0
+            if cfg.launch.launcher != "none":
+                return launch.relaunch(cfg.launch, [name, *argv], validated_env([name, *argv]))
     else:
         args, cfg = stage_config(name, argv)
-        if not checked:  # a rank started by hand, or by `mm-ds run`'s one job
-            _, _, world = dist.init()
+        rank, _, world = dist.init()
+        if not dist.broadcast_object(validated_here(name, argv) if rank == 0 else None):
+            # a rank started by hand, or by `mm-ds run`'s one job: every rank checks, then rank 0 may write
             validate(importlib.import_module(STAGE_COMMANDS[name][0]), cfg, Path(args.out), args.resume, world)
-            dist.barrier()  # every rank has looked at the run directory before rank 0 writes into it
+            dist.barrier()
     stage = importlib.import_module(STAGE_COMMANDS[name][0]).build(cfg)
-    if launch.under_launcher():
-        dist.init()  # a stage of zero updates starts no engine, but only rank 0 writes
     engine.train(stage, Path(args.out), resume=args.resume, progress=not args.no_progress, reshard=args.reshard)
     return 0
 

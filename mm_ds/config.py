@@ -189,8 +189,10 @@ class LaunchConfig:
     """deepspeed | mpirun | srun (inside a SLURM allocation) | none (run in this process; needs ranks=1)."""
     master_port: int = 29500
     """Rank 0's rendezvous port; `--dry-run` does not check that it is free."""
-    master_addr: str = "127.0.0.1"
-    """Rank 0's address. On several nodes: an address of the first host that the others can reach."""
+    master_addr: str = ""
+    """Rank 0's address, which every node can reach (never loopback on several nodes: refused). Empty: 127.0.0.1
+    on one node; on several, the hostfile's first host (`--no_ssh`, DeepSpeed's slurm runner), else found at
+    start (DeepSpeed's ssh runners and mpirun: the first host's `hostname -I`; srun: the allocation's first node)."""
     nodes: int = 1
     """Nodes to run on: the first N hosts of `hostfile` (deepspeed, mpirun) or of the allocation (srun)."""
     hostfile: str = ""

@@ -17,7 +17,7 @@ import sys
 import torch
 
 from .config import ConfigError
-from .launch import SRUN_STEP_VARS
+from .launch import SRUN_STEP_VARS, is_loopback
 
 # ---------------------------------------------------------------- rank and device
 
@@ -127,7 +127,7 @@ def init() -> tuple[int, int, int]:
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)))
     if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)  # before the process group: NCCL binds to the current device
+        set_device(local_rank)  # before the process group: NCCL binds to the current device
     if not is_initialized():
         if not torch.cuda.is_available():
             skip_shm_comm_build()
@@ -136,12 +136,47 @@ def init() -> tuple[int, int, int]:
     r, world = rank(), world_size()
     from .watchdog import start as watch_launcher
     watch_launcher(r)  # a SIGKILLed launcher must not leave this rank running (mm_ds/watchdog.py)
+    set_threads(local_world_size() or world)
     if not torch.cuda.is_available():
-        # CPU ranks share the cores: one rank's BLAS threads must not fight another's.
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
         keep_freed_memory()
     return r, local_rank, world
+
+
+def set_device(local_rank: int) -> int:
+    """Make this rank's GPU current: its local rank among the devices it can see. Under `srun --gpus-per-task=1`
+    (or `--gpu-bind`) a task sees one device while SLURM_LOCALID counts the node's tasks; LOCAL_RANK is then
+    made that index too, since DeepSpeed's engine takes LOCAL_RANK as its device (and checks it against
+    OMPI_COMM_WORLD_LOCAL_RANK)."""
+    index = local_rank % max(1, torch.cuda.device_count())
+    if index != local_rank:
+        os.environ["LOCAL_RANK"] = str(index)
+        if "OMPI_COMM_WORLD_LOCAL_RANK" in os.environ:
+            os.environ["OMPI_COMM_WORLD_LOCAL_RANK"] = str(index)
+    torch.cuda.set_device(index)
+    return index
+
+
+def set_threads(local_world: int) -> int:
+    """Size torch's thread pools to this rank's share of the node: the CPUs it may run on (its affinity: what the
+    launcher gave it, `srun --cpus-per-task`'s count when given) over the ranks sharing them. One rank's BLAS
+    and OpenMP threads must not fight another's (8 GPU ranks each starting all-core pools did). A user's
+    OMP_NUM_THREADS wins (torch already read it)."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    per_task = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    share = min(cpus, int(per_task)) if per_task.isdigit() else cpus // max(1, local_world)
+    torch.set_num_threads(max(1, share))
+    return torch.get_num_threads()
+
+
+def local_world_size() -> int | None:
+    """Ranks on this node, as the launcher says (torchrun/srun: LOCAL_WORLD_SIZE, deepspeed: LOCAL_SIZE,
+    mpirun: OMPI_COMM_WORLD_LOCAL_SIZE, MPICH: MPI_LOCALNRANKS); None when it does not."""
+    for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return None
 
 
 def finish(rc: int) -> int:
@@ -150,6 +185,7 @@ def finish(rc: int) -> int:
     which then abort ("terminate called without an active exception") after the work is done."""
     if not (is_initialized() and "RANK" in os.environ):
         return rc
+    finish_wandb()  # os._exit below skips W&B's exit hook: a live run would lose its last data
     barrier()
     torch.distributed.destroy_process_group()
     # gloo's worker threads can still touch Python objects during interpreter finalization and abort a rank
@@ -162,6 +198,16 @@ def finish(rc: int) -> int:
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.Finalize()
     os._exit(rc)
+
+
+def finish_wandb() -> None:
+    """Finish the W&B run DeepSpeed's monitor started on this rank (rank 0), if any, so that its data is kept."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        try:
+            wandb.run.finish()
+        except Exception as e:  # noqa: BLE001  the run's own work is done and saved; say so and go on
+            print(f"[mm-ds] rank {rank()}: finishing the W&B run failed: {e}", file=sys.stderr, flush=True)
 
 
 def adopt_env() -> None:
@@ -220,12 +266,16 @@ def skip_shm_comm_build() -> None:
 
 
 _RENDEZVOUS_SOCKET = None
+_SEEN_AS = "mm_ds/master_addr_seen_from_other_nodes"
 
 
 def _bind_rendezvous() -> None:
-    """env:// rendezvous that listens only on MASTER_ADDR. torch's own TCPStore server binds every interface
-    (`::`) whatever MASTER_ADDR says; here rank 0 binds the listening socket to MASTER_ADDR:MASTER_PORT
-    itself and hands it to the store (`master_listen_fd`), then DeepSpeed adopts the process group."""
+    """env:// rendezvous that listens only where it must. torch's own TCPStore server binds every interface
+    (`::`) whatever MASTER_ADDR says; here rank 0 binds the listening socket itself, on MASTER_ADDR, and hands it
+    to the store (`master_listen_fd`), then DeepSpeed adopts the process group. When the world spans nodes and
+    MASTER_ADDR, a name, resolves to loopback here (Debian and Ubuntu map a machine's own name to 127.0.1.1 in
+    /etc/hosts), the other nodes still resolve it to this node's network address: rank 0 then listens on every
+    interface, as torch's store would."""
     global _RENDEZVOUS_SOCKET
     import socket
 
@@ -236,9 +286,14 @@ def _bind_rendezvous() -> None:
     if not all(k in env for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):
         return  # another rendezvous (e.g. MPI discovery inside DeepSpeed): leave it to DeepSpeed
     r, world, addr, port = int(env["RANK"]), int(env["WORLD_SIZE"]), env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    local = local_world_size()
     fd = None
     if r == 0:
         family, _, _, _, where = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+        if (local or 0) < world and _loopback(where[0]) and not is_loopback(addr):
+            print(f"[mm-ds] MASTER_ADDR={addr} is {where[0]} on rank 0's node (its /etc/hosts), which other nodes "
+                  f"cannot reach: rank 0 listens on every interface", flush=True)
+            where = ("::" if family == socket.AF_INET6 else "0.0.0.0", port)
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -249,8 +304,48 @@ def _bind_rendezvous() -> None:
         sock.listen(max(128, world))
         _RENDEZVOUS_SOCKET, fd = sock, sock.fileno()  # kept open for the life of the process group
     store = torch.distributed.TCPStore(addr, port, world, r == 0, default_pg_timeout, master_listen_fd=fd)
-    torch.distributed.init_process_group(get_accelerator().communication_backend_name(), store=store, rank=r,
-                                         world_size=world, timeout=default_pg_timeout)
+    backend = get_accelerator().communication_backend_name()
+    if backend == "gloo" and local is not None and local < world and not is_loopback(addr):
+        _gloo_interface(store, addr, default_pg_timeout)
+    torch.distributed.init_process_group(backend, store=store, rank=r, world_size=world, timeout=default_pg_timeout)
+
+
+def _gloo_interface(store, addr: str, timeout) -> None:
+    """gloo advertises to its peers the address this machine's host name resolves to: 127.0.1.1 on Debian-style
+    hosts, which every other node dials as its own loopback. Unless GLOO_SOCKET_IFNAME names the interface,
+    take the one this node reaches MASTER_ADDR through; on rank 0's node, where MASTER_ADDR itself may be
+    loopback, the one holding the address the other nodes reached it at (their ranks put it in the store)."""
+    import socket
+
+    master_ip = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][4][0]
+    with socket.socket(socket.AF_INET6 if ":" in master_ip else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((master_ip, 9))  # sends nothing: the kernel picks the route and this end's address
+        here = s.getsockname()[0]
+    if not _loopback(here):
+        store.set(_SEEN_AS, master_ip)  # every rank off rank 0's node, whatever it decides below
+    try:
+        first = socket.getaddrinfo(socket.gethostname(), None)[0][4][0]
+    except OSError:
+        first = "127.0.0.1"  # gloo falls back to loopback then
+    if os.environ.get("GLOO_SOCKET_IFNAME") or not _loopback(first):
+        return  # the user's choice, or gloo's own is an address other nodes can reach
+    if _loopback(here):
+        store.wait([_SEEN_AS], timeout)
+        here = store.get(_SEEN_AS).decode()
+    import psutil
+
+    names = [n for n, addrs in psutil.net_if_addrs().items() if any(a.address.split("%")[0] == here for a in addrs)]
+    if names:
+        os.environ["GLOO_SOCKET_IFNAME"] = names[0]
+    else:
+        print(f"[mm-ds] gloo: no interface holds {here}; set GLOO_SOCKET_IFNAME to the one other nodes reach",
+              file=sys.stderr, flush=True)
+
+
+def _loopback(ip: str) -> bool:
+    import ipaddress
+
+    return ipaddress.ip_address(ip.split("%")[0]).is_loopback
 
 
 def keep_freed_memory() -> None:

@@ -114,7 +114,9 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
     if dsc.zero_stage(ds_cfg) == 3 and hasattr(model, "heads"):
         for head in model.heads().values():  # the tied projection lives in another module
             deepspeed.zero.register_external_parameter(head, model.embed.tokens.weight)
-    found = ckpt_io.find_resume_point(run_dir) if resume and run_dir is not None else None
+    found = None
+    if resume and run_dir is not None:  # rank 0 looks for all: what it finds decides the collectives that load it
+        found = dist.broadcast_object(ckpt_io.find_resume_point(run_dir) if rank == 0 else None)
     load_from = None
     if found is not None:
         from . import universal  # another world size: reshard through a universal checkpoint

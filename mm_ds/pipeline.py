@@ -60,7 +60,7 @@ def _launch_stage(name: str, argv: list[str], log: Path, follow: Follow | None =
     import contextlib
 
     from .cli import preflight_stage, validated_env
-    from .launch import command
+    from .launch import command, launch_env
 
     say(f"$ mm-ds {' '.join(argv)}")
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +71,8 @@ def _launch_stage(name: str, argv: list[str], log: Path, follow: Follow | None =
             raise ConfigError(f"stage {name}: {e}") from e
     if not done:
         _run_logged(command(cfg.launch, argv) if cfg.launch.launcher != "none"
-                    else [sys.executable, "-m", "mm_ds.cli", *argv], log, follow, validated_env(argv))
+                    else [sys.executable, "-m", "mm_ds.cli", *argv], log, follow,
+                    launch_env(cfg.launch) | validated_env(argv))
 
 
 def run_stages(todo: list[StageRun], logs: Path) -> None:
@@ -132,8 +133,9 @@ def job_main(argv: list[str]) -> int:
     from . import dist
     from .cli import run_stage
 
-    dist.init()
-    for stage_argv in json.loads(Path(argv[0]).read_text()):
+    rank, _, _ = dist.init()
+    # The stage list decides every collective that follows: rank 0 reads it for all (no node's own look).
+    for stage_argv in dist.broadcast_object(json.loads(Path(argv[0]).read_text()) if rank == 0 else None):
         if stage_argv[0] == "run-eval":
             from .stages.transfer import run_eval_main
             run_eval_main(stage_argv[1:])
@@ -188,7 +190,7 @@ def evaluate(recipe: Recipe, out: Path, job_ran_it: bool = False) -> list[dict]:
     import torch
 
     from .config import LaunchConfig
-    from .launch import command
+    from .launch import command, launch_env
     from .stages.transfer import cached, collect, eval_units, run_units, scored_with, write_eval_spec
 
     units, root, results = eval_units(recipe, out), str(task_root(recipe, out)), out / "eval"
@@ -202,7 +204,8 @@ def evaluate(recipe: Recipe, out: Path, job_ran_it: bool = False) -> list[dict]:
             run_units(units, root, results, device=device, say=lambda m: say(m.removeprefix("[mm-ds] ")))
         else:
             spec = write_eval_spec(recipe, out)
-            _run_logged(command(cfg, ["run-eval", str(spec)]), out / "logs" / "eval.log", Follow([], spec))
+            _run_logged(command(cfg, ["run-eval", str(spec)]), out / "logs" / "eval.log", Follow([], spec),
+                        launch_env(cfg))
     return collect(units, root, results)
 
 
@@ -258,7 +261,7 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         # One launch for every stage: the ranks walk the stage runs in-process (a new engine per stage), then share
         # the evaluation (its units are listed by rank 0 once Step 2 has written its checkpoints).
         from .config import LaunchConfig
-        from .launch import command
+        from .launch import command, launch_env
         job_file = out / "logs" / "job.json"
         job_file.parent.mkdir(parents=True, exist_ok=True)
         (out / "logs" / "recipe.json").write_text(json.dumps(asdict(recipe), indent=1))
@@ -271,7 +274,7 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         _run_logged(command(cfg, ["run-job", str(job_file)]) if cfg.launcher != "none"
                     else [sys.executable, "-m", "mm_ds.cli", "run-job", str(job_file)], out / "logs" / "job.log",
                     Follow([_watched(n, i, len(todo), out / "logs" / "job.log") for i, n in enumerate(todo)],
-                           out / "logs" / "eval.json"))
+                           out / "logs" / "eval.json"), launch_env(cfg))
         todo, job_ran_eval = [], True
     run_stages(todo, out / "logs")
     rows = evaluate(recipe, out, job_ran_it=job_ran_eval)

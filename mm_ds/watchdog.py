@@ -62,6 +62,11 @@ def launcher_chain(pid: int | None = None) -> list[tuple[int, str, str]]:
     return chain
 
 
+_WATCHED: dict[int, list[tuple[int, str, str]]] = {}
+"""pid -> the chain its watcher watches: one watcher per process, however often `dist.init()` runs (once per
+stage in `mm-ds run`'s one job)."""
+
+
 def start(rank: int, poll_s: float = 1.0) -> list[tuple[int, str, str]]:
     """Kill this rank (SIGKILL: no cleanup that could block on dead peers) as soon as a launcher dies.
 
@@ -70,7 +75,9 @@ def start(rank: int, poll_s: float = 1.0) -> list[tuple[int, str, str]]:
     with DeepSpeed's CPU shared-memory all-reduce). The watcher exits by itself when the rank does."""
     if not os.path.isdir("/proc"):
         return []
-    chain = launcher_chain()
+    if os.getpid() in _WATCHED:
+        return _WATCHED[os.getpid()]
+    chain = _WATCHED[os.getpid()] = launcher_chain()
     if not chain:
         return []
     import subprocess

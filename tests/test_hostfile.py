@@ -77,10 +77,13 @@ def test_launch_commands(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     one = LaunchConfig(ranks=2, master_port=29555)
     assert launch.command(one, ["pretrain"])[1:5] == ["--num_gpus", "2", "--master_addr", "127.0.0.1"]
-    multi = LaunchConfig(ranks=8, nodes=2, hostfile="hosts", node_rank=1, ds_launcher="openmpi")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node0 slots=8\nnode1 slots=8\n")
+    multi = LaunchConfig(ranks=8, nodes=2, hostfile=str(hosts), node_rank=1, ds_launcher="openmpi")
     cmd = launch.command(multi, ["adapt"])
-    assert cmd[1:9] == ["--hostfile", "hosts", "--num_nodes", "2", "--launcher", "openmpi", "--no_ssh", "--node_rank"]
-    mpi = launch.command(LaunchConfig(ranks=8, nodes=2, hostfile="hosts", launcher="mpirun"), ["pretrain"])
+    assert cmd[1:9] == ["--hostfile", str(hosts), "--num_nodes", "2", "--launcher", "openmpi", "--no_ssh", "--node_rank"]
+    assert cmd[cmd.index("--master_addr") + 1] == "node0"  # no address given: the first host, where rank 0 runs
+    mpi = launch.command(LaunchConfig(ranks=8, nodes=2, hostfile=str(hosts), launcher="mpirun"), ["pretrain"])
     assert mpi[1:3] == ["-n", "16"] and "-npernode" in mpi
     srun = launch.command(LaunchConfig(ranks=4, nodes=2, launcher="srun"), ["pretrain"])
     assert srun[1:7] == ["--nodes", "2", "--ntasks-per-node", "4", "--ntasks", "8"]
@@ -114,8 +117,17 @@ def test_preflight_hostfile_and_port(tmp_path):
         port = s.getsockname()[1]
         with pytest.raises(ConfigError, match=f"master port {port} .* already in use"):
             launch.preflight(LaunchConfig(ranks=2, master_port=port))
-        # Node 1 of a --no_ssh start does not bind: on loopback node 0 is already listening there.
-        launch.preflight(LaunchConfig(ranks=1, nodes=2, hostfile=str(hosts), node_rank=1, master_port=port))
+        # Node 1 of a --no_ssh start does not bind: node 0 (every node is this machine here) is listening there.
+        here = tmp_path / "here"
+        here.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+        launch.preflight(LaunchConfig(ranks=1, nodes=2, hostfile=str(here), node_rank=1, master_port=port))
+    # Loopback on several nodes: each other node would dial itself. Refused, naming the fix.
+    for cfg in (LaunchConfig(nodes=2, hostfile=str(hosts), node_rank=0, master_addr="127.0.0.1"),
+                LaunchConfig(nodes=2, hostfile=str(hosts), launcher="mpirun", master_addr="localhost"),
+                LaunchConfig(nodes=2, launcher="srun", master_addr="127.0.1.1")):
+        with pytest.raises(ConfigError, match=r"is loopback, but launch.nodes=2: .* reach, (e.g. launch.master_addr="
+                                              r"node0 \(the hostfile's first host\)|launch.master_addr=NODE0)"):
+            launch.preflight(cfg)
 
 
 def test_hostfile_cli(tmp_path):

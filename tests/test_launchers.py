@@ -5,8 +5,10 @@
 - 2 ranks through `mpirun` (mpi4py discovery);
 - launchers/slurm.sbatch: on a private single-node SLURM when slurmctld/slurmd/munged are installed and we
   are root, otherwise with a fake `srun` that starts the tasks with SLURM_PROCID/SLURM_STEP_NUM_TASKS;
+- DeepSpeed's slurm runner (`launch.ds_launcher=slurm`) with that fake `srun`;
 - ZeRO-1 and ZeRO-2: trained on 2 ranks, resumed on 1 (universal checkpoint), then on 2 again.
-(2 ranks through the plain `deepspeed` launcher, and bitwise same-world-size resume: test_train_distributed.)
+(2 ranks through the plain `deepspeed` launcher, and bitwise same-world-size resume: test_train_distributed.
+2 nodes in separate network namespaces, each seeing only what a remote node receives: test_nodes.)
 """
 
 import json
@@ -86,7 +88,8 @@ def start_nodes(args_for_node, env_for_node) -> str:
 
 def test_two_nodes_through_a_hostfile(corpus, tmp_path):
     hosts = tmp_path / "hosts"
-    hosts.write_text("# two 'nodes' of one rank, both on this machine\nnode-a slots=1\nnode-b slots=1\n")
+    # Two 'nodes' of one rank, both this machine: loopback reaches rank 0 from each (refused otherwise).
+    hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
     run, port = tmp_path / "run", free_port()
     launch = [f"launch.hostfile={hosts}", "launch.nodes=2", "launch.ranks=1", f"launch.master_port={port}"]
     start_nodes(lambda r: [sys.executable, "-m", "mm_ds.cli", *stage_args(corpus, run, "train.steps=10", *launch,
@@ -197,9 +200,12 @@ def fake_slurm_bin(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text("""#!/usr/bin/env bash
-echo "$@" > "$FAKE_SRUN_LOG"
-while [[ "$1" == -* ]]; do shift; done
-n=${SLURM_NTASKS:-1}; pids=()
+printf '%s\n' "$*" > "$FAKE_SRUN_LOG"
+n=${SLURM_NTASKS:-1}
+while [[ "$1" == -* ]]; do  # options; those DeepSpeed's slurm runner passes take their value apart
+  case "$1" in -n|--ntasks) n=$2; shift 2 ;; --nodes|--gpus-per-node|--nodelist|--comment) shift 2 ;; *) shift ;; esac
+done
+pids=()
 for ((i = 0; i < n; i++)); do
   SLURM_PROCID=$i SLURM_LOCALID=$i SLURM_STEP_NUM_TASKS=$n SLURM_STEP_TASKS_PER_NODE=$n \\
   SLURM_STEP_NODELIST=localhost SLURM_STEP_NUM_NODES=1 "$@" & pids+=($!)
@@ -207,6 +213,7 @@ done
 rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc
 """)
     (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\necho localhost\n")
+    (bin_dir / "sinfo").write_text("#!/usr/bin/env bash\n")  # DeepSpeed's slurm runner looks for it
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     return bin_dir
@@ -240,6 +247,21 @@ def test_slurm_sbatch_script(corpus, tmp_path, slurm):
     assert_trained_and_resumed(run, 15, 2, out)
 
 
+def test_deepspeed_slurm_runner(corpus, tmp_path):
+    """`launch.ds_launcher=slurm`: DeepSpeed's SlurmRunner runs `srun ... python -u SCRIPT` (it drops --module),
+    so the ranks start by a script path. The fake srun runs its tasks here, with SLURM's task variables."""
+    bin_dir, log, run = fake_slurm_bin(tmp_path), tmp_path / "srun.args", tmp_path / "run"
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")  # both 'nodes' this machine
+    proc = mm_ds(*stage_args(corpus, run, "train.steps=10", f"launch.hostfile={hosts}", "launch.nodes=2", "launch.ranks=1",
+                             "launch.ds_launcher=slurm", f"launch.master_port={free_port()}"),
+                 env={"PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+                      "FAKE_SRUN_LOG": str(log)})
+    check(proc, proc.stdout + proc.stderr)
+    assert log.read_text().startswith("-n 2 ") and "/mm_ds/rank.py pretrain" in log.read_text(), log.read_text()
+    assert ckpt_io.read_meta(run / "final")["world_size"] == 2
+
+
 # ---------------------------------------------------------------- bad input fails before any rank starts
 
 def test_bad_launch_input_fails_before_training(corpus, tmp_path):
@@ -265,6 +287,25 @@ def test_bad_launch_input_fails_before_training(corpus, tmp_path):
         proc = mm_ds(*stage_args(corpus, out, "train.steps=10", f"launch.master_port={s.getsockname()[1]}"))
     assert proc.returncode == 2 and "already in use" in proc.stderr, proc.stderr[-2000:]
     assert not out.exists()  # nothing started, nothing written
+
+
+def test_loopback_master_refused_on_several_nodes(corpus, tmp_path):
+    """Every other node's ranks would dial their own loopback until the 30-minute store timeout."""
+    hosts, out = tmp_path / "hosts", tmp_path / "run"
+    hosts.write_text("node-a slots=1\nnode-b slots=1\n")
+    for launcher in (["launch.node_rank=0"], ["launch.launcher=mpirun"]):
+        proc = mm_ds(*stage_args(corpus, out, "train.steps=10", f"launch.hostfile={hosts}", "launch.nodes=2", "launch.ranks=1",
+                                 "launch.master_addr=127.0.0.1", *launcher))
+        assert proc.returncode == 2 and "launch.master_addr=127.0.0.1 is loopback, but launch.nodes=2" in proc.stderr \
+            and "launch.master_addr=node-a (the hostfile's first host)" in proc.stderr, proc.stderr[-2000:]
+        assert "launching" not in proc.stdout and not out.exists()  # nothing started, nothing written
+    # `mm-ds run RECIPE --check` (and `mm-ds run` before any work) says the same for every training stage.
+    from mm_ds.check import check as check_recipe
+    from mm_ds.recipe import load_recipe
+    recipe = load_recipe("tiny", [f"launch.hostfile={hosts}", "launch.nodes=2", "launch.ranks=1",
+                                  "launch.master_addr=127.0.0.1"])
+    problems = check_recipe(recipe, out, strict=False).format()
+    assert "launch.master_addr=127.0.0.1 is loopback" in problems and not out.exists(), problems
 
 
 # ---------------------------------------------------------------- another world size on resume

@@ -1,0 +1,103 @@
+"""A rank's own set-up in `dist.init()` / `dist.finish()`, with what this CPU machine lacks stood in: CUDA (a task
+that sees one GPU), a 16-CPU node, W&B. The process group itself is not started (its bring-up is covered by
+the multi-rank tests): `dist.init` runs with the rendezvous and DeepSpeed's init replaced."""
+
+import os
+import types
+
+import pytest
+import torch
+
+from mm_ds import dist, watchdog
+
+SRUN_TASK_5_OF_8 = {"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "5",
+                    "SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_STEP_NODELIST": "gpu1", "SLURM_STEP_NUM_NODES": "1",
+                    "MASTER_ADDR": "gpu1", "MASTER_PORT": "29500"}
+
+
+@pytest.fixture
+def rank_env(monkeypatch):
+    """A clean environment of a rank, a 16-CPU affinity, and dist.init's process-group steps recorded."""
+    seen = {"set_device": [], "threads": [], "popen": []}
+    env = {"PATH": os.environ["PATH"]}
+    monkeypatch.setattr(os, "environ", env)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(torch, "set_num_threads", seen["threads"].append)
+    monkeypatch.setattr(dist, "_bind_rendezvous", lambda: None)
+    monkeypatch.setattr("deepspeed.init_distributed", lambda **kw: None)
+    monkeypatch.setattr(dist, "keep_freed_memory", lambda: None)
+    # The launcher chain of a rank under DeepSpeed's launcher; the watcher process is recorded, not started.
+    monkeypatch.setattr(watchdog, "launcher_chain", lambda pid=None: [(1234, "99", "python -m deepspeed.launcher")])
+    monkeypatch.setattr("subprocess.Popen", lambda args, **kw: seen["popen"].append(args))
+    monkeypatch.setattr(watchdog, "_WATCHED", {}, raising=False)  # a fresh process
+    return env, seen
+
+
+def one_visible_gpu(monkeypatch, seen):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", seen["set_device"].append)
+
+
+def test_srun_task_that_sees_one_gpu_takes_it(rank_env, monkeypatch):
+    """`srun --gpus-per-task=1`: SLURM_LOCALID=5, one visible device. set_device(5) would be an invalid ordinal;
+    DeepSpeed's engine takes LOCAL_RANK as its device, so that is made 0 too."""
+    env, seen = rank_env
+    env.update(SRUN_TASK_5_OF_8)
+    one_visible_gpu(monkeypatch, seen)
+    dist.init()
+    assert seen["set_device"] == [0] and env["LOCAL_RANK"] == "0" and env["RANK"] == "5"
+
+
+def test_gpu_ranks_share_the_node_cpus(rank_env, monkeypatch):
+    """8 GPU ranks of a 16-CPU node: 2 threads each (each started all-core pools). CPU ranks likewise; a task's
+    `--cpus-per-task` and a user's OMP_NUM_THREADS win."""
+    env, seen = rank_env
+    env.update(RANK="3", LOCAL_RANK="3", WORLD_SIZE="16", LOCAL_SIZE="8", MASTER_ADDR="node0", MASTER_PORT="29500")
+    one_visible_gpu(monkeypatch, seen)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    dist.init()
+    assert seen["set_device"] == [3] and seen["threads"] == [2]
+    assert dist.set_threads(local_world=8) and seen["threads"][-1] == 2
+    env["SLURM_CPUS_PER_TASK"] = "6"
+    dist.set_threads(local_world=8)
+    assert seen["threads"][-1] == 6
+    env["OMP_NUM_THREADS"] = "3"
+    dist.set_threads(local_world=8)
+    assert len(seen["threads"]) == 3  # not set again: torch took OMP_NUM_THREADS at start
+
+
+def test_one_watchdog_however_often_init_runs(rank_env):
+    """`mm-ds run`'s one job calls dist.init() once per stage: one watcher process per rank all the same."""
+    env, seen = rank_env
+    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    for _ in range(3):
+        dist.init()
+    watchers = [a for a in seen["popen"] if any(str(x).endswith("watchdog.py") for x in a)]
+    assert len(watchers) == 1 and watchers[0][-1] == "1234:99", seen["popen"]
+
+
+def test_finish_ends_the_wandb_run_before_leaving(monkeypatch):
+    """dist.finish leaves through os._exit, which skips W&B's exit hook: the live run is finished first."""
+    order = []
+
+    class Run:
+        def finish(self):
+            order.append("wandb")
+            wandb.run = None
+
+    wandb = types.SimpleNamespace(run=Run())
+    monkeypatch.setitem(__import__("sys").modules, "wandb", wandb)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "barrier", lambda: order.append("barrier"))
+    monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda: order.append("destroy"))
+
+    def leave(rc):
+        order.append(f"exit {rc}")
+        raise SystemExit(rc)
+
+    monkeypatch.setattr(os, "_exit", leave)
+    with pytest.raises(SystemExit):
+        dist.finish(0)
+    assert order == ["wandb", "barrier", "destroy", "exit 0"], order
