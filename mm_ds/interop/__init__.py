@@ -1,7 +1,7 @@
 """Start from any existing English model, hand results to the Hugging Face ecosystem (paper §2.2: MINIPOST
 starts from an existing pretrained model).
 
-    mm-ds import --from hf DIR --out RUN [--tokenizer SPM | --no-tokenizer]      importers.import_hf
+    mm-ds import --from hf DIR --out RUN [--tokenizer FILE | --no-tokenizer]     importers.import_hf
     mm-ds import --from fairseq DIR --out RUN [--trust-pickle]                   importers.import_fairseq
     mm-ds import --from deepspeed CKPT --out RUN                                 importers.import_deepspeed
     mm-ds export SRC --out HF_DIR [--lang-from ADAPT_RUN] [--mini]               export.export
