@@ -170,6 +170,138 @@ def test_xlmr_import_converts_the_fairseq_offset(tmp_path, tok):
         torch.testing.assert_close(m(torch.tensor([our_ids]))["logits_main"], want, atol=1e-5, rtol=1e-5)
 
 
+# ---------------------------------------------------------------- import: a model's own Hugging Face tokenizer
+
+@pytest.fixture(scope="module")
+def bbpe(tmp_path_factory):
+    """A byte-level BPE RoBERTa directory as roberta-base's: <s>=0 <pad>=1 </s>=2 <unk>=3, <mask> last."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    d = tmp_path_factory.mktemp("bbpe")
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(_lines(), vocab_size=120, min_frequency=2, special_tokens=["<s>", "<pad>", "</s>", "<unk>"])
+    bpe.save_model(str(d))
+    tok = transformers.RobertaTokenizer.from_pretrained(str(d))
+    assert tok.mask_token_id == len(tok) - 1
+    hf_mlm(len(tok)).save_pretrained(d)
+    tok.save_pretrained(str(d))
+    return d
+
+
+def test_byte_level_bpe_import_keeps_its_tokenizer_and_logits(tmp_path, bbpe, capsys):
+    """The import writes the model's own tokenizer with <mask> moved to id 4 and the rows after it one down, as
+    the embedding rows; text encodes as the source's tokenizer does up to that permutation, with equal logits.
+    Its export loads with AutoTokenizer (those ids) and AutoModelForMaskedLM (those logits)."""
+    src_tok = transformers.AutoTokenizer.from_pretrained(str(bbpe))
+    n = len(src_tok)
+    meta = import_hf(bbpe, tmp_path / "run")
+    assert meta["tokenizer"].endswith("final/tokenizer.json") and meta["tokenizer_conversion"]["rows_moved"] == n - 4
+    from tokenizers import Tokenizer
+    conv = Tokenizer.from_file(meta["tokenizer"])
+    text = "über <mask> the fox"
+    perm = torch.tensor([0, 1, 2, 3, n - 1] + list(range(4, n - 1)))  # our row -> the source's
+    src_ids, our_ids = src_tok(text).input_ids, conv.encode(text).ids
+    assert src_ids[0] == 0 and src_ids[-1] == 2 and src_tok.mask_token_id in src_ids
+    assert perm[torch.tensor(our_ids)].tolist() == src_ids
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(str(bbpe)).eval()
+    _, m = ours(tmp_path / "run")
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor([src_ids])).logits[..., perm]
+        torch.testing.assert_close(m(torch.tensor([our_ids]))["logits_main"], want, atol=1e-5, rtol=1e-5)
+    export(tmp_path / "run", tmp_path / "hf")
+    files = {p.name for p in (tmp_path / "hf").iterdir()}
+    assert "tokenizer.json" in files and "spm.model" not in files
+    assert "AutoTokenizer" in (tmp_path / "hf" / "README.md").read_text()
+    back = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert back(text).input_ids == our_ids and back.mask_token_id == 4 and back.pad_token_id == 1
+    with torch.no_grad():
+        got = loaded("AutoModelForMaskedLM", tmp_path / "hf")(input_ids=torch.tensor([our_ids])).logits
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # Step 3 encodes task data with SentencePiece: it refuses the parent and says what to do instead
+    from mm_ds.cli import main
+    capsys.readouterr()
+    assert main(["finetune", "--preset", "tiny/finetune", "--out", str(tmp_path / "ft"), "finetune.task=xnli",
+                 f"parent={tmp_path / 'run'}", f"finetune.data_root={tmp_path}"]) == 2
+    assert "tokenizes with a Hugging Face tokenizer" in capsys.readouterr().err
+
+
+def test_prepare_encodes_with_an_imported_tokenizer_json(tmp_path, bbpe):
+    """MINIPOST's Step 1b corpus in the source model's own pieces: ids as the converted tokenizer gives them,
+    lines stripped (a blank line is a document break), decoded back to the text."""
+    from tokenizers import Tokenizer
+
+    from mm_ds.data.corpus import decode_shard_lines, prepare
+    from mm_ds.data.shards import TokenCorpus
+
+    meta = import_hf(bbpe, tmp_path / "run")
+    lines = _lines(5, 20)
+    text = "\n".join(lines[:10]) + "\n  \n" + "\n".join(f" {ln} " for ln in lines[10:]) + "\n"  # spaces: stripped
+    (tmp_path / "en.txt").write_text(text)
+    prepare("en", [str(tmp_path / "en.txt")], str(tmp_path / "corpus"), spm_model=meta["tokenizer"], workers=1,
+            progress=False)
+    corpus, tok = TokenCorpus(tmp_path / "corpus"), Tokenizer.from_file(meta["tokenizer"])
+    assert corpus.spm_model.name == "tokenizer.json" and corpus.vocab_size == tok.get_vocab_size() == size_of(bbpe)
+    assert [corpus.line(i).tolist() for i in range(len(lines))] == \
+        [tok.encode(ln, add_special_tokens=False).ids + [2] for ln in lines]
+    assert corpus.document_starts().tolist() == [0, 10]
+    assert list(decode_shard_lines(tmp_path / "corpus")) == lines[:10] + [""] + lines[10:]
+
+
+def size_of(hf_dir) -> int:
+    return json.loads((hf_dir / "config.json").read_text())["vocab_size"]
+
+
+def test_xlmr_saved_without_its_sentencepiece_model_imports_through_its_tokenizer_json(tmp_path):
+    """transformers 5 saves XLM-R's tokenizer as tokenizer.json alone: the import reads it (a Unigram model with
+    SentencePiece's spelling) and gives the same model and ids as from sentencepiece.bpe.model."""
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(_lines(3)), model_prefix=str(tmp_path / "xlmr"),
+                                   vocab_size=70, minloglevel=2, hard_vocab_limit=False)  # XLM-R's: unigram
+    n = size(tmp_path / "xlmr.model")
+    hf = hf_mlm(n + 2, cls="XLMRobertaForMaskedLM")
+    for d in ("spm", "json"):
+        hf.save_pretrained(tmp_path / d)
+        shutil.copy(tmp_path / "xlmr.model", tmp_path / d / "sentencepiece.bpe.model")
+    transformers.XLMRobertaTokenizer.from_pretrained(str(tmp_path / "json")).save_pretrained(str(tmp_path / "json"))
+    (tmp_path / "json" / "sentencepiece.bpe.model").unlink()
+    a, b = import_hf(tmp_path / "spm", tmp_path / "a"), import_hf(tmp_path / "json", tmp_path / "b")
+    assert b["tokenizer"].endswith("tokenizer.json") and a["tokenizer"].endswith("spm.model")
+    for k, v in checkpoint.load_final(tmp_path / "a")[1].items():
+        assert torch.equal(checkpoint.load_final(tmp_path / "b")[1][k], v), k
+    from tokenizers import Tokenizer
+    from mm_ds.data.tokenizer import pieces
+    text = "hello naïve world the quick fox über"
+    assert Tokenizer.from_file(b["tokenizer"]).encode(text, add_special_tokens=False).ids == \
+        spm.SentencePieceProcessor(model_file=a["tokenizer"]).encode(text)
+    assert pieces(b["tokenizer"])[5:] == pieces(a["tokenizer"])[5:]  # the same pieces, as overlap compares them
+
+
+def test_pieces_are_spelled_as_sentencepiece_spells_them(tmp_path):
+    """Overlap initialisation compares pieces by the text they stand for, a word start as ▁: a byte-level BPE's
+    Ġ (GPT-2's character for the space byte) and its bytes-as-characters are respelled; a byte that is no whole
+    character is SentencePiece's byte-fallback piece; Metaspace pieces are SentencePiece's already; WordPiece marks
+    the inside of a word instead. Special tokens keep their names."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from mm_ds.data.tokenizer import BYTE_OF, pieces
+
+    assert BYTE_OF == {c: b for b, c in bytes_to_unicode().items()}
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    cases = {
+        decoders.ByteLevel(): (["Ġthe", "the", "ĠfÃ¼r", "Ã", "Ã¼", "Ġ", "ĠĠ", "Ċ", "é", "Ã©"],
+                               ["▁the", "the", "▁für", "<0xC3>", "ü", "▁", "▁▁", "\n", "<0xE9>", "é"]),
+        decoders.Metaspace(): (["▁the", "the", "<0xC3>"], ["▁the", "the", "<0xC3>"]),
+        decoders.WordPiece(): (["the", "##the"], ["▁the", "the"]),
+    }
+    for decoder, (raw, spelled) in cases.items():
+        t = Tokenizer(models.WordLevel({p: i for i, p in enumerate(specials + raw)}, unk_token="<unk>"))
+        t.add_special_tokens(specials)
+        t.add_tokens(["new word"])  # an added token is its raw text
+        t.decoder = decoder
+        t.save(str(tmp_path / "tokenizer.json"))
+        assert pieces(tmp_path / "tokenizer.json") == specials + spelled + ["new▁word"], decoder
+
+
 def test_import_export_import_is_the_identity(tmp_path, tok):
     hf = hf_mlm(size(tok["en"]))
     hf.save_pretrained(tmp_path / "hf")
@@ -385,10 +517,15 @@ def test_missing_files_and_mismatches(tmp_path, tok):
     with pytest.raises(InteropError, match=rf"tokenizer {tok['de']} \(\d+ pieces.* roberta.embeddings.word_"
                                            rf"embeddings.weight has {V}"):
         import_hf(tmp_path / "hf", tmp_path / "run", tokenizer=tok["de"])
-    # byte-level BPE: say what to pass
+    # no tokenizer beside the weights: say where mm-ds looked and what to pass
+    with pytest.raises(InteropError, match="no tokenizer found .looked for spm.model.*tokenizer.json.*; pass "
+                                           "--tokenizer with the model's SentencePiece model or tokenizer.json"):
+        import_hf(tmp_path / "hf", tmp_path / "run")
+    # a Hugging Face tokenizer of another model (here: an empty byte-level BPE)
     (tmp_path / "hf" / "vocab.json").write_text("{}")
     (tmp_path / "hf" / "merges.txt").write_text("")
-    with pytest.raises(InteropError, match="byte-level BPE .* --tokenizer SPM .* --no-tokenizer"):
+    with pytest.raises(InteropError, match=f"the tokenizer has \\d+ tokens but model.safetensors roberta.embeddings."
+                                           f"word_embeddings.weight has {V} rows"):
         import_hf(tmp_path / "hf", tmp_path / "run")
     meta = import_hf(tmp_path / "hf", tmp_path / "run", no_tokenizer=True)
     assert meta["tokenizer"] is None

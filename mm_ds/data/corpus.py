@@ -11,7 +11,8 @@ Inputs (`inputs=`, read by mm_ds.data.inputs), any mix of:
 
 Steps, all streaming (the corpus is never held in memory):
   1. Sample: one pass draws a deterministic reservoir sample of `sample_sentences` non-blank lines
-     (vectorised Algorithm R, seeded by `seed`), skipped when `spm_model=` reuses a model.
+     (vectorised Algorithm R, seeded by `seed`), skipped when `spm_model=` reuses a model (a SentencePiece
+     model, or the tokenizer.json `mm-ds import` wrote for a source model without one: mm_ds.data.tokenizer).
   2. Train SentencePiece on the sample (mm_ds.data.tokenizer): unigram (as XLM-R), nmt_nfkc normalisation, ids fixed by
      mm_ds.tokens (<s>=0 <pad>=1 </s>=2 <unk>=3, user-defined <mask>=4) so special ids line up across
      languages. The vocabulary size is an upper bound (hard_vocab_limit=False): a corpus too small to
@@ -46,15 +47,17 @@ from itertools import chain
 from pathlib import Path
 
 import numpy as np
-import sentencepiece as spm
 from tqdm import tqdm
 
 from mm_ds import tokens
 from mm_ds.data.inputs import InputSource, chunks, not_text_error, resolve_inputs, split_lines, total_bytes
 from mm_ds.data.shards import (FORMAT_VERSION, META_FILE, SPM_MODEL_FILE, SPM_VOCAB_FILE, TokenCorpus,
                                shard_dtype, shard_files)
-from mm_ds.data.tokenizer import MODEL_TYPES, check_spm, reservoir_sample, train_spm
+from mm_ds.data.tokenizer import (MODEL_TYPES, check_spm, check_tokenizer, decoder, encoder, is_tokenizer_json,
+                                  reservoir_sample, train_spm)
 
+
+TOKENIZER_JSON = "tokenizer.json"  # a reused Hugging Face tokenizer's name in the corpus (spm_model: its file)
 
 # ----------------------------------------------------------------------------------------------- encode
 
@@ -72,14 +75,14 @@ class _Encoder:
     """Turns a block of raw lines into shard arrays; one per worker process (loads the model once)."""
 
     def __init__(self, model_path: str, dtype: str):
-        self.sp = spm.SentencePieceProcessor(model_file=model_path)
+        self.encode = encoder(model_path)
         self.dtype = np.dtype(dtype)
 
     def __call__(self, block: bytes) -> _Encoded:
         lines, skipped = split_lines(block)
-        # One batched call; one thread per process, the pool provides the parallelism. SentencePiece
-        # strips surrounding whitespace, so a line is blank exactly when it encodes to no token.
-        ids = self.sp.encode(lines, out_type=int, num_threads=1)
+        # One batched call; one thread per process, the pool provides the parallelism. Surrounding
+        # whitespace is dropped, so a line is blank exactly when it encodes to no token.
+        ids = self.encode(lines)
         lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         blank = lens == 0
         flat = np.fromiter(chain.from_iterable(ids), dtype=self.dtype, count=int(lens.sum()))
@@ -258,7 +261,7 @@ def prepare(lang: str, inputs: list[str], out_dir: str, *, vocab_size: int = 500
         if not os.path.isfile(spm_model):
             raise FileNotFoundError(f"--spm-model {spm_model} does not exist")
         spm_model = os.path.abspath(spm_model)
-        vocab_size = check_spm(Path(spm_model))
+        vocab_size = check_tokenizer(Path(spm_model))
     dtype = shard_dtype(vocab_size)  # raises before any work when no shard dtype can hold the ids
     sources = resolve_inputs(inputs)
     workers = max(1, workers if workers is not None else len(os.sched_getaffinity(0)))
@@ -293,6 +296,8 @@ def _prepare_into(tmp: Path, lang: str, sources: list[InputSource], settings: di
     model_path = tmp / SPM_MODEL_FILE
     sampled = 0
     if spm_model is not None:
+        if is_tokenizer_json(spm_model):  # named as what it is: TokenCorpus finds it through meta.json
+            model_path = tmp / TOKENIZER_JSON
         shutil.copyfile(spm_model, model_path)
         vocab_src = Path(spm_model).with_suffix(".vocab")
         if vocab_src.is_file():
@@ -347,7 +352,7 @@ def _prepare_into(tmp: Path, lang: str, sources: list[InputSource], settings: di
         "format_version": FORMAT_VERSION, "lang": lang, "vocab_size": vocab_size, "dtype": dtype.name,
         "num_lines": num_lines, "num_tokens": sum(s["num_tokens"] for s in shards),
         "num_documents": sum(s["num_documents"] for s in shards), "skipped_lines": skipped,
-        "inputs": settings["inputs"], "spm_model": SPM_MODEL_FILE, "spm_model_source": spm_model,
+        "inputs": settings["inputs"], "spm_model": model_path.name, "spm_model_source": spm_model,
         "sample_sentences_used": sampled, "special_ids": dict(zip(tokens.SPECIAL_PIECES, tokens.SPECIAL_IDS)),
         "settings": settings, "shards": shards,
     }
@@ -371,13 +376,13 @@ def decode_shard_lines(corpus_dir: str | Path, start: int = 0, stop: int | None 
     """Decode lines [start, stop) back to text; with `doc_breaks`, yield '' before each line that begins
     a document (except the first line yielded), reproducing the CC-100 layout of the inputs."""
     corpus = TokenCorpus(corpus_dir)
-    sp = spm.SentencePieceProcessor(model_file=str(corpus.spm_model))
+    decode = decoder(corpus.spm_model)
     stop = corpus.num_lines if stop is None else min(stop, corpus.num_lines)
     doc_start = np.zeros(corpus.num_lines, dtype=bool)
     doc_start[corpus.document_starts()] = True
     for lo in range(start, stop, batch_lines):
         hi = min(lo + batch_lines, stop)
-        texts = sp.decode([corpus.line(i)[:-1].tolist() for i in range(lo, hi)])  # drop the EOS
+        texts = decode([corpus.line(i)[:-1].tolist() for i in range(lo, hi)])  # drop the EOS
         for i, text in zip(range(lo, hi), texts):
             if doc_breaks and doc_start[i] and i != start:
                 yield ""

@@ -1,15 +1,16 @@
 """Start from any existing English model, hand results to the Hugging Face ecosystem (paper §2.2: MINIPOST
 starts from an existing pretrained model).
 
-    mm-ds import --from hf DIR --out RUN [--tokenizer SPM | --no-tokenizer]      importers.import_hf
+    mm-ds import --from hf DIR --out RUN [--tokenizer FILE | --no-tokenizer]     importers.import_hf
     mm-ds import --from fairseq DIR --out RUN [--trust-pickle]                   importers.import_fairseq
     mm-ds import --from deepspeed CKPT --out RUN                                 importers.import_deepspeed
     mm-ds export SRC --out HF_DIR [--lang-from ADAPT_RUN] [--mini]               export.export
 
 An import writes `RUN/final/` (model.safetensors, mm_ds.json with stage "pretrain", step 0, FLOPs 0 and
-`imported_from`, spm.model): `parent=RUN` for build-mini (MINIPOST) and adapt (BL_BASE). Key tables:
-interop.hf (HF_KEYS, HF_TASK_KEYS), importers.FAIRSEQ_KEYS (fairseq). Tokenizer layouts: interop.spm;
-the exported transformers tokenizer: interop.hf_tokenizer.
+`imported_from`, its tokenizer: spm.model, or tokenizer.json for a model without a SentencePiece model such as
+roberta-base): `parent=RUN` for build-mini (MINIPOST) and adapt (BL_BASE). Key tables: interop.hf (HF_KEYS,
+HF_TASK_KEYS), importers.FAIRSEQ_KEYS (fairseq). Tokenizers: interop.vocab (which, and their rows), interop.spm
+and interop.hf_vocab (their layouts); the exported transformers tokenizer: interop.hf_tokenizer.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ def import_parser() -> argparse.ArgumentParser:
                         "fairseq: model.pt + dict.txt + SentencePiece model; deepspeed: a checkpoint of this system")
     p.add_argument("src", help="the source directory (fairseq: or its .pt file)")
     p.add_argument("--out", required=True, help="run directory to create; weights go to OUT/final/")
-    p.add_argument("--tokenizer", help="SentencePiece model of the source (hf/fairseq); default: found beside "
-                                       "the weights (spm.model, sentencepiece.bpe.model)")
+    p.add_argument("--tokenizer", help="tokenizer of the source: a SentencePiece model (hf/fairseq) or a "
+                                       "tokenizer.json (hf); default: found beside the weights (spm.model, "
+                                       "sentencepiece.bpe.model; hf: else its Hugging Face tokenizer)")
     p.add_argument("--no-tokenizer", action="store_true",
-                   help="import the weights alone (e.g. byte-level BPE RoBERTa): no overlap initialisation, "
-                        "adapt/finetune refuse it as parent")
+                   help="import the weights alone: no overlap initialisation, adapt/finetune refuse it as parent")
     p.add_argument("--trust-pickle", action="store_true",
                    help="fairseq: fully unpickle model.pt when weights_only loading refuses it. Runs code "
                         "from the file: only for checkpoints from a source you trust")

@@ -11,7 +11,8 @@ takes its tokenizer: Step 4 of the paper, as a shareable model. A MINIJOINT mode
 The directory holds config.json, model.safetensors, the language's SentencePiece model (`spm.model`: its
 ids are the embedding rows, <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4), the same model as a transformers
 tokenizer (tokenizer.json, tokenizer_config.json: interop.hf_tokenizer), so `AutoTokenizer` and `pipeline`
-load the directory as it is, and a README.md saying how to tokenize.
+load the directory as it is, and a README.md saying how to tokenize. A source model imported with its own
+Hugging Face tokenizer (a byte-level BPE: interop.hf_vocab) ships that tokenizer, no spm.model.
 """
 
 from __future__ import annotations
@@ -26,11 +27,10 @@ import torch
 
 from .. import checkpoint, surgery
 from ..config import ModelConfig, model_config_from_dict
-from ..data.tokenizer import has_our_ids
+from ..data.tokenizer import check_tokenizer, is_tokenizer_json
 from ..model import param_shapes
 from ..tokens import SPECIAL_IDS, SPECIAL_PIECES
 from . import hf, hf_tokenizer
-from . import spm as spm_io
 from .spm import InteropError
 
 ARCHS = {None: "RobertaForMaskedLM", "pair_classification": "RobertaForSequenceClassification",
@@ -85,7 +85,7 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
                 cfg, sd = surgery.drop_secondary_head(cfg, sd)
         else:
             cfg, sd = surgery.drop_secondary_head(cfg, sd)
-            notes.append("MINIJOINT: main head exported; pass --mini for the second head's mini-model")
+            notes.append("MINIJOINT: main head exported; `mm-ds export --mini` exports the second head's mini-model")
     elif mini:
         raise InteropError(f"--mini exports a MINIJOINT model's second head, but {src} has none "
                            f"(model.secondary_head_layer is null{', kind ' + kind if kind else ''})")
@@ -101,13 +101,14 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
         if not Path(spm_path).is_file():
             raise InteropError(f"tokenizer {spm_path} does not exist (recorded in the checkpoint's meta or "
                                f"given by --tokenizer)")
-        sp = spm_io.load(spm_path)
-        if not has_our_ids(sp):
-            raise InteropError(f"tokenizer {spm_path}: special ids are not <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4")
-        if sp.get_piece_size() != cfg.vocab_size:
-            raise InteropError(f"tokenizer {spm_path} has {sp.get_piece_size()} pieces but {surgery.TOKENS} has "
-                               f"{cfg.vocab_size} rows: pass the tokenizer of this language (--tokenizer), or "
-                               f"--lang-from the adapt run the embeddings come from")
+        try:
+            size = check_tokenizer(Path(spm_path))
+        except ValueError as e:
+            raise InteropError(str(e)) from e
+        if size != cfg.vocab_size:
+            raise InteropError(f"tokenizer {spm_path} has {size} pieces but {surgery.TOKENS} has "
+                               f"{cfg.vocab_size} rows: export with the tokenizer of this language (mm-ds export "
+                               f"--tokenizer), or with the adapt run the embeddings come from (--lang-from)")
     else:
         notes.append("no tokenizer recorded: exported without one")
     hf_tok = _hf_tokenizer(spm_path, cfg.max_positions, notes) if spm_path is not None else None
@@ -138,6 +139,8 @@ def _hf_tokenizer(spm_path, max_length: int, notes: list[str]):
         notes.append("transformers is not installed: no tokenizer.json / tokenizer_config.json written "
                      "(pip install transformers, then export again)")
         return None
+    if is_tokenizer_json(spm_path):  # an imported source's own tokenizer: its ids already are the rows
+        return hf_tokenizer.from_json(spm_path, max_length)
     try:
         tok = hf_tokenizer.build(spm_path, max_length)
         hf_tokenizer.check(tok, spm_path)
@@ -159,14 +162,14 @@ def _write_dir(out: Path, hf_cfg: dict, hf_sd: dict, spm_path, hf_tok, meta: dic
               metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n")
     (tmp / "mm_ds_source.json").write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
-    if spm_path is not None:
+    has_spm = spm_path is not None and not is_tokenizer_json(spm_path)
+    if has_spm:
         shutil.copyfile(spm_path, tmp / "spm.model")
     if hf_tok is not None:
         hf_tok.save_pretrained(str(tmp))
         # older transformers releases read the special tokens from here, 5 from tokenizer_config.json
         (tmp / "special_tokens_map.json").write_text(json.dumps(hf_tokenizer.SPECIAL_TOKENS, indent=2) + "\n")
-    (tmp / "README.md").write_text(_readme(hf_cfg["architectures"][0], lang, spm_path is not None,
-                                           hf_tok is not None))
+    (tmp / "README.md").write_text(_readme(hf_cfg["architectures"][0], lang, has_spm, hf_tok is not None))
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
@@ -190,7 +193,8 @@ sp = spm.SentencePieceProcessor(model_file="spm.model")
 ids = [0] + sp.encode("a sentence") + [2]                    # <s> ... </s>
 pair = [0] + sp.encode("a") + [2, 2] + sp.encode("b") + [2]  # <s> A </s></s> B </s> (tasks, QA)
 ```
-""" if has_spm else "No tokenizer was recorded for this checkpoint.\n")
+""" if has_spm else f"## Tokenizer\n\n{hf_tok}\n" if has_hf_tokenizer else
+           "No tokenizer was recorded for this checkpoint.\n")
     return f"""# {arch} exported by mm-ds (language: {lang})
 
 Load with `transformers` (`AutoModelFor...from_pretrained(this_dir)`). Provenance: `mm_ds_source.json`.

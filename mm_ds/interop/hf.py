@@ -8,6 +8,7 @@ Pure functions on (config, state dict), like mm_ds.surgery: no files, no engines
                             MLM and task exports (mm_ds.interop.export) go through
     to_hf_roberta, from_hf_roberta, hf_config   a whole RobertaForMaskedLM
     model_config            our ModelConfig of an HF config (no weights needed)
+    check_hf_shapes         what from_hf_roberta checks, from the tensors' shapes alone (a safetensors header)
     token_type_fold         what an import does with the token-type table (recorded in the import's meta)
 """
 
@@ -155,16 +156,14 @@ def model_config(hf_cfg: Mapping) -> ModelConfig:
     return cfg
 
 
-def from_hf_roberta(hf_cfg: Mapping, hf_sd: StateDict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """An HF `RobertaForMaskedLM` (config as a dict, e.g. `config.to_dict()`, and state dict) as our
-    (ModelConfig, state dict). Row 0 of the token-type table is added to every row of our position table:
-    HF adds it to every token whose token_type_ids is 0, so the forward pass of single-segment input is the
-    same up to float rounding; rows 1.. are dropped (see token_type_fold). Needs pad_token_id=1,
-    hidden_act=gelu, absolute positions and tied output embeddings."""
+def check_hf_shapes(hf_cfg: Mapping, shapes: Mapping[str, tuple]) -> ModelConfig:
+    """Our ModelConfig of an HF `RobertaForMaskedLM` whose state dict has these shapes (name -> shape), or a
+    SurgeryError naming the missing, unexpected or misshapen key: what `from_hf_roberta` checks, known from a
+    safetensors header alone (`mm-ds extend --check`)."""
     cfg = model_config(hf_cfg)
     rows = list(hf_rows(cfg))
     known = {n for _, hf in rows for n in (hf if isinstance(hf, tuple) else (hf,))} | set(HF_TIED) | {HF_TOKEN_TYPE}
-    present = {k for k in hf_sd if not k.startswith(HF_IGNORED_PREFIXES)}
+    present = {k for k in shapes if not k.startswith(HF_IGNORED_PREFIXES)}
     missing = sorted(known - present - set(HF_TIED))
     extra = sorted(present - known)
     if missing or extra:
@@ -174,16 +173,35 @@ def from_hf_roberta(hf_cfg: Mapping, hf_sd: StateDict) -> tuple[ModelConfig, dic
     for ours, hf in rows:
         for n in (hf if isinstance(hf, tuple) else (hf,)):
             s = want[ours] if not isinstance(hf, tuple) else (want[ours][0] // len(hf), *want[ours][1:])
-            if tuple(hf_sd[n].shape) != s:
-                raise SurgeryError(f"HF {n} has shape {tuple(hf_sd[n].shape)}, expected {s} from the HF config "
+            if tuple(shapes[n]) != s:
+                raise SurgeryError(f"HF {n} has shape {tuple(shapes[n])}, expected {s} from the HF config "
                                    f"(vocab_size, hidden_size, intermediate_size, max_position_embeddings)")
+    _check_token_type(hf_cfg, tuple(shapes[HF_TOKEN_TYPE]))
+    return cfg
+
+
+def _check_token_type(hf_cfg: Mapping, shape: tuple) -> None:
+    h = hf_cfg["hidden_size"]
+    n = hf_cfg.get("type_vocab_size", shape[0] if shape else 0)
+    if len(shape) != 2 or shape[0] < 1 or shape != (n, h):
+        raise SurgeryError(f"HF {HF_TOKEN_TYPE} has shape {shape}, expected (type_vocab_size={n}, "
+                           f"hidden_size={h}) with at least one row: row 0 is the one folded into the positions")
+
+
+def from_hf_roberta(hf_cfg: Mapping, hf_sd: StateDict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """An HF `RobertaForMaskedLM` (config as a dict, e.g. `config.to_dict()`, and state dict) as our
+    (ModelConfig, state dict). Row 0 of the token-type table is added to every row of our position table:
+    HF adds it to every token whose token_type_ids is 0, so the forward pass of single-segment input is the
+    same up to float rounding; rows 1.. are dropped (see token_type_fold). Needs pad_token_id=1,
+    hidden_act=gelu, absolute positions and tied output embeddings."""
+    cfg = check_hf_shapes(hf_cfg, {k: tuple(v.shape) for k, v in hf_sd.items()})
+    rows = list(hf_rows(cfg))
     sd: dict[str, torch.Tensor] = {}
     for ours, hf in rows:
         if isinstance(hf, tuple):
             sd[ours] = torch.cat([hf_sd[n].detach() for n in hf], dim=0)
         else:
             sd[ours] = hf_sd[hf].detach().clone()
-    token_type_fold(hf_cfg, hf_sd)  # checks the table's shape
     row0 = hf_sd[HF_TOKEN_TYPE][0].detach().to(sd["embed.positions.weight"].dtype)
     sd["embed.positions.weight"] = sd["embed.positions.weight"] + row0  # (P, H) + (H,): every position
     check_state_dict(cfg, sd, "imported HF model")
@@ -201,11 +219,8 @@ def token_type_fold(hf_cfg: Mapping, hf_sd: StateDict) -> dict:
     used (pairs are joined with </s></s>, not token types) and all mm-ds feeds. A model fine-tuned to read
     token type 1 is imported without it: its pair inputs will differ. Refused: a table that does not match the
     config (shape (type_vocab_size, hidden_size), at least one row)."""
-    tt, h = hf_sd[HF_TOKEN_TYPE], hf_cfg["hidden_size"]
-    n = hf_cfg.get("type_vocab_size", tt.shape[0])
-    if tt.dim() != 2 or tt.shape[0] < 1 or tuple(tt.shape) != (n, h):
-        raise SurgeryError(f"HF {HF_TOKEN_TYPE} has shape {tuple(tt.shape)}, expected (type_vocab_size={n}, "
-                           f"hidden_size={h}) with at least one row: row 0 is the one folded into the positions")
+    tt = hf_sd[HF_TOKEN_TYPE]
+    _check_token_type(hf_cfg, tuple(tt.shape))
     note = {"token_type_rows": int(tt.shape[0]), "folded": "row 0 added to every position embedding"}
     if tt.shape[0] > 1:
         same = bool(torch.equal(tt[1:], tt[:1].expand_as(tt[1:])))

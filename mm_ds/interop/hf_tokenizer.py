@@ -18,6 +18,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from ..data.tokenizer import load_tokenizer_json
 from ..tokens import SPECIAL_IDS, SPECIAL_PIECES
 from .spm import read_proto
 
@@ -84,3 +85,12 @@ def check(tokenizer, spm_path: str | Path, lines: int = 64) -> None:
         if got != want:
             raise TokenizerMismatch(f"{spm_path}: for {text!r} the transformers tokenizer gives {got}, "
                                     f"SentencePiece {want}")
+
+
+def from_json(path: str | Path, max_length: int):
+    """A tokenizer.json whose ids are the embedding rows (an imported source's own: interop.hf_vocab) as a
+    transformers tokenizer, `model_max_length=max_length`."""
+    from transformers import TokenizersBackend
+
+    return TokenizersBackend(tokenizer_object=load_tokenizer_json(path), model_max_length=max_length,
+                             **SPECIAL_TOKENS)

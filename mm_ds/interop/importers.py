@@ -23,18 +23,18 @@ import torch
 
 from .. import checkpoint, surgery
 from ..config import ConfigError, ModelConfig, to_dict
-from ..data.tokenizer import has_our_ids, pieces
+from ..data.tokenizer import has_our_ids
 from ..model import is_language_param, param_shapes
 from ..tokens import PAD
 from . import hf
 from . import spm as spm_io
 from .spm import InteropError
+from .vocab import SourceVocab, find_tokenizer, hf_dir_vocab
 
 HF_MLM_ARCHS = ("RobertaForMaskedLM", "XLMRobertaForMaskedLM")
 HF_MODEL_TYPES = ("roberta", "xlm-roberta")
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
               "pytorch_model.bin.index.json")
-SPM_NAMES = ("spm.model", "sentencepiece.bpe.model", "sentencepiece.model")  # ours/exported, XLM-R, others
 HF_EMBED = "roberta.embeddings.word_embeddings.weight"
 FS_EMBED = "encoder.sentence_encoder.embed_tokens.weight"
 
@@ -52,29 +52,27 @@ def _import_meta(cfg: ModelConfig, system: str, lang: str, source: dict) -> dict
             "imported_from": source, "time": checkpoint.now()}
 
 
-def _finish(final: Path, cfg: ModelConfig, sd: dict, meta: dict, spm_src: Path | None,
-            rows: list[str] | None) -> dict:
-    """Permute the language-specific rows into mm-ds's layout, write final/ (+ spm.model), return meta."""
-    converted = None
-    if rows is not None:
-        perm = spm_io.our_layout(rows, str(spm_src))
-        if perm != list(range(len(rows))) or rows != pieces(spm_io.load(spm_src)):
+def _finish(final: Path, cfg: ModelConfig, sd: dict, meta: dict, vocab: SourceVocab | None) -> dict:
+    """Permute the language-specific rows into mm-ds's layout, write final/ (+ spm.model or tokenizer.json, its
+    ids the new rows), return meta."""
+    converted, rows = None, vocab.rows if vocab is not None else None
+    if vocab is not None:
+        perm = spm_io.our_layout(rows, str(vocab.path))
+        moved = sum(i != j for i, j in enumerate(perm))
+        if moved:
             idx = torch.tensor(perm)
             for k in [k for k in sd if is_language_param(k)]:
                 sd[k] = sd[k].index_select(0, idx).contiguous()
             rows = [rows[i] for i in perm]
-            converted = {"from": str(spm_src), "rows_moved": sum(i != j for i, j in enumerate(perm))}
+        if vocab.needs_writing(rows, moved):
+            converted = {"from": str(vocab.path), "rows_moved": moved}
     surgery.check_state_dict(cfg, sd, "imported model")
     checkpoint.write_final(final, sd, meta)
-    if spm_src is not None:
-        dst = final / "spm.model"
-        if converted is not None:
-            converted |= spm_io.write_model(spm_src, rows, dst)
-        else:
-            shutil.copyfile(spm_src, dst)
+    if vocab is not None:
+        dst = vocab.write(final, perm, rows, converted)
         meta = meta | {"tokenizer": str(dst.resolve()), "tokenizer_conversion": converted}
         checkpoint.write_meta(final, meta)
-        checkpoint.write_manifest(final)  # now covering spm.model too
+        checkpoint.write_manifest(final)  # now covering the tokenizer too
     return meta
 
 
@@ -138,14 +136,14 @@ def import_hf(src: str | Path, out: str | Path, tokenizer: str | Path | None = N
               system: str = "bl_base", lang: str = "en", force: bool = False) -> dict:
     """An HF RoBERTa/XLM-R MLM directory as `out/final/`. Returns the written meta.
 
-    Tokenizer: `tokenizer` if given, else the directory's `spm.model` (an mm-ds export) or
-    `sentencepiece.bpe.model` (XLM-R, converted: see mm_ds.interop.spm). A byte-level BPE RoBERTa
-    (vocab.json + merges.txt) has no SentencePiece pieces: pass `tokenizer` (ids = embedding rows) or
-    `no_tokenizer=True` to import the weights alone. The token-type table's row 0 is folded into the
-    positions, rows 1.. dropped (hf.token_type_fold): recorded in the meta's `imported_from`."""
+    Tokenizer: `tokenizer` if given (a SentencePiece model or a tokenizer.json), else the directory's
+    `spm.model` (an mm-ds export) or `sentencepiece.bpe.model` (XLM-R, converted: see mm_ds.interop.spm), else
+    its Hugging Face tokenizer (a byte-level BPE RoBERTa: vocab.json + merges.txt or tokenizer.json; converted:
+    see mm_ds.interop.hf_vocab). `no_tokenizer=True` imports the weights alone. The token-type table's row 0 is
+    folded into the positions, rows 1.. dropped (hf.token_type_fold): recorded in the meta's `imported_from`."""
     src = Path(src)
     final = _out_final(out, force)
-    hf_cfg, _, _, spm_src = inspect_hf(src, tokenizer, no_tokenizer)
+    hf_cfg, _, _, vocab = inspect_hf(src, tokenizer, no_tokenizer)
     cfg_path = src / "config.json"
     hf_sd, wfile = read_hf_weights(src)
     hf_sd, dtypes = _to_fp32(hf_sd)
@@ -153,21 +151,20 @@ def import_hf(src: str | Path, out: str | Path, tokenizer: str | Path | None = N
         cfg, sd = hf.from_hf_roberta(hf_cfg, hf_sd)
     except (surgery.SurgeryError, ConfigError) as e:
         raise InteropError(f"{wfile} with {cfg_path}: {e}") from e
-    rows = spm_io.rows_of(spm_src, cfg.vocab_size, f"{wfile.name} {HF_EMBED}") if spm_src else None
     source = {"format": "hf", "path": str(src.resolve()), "weights": wfile.name, "dtype": dtypes,
               "model_type": hf_cfg.get("model_type"), "architectures": hf_cfg.get("architectures"),
               "token_type_embeddings": hf.token_type_fold(hf_cfg, hf_sd)}
-    return _finish(final, cfg, sd, _import_meta(cfg, system, lang, source), spm_src, rows)
+    return _finish(final, cfg, sd, _import_meta(cfg, system, lang, source), vocab)
 
 
 def inspect_hf(src: str | Path, tokenizer: str | Path | None = None,
-               no_tokenizer: bool = False) -> tuple[dict, ModelConfig, Path, Path | None]:
-    """(config.json, our ModelConfig, weights file, SentencePiece model or None) of an HF RoBERTa/XLM-R MLM
-    directory, checked without reading the weights: the directory, its config, that a weights file is there,
-    and a tokenizer whose pieces fit the embedding rows (what `import_hf` reads, `mm-ds extend --check` checks)."""
+               no_tokenizer: bool = False) -> tuple[dict, ModelConfig, Path, SourceVocab | None]:
+    """(config.json, our ModelConfig, weights file, tokenizer or None) of an HF RoBERTa/XLM-R MLM directory,
+    checked without reading the weights: the directory, its config, that a weights file is there, and a
+    tokenizer whose pieces fit the embedding rows (what `import_hf` reads, `mm-ds extend --check` checks)."""
     src = Path(src)
     if not src.is_dir():
-        raise InteropError(f"--from hf expects a directory holding config.json, got {src}")
+        raise InteropError(f"{src} is not a directory; a Hugging Face model is a directory holding config.json")
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
         raise InteropError(f"{src}: no config.json; is this a Hugging Face model directory?")
@@ -177,34 +174,30 @@ def inspect_hf(src: str | Path, tokenizer: str | Path | None = None,
     except surgery.SurgeryError as e:
         raise InteropError(f"{cfg_path}: {e}") from e
     wfile = hf_weights_file(src)
-    spm_src = _find_tokenizer(src, tokenizer, no_tokenizer, "--from hf")
-    if spm_src is not None:
-        spm_io.rows_of(spm_src, cfg.vocab_size, f"{wfile.name} {HF_EMBED}")
-    return hf_cfg, cfg, wfile, spm_src
+    shapes = _safetensors_shapes(src, wfile)
+    if shapes is not None:  # .bin files: only by unpickling them, at import
+        try:
+            hf.check_hf_shapes(hf_cfg, shapes)
+        except surgery.SurgeryError as e:
+            raise InteropError(f"{wfile} with {cfg_path}: {e}") from e
+    return hf_cfg, cfg, wfile, hf_dir_vocab(src, tokenizer, no_tokenizer, cfg.vocab_size, f"{wfile.name} {HF_EMBED}")
 
 
-def _find_tokenizer(src: Path, tokenizer, no_tokenizer: bool, flag: str) -> Path | None:
-    if tokenizer is not None:
-        if no_tokenizer:
-            raise InteropError("pass either --tokenizer or --no-tokenizer, not both")
-        if not Path(tokenizer).is_file():
-            raise InteropError(f"--tokenizer {tokenizer} does not exist")
-        return Path(tokenizer)
-    if no_tokenizer:
+def _safetensors_shapes(src: Path, wfile: Path) -> dict[str, tuple] | None:
+    """Tensor name -> shape from the safetensors headers (no weights read); None for .bin files."""
+    from safetensors import safe_open
+
+    if "safetensors" not in wfile.name:
         return None
-    found = next((src / n for n in SPM_NAMES if (src / n).is_file()), None)
-    if found is not None:
-        return found
-    if (src / "vocab.json").is_file() or (src / "merges.txt").is_file():
-        raise InteropError(
-            f"{src} has a byte-level BPE tokenizer (vocab.json, merges.txt), not a SentencePiece model. mm-ds "
-            f"initialises a new language's embeddings from the pieces it shares with the source vocabulary "
-            f"(paper footnote 1), and its data pipeline is SentencePiece-only. Either pass --tokenizer SPM "
-            f"(a SentencePiece model whose ids equal this checkpoint's embedding rows, with <s>=0 <pad>=1 "
-            f"</s>=2 <unk>=3 <mask>=4), or --no-tokenizer to import the weights alone: adapt and finetune "
-            f"then refuse the parent (no source pieces), so only tools that need no tokenizer can use it")
-    raise InteropError(f"{src}: no tokenizer found (looked for {', '.join(SPM_NAMES)}); pass --tokenizer SPM, "
-                       f"or --no-tokenizer to import the weights alone (no overlap initialisation possible)")
+    files = ([src / f for f in sorted(set(json.loads(wfile.read_text()).get("weight_map", {}).values()))]
+             if wfile.name.endswith(".index.json") else [wfile])
+    shapes = {}
+    for f in files:
+        if not f.is_file():
+            raise InteropError(f"{wfile}: weight_map names the missing shard {f.name}")
+        with safe_open(str(f), "pt") as st:
+            shapes |= {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
+    return shapes
 
 
 # ---------------------------------------------------------------- fairseq
@@ -361,7 +354,7 @@ def import_fairseq(src: str | Path, out: str | Path, tokenizer: str | Path | Non
     fs_sd, dtypes = _to_fp32(ckpt["model"])
     args = fairseq_args(ckpt, pt)
     cfg, sd = from_fairseq(args, fs_sd, str(pt))
-    spm_src = _find_tokenizer(home, tokenizer, no_tokenizer, "--from fairseq")
+    spm_src = find_tokenizer(home, tokenizer, no_tokenizer)
     rows = None
     if spm_src is not None:
         dict_txt = home / "dict.txt"
@@ -378,7 +371,8 @@ def import_fairseq(src: str | Path, out: str | Path, tokenizer: str | Path | Non
                                    f"with a model whose ids equal the rows)")
     source = {"format": "fairseq", "path": str(pt.resolve()), "dtype": dtypes,
               "arch": args.get("arch") or args.get("_name")}
-    return _finish(final, cfg, sd, _import_meta(cfg, system, lang, source), spm_src, rows)
+    vocab = SourceVocab(spm_src, rows) if spm_src is not None else None
+    return _finish(final, cfg, sd, _import_meta(cfg, system, lang, source), vocab)
 
 
 # ---------------------------------------------------------------- DeepSpeed (this system's own checkpoints)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
@@ -20,6 +21,7 @@ from ..data import features as feats
 from ..data.order import sample_ids
 from ..data.task_files import load_split
 from ..data.tasks import EXTRACTIVE_QA, get_task
+from ..data.tokenizer import is_tokenizer_json
 from ..ds_config import Geometry
 from ..engine import Stage
 from ..heads import RobertaForTask
@@ -35,6 +37,10 @@ def _spec_and_parent(cfg: RunConfig):
     meta, mcfg, sd = load_parent(cfg, ("pretrain", "build_mini"))  # a primary model, or a mini-model (Table 5)
     if not meta.get("tokenizer"):
         raise ConfigError(f"parent={cfg.parent} records no tokenizer to encode the English task data with")
+    if Path(meta["tokenizer"]).is_file() and is_tokenizer_json(meta["tokenizer"]):
+        raise ConfigError(f"parent={cfg.parent} tokenizes with a Hugging Face tokenizer ({meta['tokenizer']}: an "
+                          f"imported byte-level BPE model); task data is encoded with SentencePiece only. Finetune "
+                          f"the exported model with transformers, or a model with a SentencePiece tokenizer here")
     return spec, meta, mcfg, sd
 
 
