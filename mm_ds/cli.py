@@ -212,9 +212,11 @@ def run_stage(name: str, argv: list[str]) -> int:
         args, cfg = stage_config(name, argv)
         rank, _, world = dist.init()
         if not dist.broadcast_object(validated_here(name, argv) if rank == 0 else None):
-            # a rank started by hand, or by `mm-ds run`'s one job: every rank checks, then rank 0 may write
-            validate(importlib.import_module(STAGE_COMMANDS[name][0]), cfg, Path(args.out), args.resume, world)
-            dist.barrier()
+            # a rank started by hand, or by `mm-ds run`'s one job: every rank checks what it sees (and all stop
+            # when one fails), then rank 0 may write
+            stage_mod = importlib.import_module(STAGE_COMMANDS[name][0])
+            dist.on_every_rank(lambda: validate(stage_mod, cfg, Path(args.out), args.resume, world),
+                               f"checking the stage run {args.out}")
     stage = importlib.import_module(STAGE_COMMANDS[name][0]).build(cfg)
     engine.train(stage, Path(args.out), resume=args.resume, progress=not args.no_progress, reshard=args.reshard)
     return 0

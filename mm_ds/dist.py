@@ -83,7 +83,8 @@ def broadcast_object(obj, src: int = 0):
 
 
 class OtherRankFailed(RuntimeError):
-    """Raised by `on_rank0` on the ranks that waited while rank 0's own work failed: rank 0 reports why."""
+    """Raised by `on_rank0` and `on_every_rank` on the ranks whose own work did not fail: the failed one reports
+    why."""
 
 
 def on_rank0(work, what: str):
@@ -102,6 +103,22 @@ def on_rank0(work, what: str):
         raise error
     if not ok:
         raise OtherRankFailed(f"rank {rank()} stopped: rank 0 failed {what} (rank 0's output says why)")
+    return value
+
+
+def on_every_rank(work, what: str):
+    """Collective: `work()` on every rank (a check each rank makes of what it sees), then whether it failed on
+    any. A rank that raised re-raises; the others raise OtherRankFailed naming `what`, instead of waiting in the
+    next collective for a rank that left (a file another node cannot see, a parent one node cannot read)."""
+    value, error = None, None
+    try:
+        value = work()
+    except Exception as e:  # noqa: BLE001  re-raised below, once every rank knows
+        error = e
+    if any_rank(error is not None):
+        if error is not None:
+            raise error
+        raise OtherRankFailed(f"rank {rank()} stopped: another rank failed {what} (its output says why)")
     return value
 
 

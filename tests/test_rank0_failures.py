@@ -94,3 +94,30 @@ def test_a_failed_stage_shows_its_error_line_when_launcher_lines_follow(tmp_path
     msg = str(failed.value)
     assert msg.count("writing RUN/final failed") == 1 and "earlier attempt" not in msg
     assert "Killing subprocess 25\n" in msg and "Killing subprocess 24\n" not in msg  # and the last 15 lines
+
+
+def test_a_check_that_fails_on_one_rank_stops_every_rank(corpus, tmp_path):
+    """Ranks started by hand, as a launcher starts them on two nodes: rank 1 sees something rank 0 does not (its
+    corpus path does not exist there) and fails the stage's check; rank 0, which saw nothing wrong, stops too
+    (`dist.on_every_rank`) instead of waiting for rank 1 in the next collective."""
+    from test_launchers import TINY
+
+    port, procs = free_port(), []
+    for rank in (0, 1):
+        env = os.environ | {"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
+                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}
+        seen = corpus if rank == 0 else tmp_path / "not-on-this-node"
+        procs.append(subprocess.Popen([sys.executable, "-m", "mm_ds.cli", "pretrain", "--preset", "tiny/minijoint",
+                                       "--out", str(tmp_path / "run"), "--no-progress", f"data.corpus={seen}", *TINY,
+                                       "train.steps=6"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    t0 = time.monotonic()
+    try:
+        logs = [p.communicate(timeout=max(1.0, 90 - (time.monotonic() - t0)))[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [2, 2], logs
+    assert "not-on-this-node" in logs[1] and "error" in logs[1], logs[1][-2000:]
+    assert "rank 0 stopped: another rank failed checking the stage run" in logs[0], logs[0][-2000:]
+    assert not (tmp_path / "run" / "final").exists()
