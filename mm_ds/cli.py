@@ -55,6 +55,8 @@ TOOL_COMMANDS = {
 INTERNAL_COMMANDS = {
     "run-job": ("mm_ds.pipeline:job_main", "the ranks of `mm-ds run`'s one job: every stage in order"),
     "run-eval": ("mm_ds.stages.transfer:run_eval_main", "the ranks of `mm-ds run`'s evaluation"),
+    "run-pack": ("mm_ds.pack:main", "the ranks of `mm-ds run`'s Step 3: single-device runs, several at once"),
+    "run-align": ("mm_ds.align_spread:run_align_main", "the ranks of `mm-ds run`'s alignment check"),
 }
 
 
