@@ -93,7 +93,8 @@ def _this_ranks_device(local_rank: int, local_world: int) -> tuple[dict[str, str
     if share and share != cores:
         os.sched_setaffinity(0, share)  # this rank's children inherit it; their thread pools fit it
     env, _ = child_env(dict(os.environ), os.getpid(), None, 0)
-    return env, f"CPU cores {share[0]}-{share[-1]}" if share else "CPU"
+    return env, ("CPU" if not share else f"CPU core {share[0]}" if len(share) == 1
+                 else f"CPU cores {share[0]}-{share[-1]}")
 
 
 # ---------------------------------------------------------------- the queue
@@ -253,9 +254,9 @@ class Watch:
                 say(f"{s['name']}: done in {clock(s['seconds'])}")
             else:
                 say(f"{s['name']}: FAILED ({_exit(s['exit_code'])}); its log: {s['log']}")
-        if now - self.shown >= self.interval_s and states:
+        count = {k: sum(s["state"] == k for s in states) for k in ("done", "running", "failed")}
+        if now - self.shown >= self.interval_s and count["running"]:
             self.shown = now
-            count = {k: sum(s["state"] == k for s in states) for k in ("done", "running", "failed")}
             say(f"{self.title}: {count['done']} of {total} runs done this time, {count['running']} running, "
                 f"{count['failed']} failed")
 

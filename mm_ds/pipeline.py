@@ -105,6 +105,10 @@ def job_main(argv: list[str]) -> int:
             from .pack import run_pack
             run_pack(Path(stage_argv[1]))
             continue
+        if stage_argv[0] == "run-align":  # the alignment check, after Step 4, the same way
+            from .align_spread import run_align_main
+            run_align_main(stage_argv[1:])
+            continue
         run_dir = Path(stage_argv[stage_argv.index("--out") + 1])
         # Rank 0 decides for all: a rank that looked for itself could see a stage that rank 0 has just
         # finished alone (an extraction) as complete, skip its barrier, and deadlock the job.
@@ -184,7 +188,7 @@ def spread_alignment(recipe: Recipe, out: Path, job_ran_it: bool) -> None:
     cfg = from_dict(LaunchConfig, recipe.launch)
     if job_ran_it or cfg.world_size == 1 or cfg.launcher == "none" or (spec := write_spec(recipe, out)) is None:
         return
-    say(f"alignment check: {len(json.loads(spec.read_text())['runs'])} Step-2 runs on {cfg.world_size} rank(s); "
+    say(f"alignment check: {len(json.loads(spec.read_text())['jobs'])} language(s) on {cfg.world_size} rank(s); "
         f"its log: {out / 'logs' / 'align.log'}")
     _run_logged(command(cfg, ["run-align", str(spec)]), out / "logs" / "align.log", None, launch_env(cfg))
 

@@ -126,8 +126,9 @@ def format_totals(totals: list[StepTotal], cluster, refused: list[str]) -> str:
     lines = [f"the whole recipe as `mm-ds run` runs it on {cluster.gpus} GPUs (every language, shared stages once):",
              "| step | runs | how | hours | GPU-h | busy GPU-h | disk GB |", "|---|---:|---|---:|---:|---:|---:|"]
     for t in totals:
-        lines.append(f"| {t.step} | {t.runs:,} | {t.how} | {t.hours:.1f} | {t.gpu_hours:,.0f} | "
-                     f"{t.busy_gpu_hours:,.0f} | {t.disk_bytes / 1e9:,.0f} |")
+        lines.append(f"| {t.step} | {t.runs:,} | {t.how} | {t.hours:.{1 if t.hours >= 1 else 2}f} | "
+                     f"{t.gpu_hours:,.0f} | {t.busy_gpu_hours:,.{0 if t.busy_gpu_hours >= 10 else 1}f} | "
+                     f"{t.disk_bytes / 1e9:,.0f} |")
     hours = sum(t.hours for t in totals)
     lines.append(f"all steps in sequence: {hours:.1f} h = {hours / 24:.1f} days, "
                  f"{sum(t.gpu_hours for t in totals):,.0f} GPU-h ({sum(t.busy_gpu_hours for t in totals):,.0f} "
