@@ -227,7 +227,7 @@ def _inherited(cfg: RunConfig, configs: dict[Path, RunConfig]) -> None:
     parent = configs.get(Path(cfg.parent).resolve())
     if parent is None:
         return  # an existing run given as parent: its checkpoint is checked at launch
-    pm = _model_after(parent, configs)
+    pm = model_after(parent, configs)
     if cfg.stage == "build_mini":
         kind = system_of(cfg.system).mini
         if kind is None:
@@ -250,12 +250,12 @@ def _inherited(cfg: RunConfig, configs: dict[Path, RunConfig]) -> None:
             raise ConfigError(f"adapt/{cfg.system}: {e}") from None
 
 
-def _model_after(cfg: RunConfig, configs: dict[Path, RunConfig]) -> ModelConfig:
+def model_after(cfg: RunConfig, configs: dict[Path, RunConfig]) -> ModelConfig:
     """The model a stage hands on (its final/), from the configs alone. Later stages take their architecture
     from their parent, not from their own preset."""
     if cfg.stage == "pretrain" or Path(cfg.parent).resolve() not in configs:
         return cfg.model
-    m = _model_after(configs[Path(cfg.parent).resolve()], configs)
+    m = model_after(configs[Path(cfg.parent).resolve()], configs)
     if cfg.stage != "build_mini":
         return m
     depths = system_of(cfg.system).adapted_depths(m, cfg.mini) or (m.num_layers,)

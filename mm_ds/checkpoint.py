@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -34,10 +33,10 @@ from pathlib import Path
 
 import torch
 
-from . import dist, faults
+from . import dist, faults, sums
 
 META = "mm_ds.json"
-MANIFEST = "manifest.json"
+MANIFEST = sums.MANIFEST
 LATEST = "latest"
 FINAL = "final"
 FROZEN = "frozen"
@@ -72,26 +71,19 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 # ---------------------------------------------------------------- manifest: sizes and checksums
 
 def write_manifest(ckpt: Path) -> None:
     files = {}
     for p in sorted(ckpt.rglob("*")):
         if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp"):
-            files[str(p.relative_to(ckpt))] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            files[str(p.relative_to(ckpt))] = {"bytes": p.stat().st_size, "sha256": sums.sha256(p, dist.rank())}
     write_json_atomic(ckpt / MANIFEST, {"format": FORMAT, "files": files})
 
 
 def verify(ckpt: str | Path, checksums: bool = True) -> dict:
-    """Check a checkpoint against its manifest. Raises CheckpointError naming the first bad file."""
+    """Check a checkpoint against its manifest: sizes, and sums unless this process has (mm_ds/sums.py). Raises
+    CheckpointError naming the first bad file."""
     ckpt = Path(ckpt)
     man_path = ckpt / MANIFEST
     if not man_path.is_file():
@@ -101,14 +93,17 @@ def verify(ckpt: str | Path, checksums: bool = True) -> dict:
         files = manifest["files"]
     except (json.JSONDecodeError, KeyError) as e:
         raise CheckpointError(f"{man_path} is unreadable ({e}); the checkpoint cannot be trusted") from e
+    checksums = checksums and sums.needed(ckpt)
     for rel, want in files.items():
         p = ckpt / rel
         if not p.is_file():
             raise CheckpointError(f"{p}: listed in the manifest but missing")
         if p.stat().st_size != want["bytes"]:
             raise CheckpointError(f"{p}: {p.stat().st_size} bytes, manifest says {want['bytes']} (truncated?)")
-        if checksums and _sha256(p) != want["sha256"]:
+        if checksums and sums.sha256(p, dist.rank()) != want["sha256"]:
             raise CheckpointError(f"{p}: sha256 differs from the manifest (corrupted)")
+    if checksums:
+        sums.checked(ckpt)
     return manifest
 
 
@@ -256,10 +251,10 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
                   and (p / MANIFEST).is_file())
 
 
-def find_resume_point(run_dir: str | Path) -> Path | None:
+def find_resume_point(run_dir: str | Path, checksums: bool = True) -> Path | None:
     """Newest checkpoint that verifies; a corrupt newest one is reported and the one before is used.
     Half-written ones (`*.tmp`, or published without a manifest) are reported and never used; the next
-    save removes the `*.tmp` ones."""
+    save removes the `*.tmp` ones. Rank-0 work under a launcher (stages/common.py `verify_inputs`)."""
     root = checkpoints_dir(run_dir)
     for p in sorted(root.glob("step_*")) if root.is_dir() else []:
         if p.is_dir() and (p.name.endswith(".tmp") or not (p / MANIFEST).is_file()):
@@ -267,7 +262,7 @@ def find_resume_point(run_dir: str | Path) -> Path | None:
                   f"*.tmp ones", flush=True)
     for ckpt in reversed(list_checkpoints(run_dir)):
         try:
-            verify(ckpt)
+            verify(ckpt, checksums)
             return ckpt
         except CheckpointError as e:
             print(f"[mm-ds] skipping checkpoint that fails verification: {e}", flush=True)
@@ -414,11 +409,14 @@ def manifest_of(path: str | Path) -> Path:
     return path / MANIFEST if (path / MANIFEST).is_file() else path / FINAL / MANIFEST
 
 
+def weights_dir(path: str | Path) -> Path:
+    """What `load_final` reads for `path`: RUN/final/, a final/ directory itself, or an engine checkpoint."""
+    return Path(path) / FINAL if (Path(path) / FINAL / WEIGHTS).is_file() else Path(path)
+
+
 def load_final(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """(meta, fp32 state dict) of a final/ directory, or of an engine checkpoint (consolidated)."""
-    path = Path(path)
-    if (path / FINAL / WEIGHTS).is_file():
-        path = path / FINAL
+    path = weights_dir(path)
     if (path / WEIGHTS).is_file():
         from safetensors.torch import load_file
         verify(path)

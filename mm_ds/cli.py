@@ -55,6 +55,8 @@ TOOL_COMMANDS = {
 INTERNAL_COMMANDS = {
     "run-job": ("mm_ds.pipeline:job_main", "the ranks of `mm-ds run`'s one job: every stage in order"),
     "run-eval": ("mm_ds.stages.transfer:run_eval_main", "the ranks of `mm-ds run`'s evaluation"),
+    "run-pack": ("mm_ds.pack:main", "the ranks of `mm-ds run`'s Step 3: single-device runs, several at once"),
+    "run-align": ("mm_ds.align_spread:run_align_main", "the ranks of `mm-ds run`'s alignment check"),
 }
 
 
@@ -110,7 +112,11 @@ def validated_env(argv: list[str]) -> dict[str, str]:
     return {VALIDATED: fingerprint(argv[0], argv[1:])}
 
 
-def validate(stage_mod, cfg, out: Path, resume: bool, world: int, skipped: list[str] | None = None):
+LOOK = object()
+"""`validate`'s `found` default: find the resume point here (the ranks of a launch pass rank 0's)."""
+
+
+def validate(stage_mod, cfg, out: Path, resume: bool, world: int, skipped: list[str] | None = None, found=LOOK):
     """Every check of a stage run that can fail on bad input, before any engine exists: the stage's data and
     parent (`preflight`, which leaves `cfg` as `build` makes it), the engine config through DeepSpeed's
     parser on `world` ranks, the run directory (first), and the checkpoint a resume would load. Run once per
@@ -130,7 +136,8 @@ def validate(stage_mod, cfg, out: Path, resume: bool, world: int, skipped: list[
     else:
         stage_mod.preflight(cfg)
     resolved = ds_config.resolve(cfg, world, out) if cfg.train.steps else (None, None)
-    if resume and (found := ckpt_io.find_resume_point(out)) is not None:
+    found = ckpt_io.find_resume_point(out) if resume and found is LOOK else found
+    if resume and found is not None:
         check_resumable(found, cfg)
     return resolved
 
@@ -166,13 +173,15 @@ def preflight_stage(name: str, argv: list[str]):
     """What `mm-ds NAME ARGV` does before any rank starts: `validate`, the launcher's settings, then
     `--dry-run`'s printout or a stage of zero updates, run here (MINIJOINT's extraction). Returns (args, cfg,
     done): done means nothing is left to launch."""
-    from . import config, engine, launch
+    from . import config, engine, launch, sums
 
     args, cfg = stage_config(name, argv)
     stage_mod = importlib.import_module(STAGE_COMMANDS[name][0])
     out = Path(args.out)
     skipped = [] if args.dry_run else None
-    ds_cfg, geo = validate(stage_mod, cfg, out, args.resume, cfg.launch.world_size, skipped)
+    # Ranks to start: their rank 0 hashes what they load (stages/common.py verify_inputs); here sizes suffice.
+    with sums.deferred(cfg.launch.launcher != "none" and not args.dry_run):
+        ds_cfg, geo = validate(stage_mod, cfg, out, args.resume, cfg.launch.world_size, skipped)
     launch.preflight(cfg.launch, port=not args.dry_run)
     if args.dry_run:
         print(config.dump_yaml(cfg))
@@ -211,11 +220,13 @@ def run_stage(name: str, argv: list[str]) -> int:
     else:
         args, cfg = stage_config(name, argv)
         rank, _, world = dist.init()
+        from .stages.common import verify_inputs  # rank 0 hashes the parent and the resume point, once
+        found = verify_inputs(cfg.parent, Path(args.out) if args.resume else None)
         if not dist.broadcast_object(validated_here(name, argv) if rank == 0 else None):
             # a rank started by hand, or by `mm-ds run`'s one job: every rank checks what it sees (and all stop
             # when one fails), then rank 0 may write
             stage_mod = importlib.import_module(STAGE_COMMANDS[name][0])
-            dist.on_every_rank(lambda: validate(stage_mod, cfg, Path(args.out), args.resume, world),
+            dist.on_every_rank(lambda: validate(stage_mod, cfg, Path(args.out), args.resume, world, found=found),
                                f"checking the stage run {args.out}")
     stage = importlib.import_module(STAGE_COMMANDS[name][0]).build(cfg)
     engine.train(stage, Path(args.out), resume=args.resume, progress=not args.no_progress, reshard=args.reshard)

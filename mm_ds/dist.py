@@ -82,6 +82,17 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
+_STORE = None  # rank 0's rendezvous store (`_bind_rendezvous`)
+
+
+def shared_add(key: str, amount: int = 1) -> int:
+    """Add `amount` to the counter `key` that every rank of the launch shares, and return its new value (`amount`
+    0 reads it). It lives in rank 0's rendezvous store: no collective, so ranks call it whenever they like and
+    none waits for another (mm_ds/pack.py's queue of independent jobs). Needs the process group (`init`)."""
+    store = _STORE or torch.distributed.distributed_c10d._get_default_store()  # when DeepSpeed made the group
+    return int(store.add(key, amount))
+
+
 class OtherRankFailed(RuntimeError):
     """Raised by `on_rank0` and `on_every_rank` on the ranks whose own work did not fail: the failed one reports
     why."""
@@ -293,7 +304,7 @@ def _bind_rendezvous() -> None:
     MASTER_ADDR, a name, resolves to loopback here (Debian and Ubuntu map a machine's own name to 127.0.1.1 in
     /etc/hosts), the other nodes still resolve it to this node's network address: rank 0 then listens on every
     interface, as torch's store would."""
-    global _RENDEZVOUS_SOCKET
+    global _RENDEZVOUS_SOCKET, _STORE
     import socket
 
     from deepspeed.accelerator import get_accelerator
@@ -320,7 +331,7 @@ def _bind_rendezvous() -> None:
                               f"launch.master_port, and an address of rank 0's machine as launch.master_addr") from None
         sock.listen(max(128, world))
         _RENDEZVOUS_SOCKET, fd = sock, sock.fileno()  # kept open for the life of the process group
-    store = torch.distributed.TCPStore(addr, port, world, r == 0, default_pg_timeout, master_listen_fd=fd)
+    store = _STORE = torch.distributed.TCPStore(addr, port, world, r == 0, default_pg_timeout, master_listen_fd=fd)
     backend = get_accelerator().communication_backend_name()
     if backend == "gloo" and local is not None and local < world and not is_loopback(addr):
         _gloo_interface(store, addr, default_pg_timeout)

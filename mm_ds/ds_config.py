@@ -129,13 +129,11 @@ def global_batch(cfg: RunConfig) -> int:
     return _int(ds["train_batch_size"], "train_batch_size", path)
 
 
-def resolve(cfg: RunConfig, world_size: int, run_dir: Path | None = None, on_this_machine: bool = True
-            ) -> tuple[dict, Geometry]:
-    """The effective engine config of `cfg` on `world_size` ranks, checked by DeepSpeed's parser.
-
-    `on_this_machine`: the ranks will run on this machine's accelerator, so device rules apply (fp16 needs a
-    GPU). `mm-ds run --check` on a login node without GPUs passes False."""
-    path, ds = read(cfg)
+def geometry(cfg: RunConfig, world_size: int, path: Path | None = None, ds: dict | None = None) -> Geometry:
+    """The batch geometry of `cfg` on `world_size` ranks (its engine JSON `ds` at `path`, read unless given);
+    a ConfigError when it cannot divide. `mm-ds plan` asks it of a cluster's size."""
+    if ds is None:
+        path, ds = read(cfg)
     t = cfg.train
     gb = t.global_batch or ds.get("train_batch_size")
     micro = t.micro_batch or ds.get("train_micro_batch_size_per_gpu")
@@ -148,7 +146,18 @@ def resolve(cfg: RunConfig, world_size: int, run_dir: Path | None = None, on_thi
         raise ConfigError(f"global batch {gb} is not divisible by micro batch {micro} x world size "
                           f"{world_size}; choose train.global_batch as a multiple of {micro * world_size} or "
                           f"change train.micro_batch / the number of ranks")
-    geo = Geometry(gb, micro, gb // (micro * world_size), world_size)
+    return Geometry(gb, micro, gb // (micro * world_size), world_size)
+
+
+def resolve(cfg: RunConfig, world_size: int, run_dir: Path | None = None, on_this_machine: bool = True
+            ) -> tuple[dict, Geometry]:
+    """The effective engine config of `cfg` on `world_size` ranks, checked by DeepSpeed's parser.
+
+    `on_this_machine`: the ranks will run on this machine's accelerator, so device rules apply (fp16 needs a
+    GPU). `mm-ds run --check` on a login node without GPUs passes False."""
+    path, ds = read(cfg)
+    t = cfg.train
+    geo = geometry(cfg, world_size, path, ds)
     ds.update(train_batch_size=geo.global_batch, train_micro_batch_size_per_gpu=geo.micro_batch,
               gradient_accumulation_steps=geo.grad_accum)
     opt = ds.setdefault("optimizer", {"type": "AdamW", "params": {}})

@@ -57,6 +57,8 @@ VARIABLES = {
     "SLURM_NNODES": Variable(LAUNCHER, "the job's node count"),
     "SLURM_CPUS_PER_TASK": Variable(LAUNCHER, "CPUs of each task (srun -c): a rank's thread pool"),
     "SLURM_CPUS_ON_NODE": Variable(LAUNCHER, "the allocation's CPUs on this node: srun's --cpus-per-task"),
+    "CUDA_VISIBLE_DEVICES": Variable(LAUNCHER, "the GPUs a rank sees (deepspeed: the node's; srun --gpus-per-task: "
+                                               "its one); a packed single-device run gets its rank's (mm_ds/pack.py)"),
     # set by the mm-ds process that starts the launcher
     "MM_DS_VALIDATED": Variable(MM_DS, "fingerprint of the command it validated; rank 0's copy tells every rank"),
     "MM_DS_LAUNCH_ROOT": Variable(MM_DS, "pid of that process: the watchdog ends a rank when it dies"),

@@ -12,6 +12,8 @@ that reads these variables, once per process, at import (the ranks inherit them 
     MM_DS_DUMP_RESUMED=PATH            rank 0 saves its weights (torch.save) right after a universal load
     MM_DS_DUMP_FROZEN=DIR              after the last update, rank 0 saves the live module's frozen parameters
                                        as the engine holds them (bf16 under bf16) to DIR/STAGE.SYSTEM.LANG.pt
+    MM_DS_TRACE_HASHES=FILE            every file a process hashes (checking a checkpoint or writing its manifest)
+                                       is appended to FILE as "RANK PATH": a test counts who reads what
 
 The harness that sets them (seeded faults on tiny runs of every stage kind, the checks after each crash,
 bitwise comparison with an uninterrupted run) is tests/fault_harness.py; its full sweep:
@@ -43,10 +45,11 @@ class Armed:
     nan_at: tuple[frozenset[int], int | None, str] | None = None  # (steps, rank or all, head)
     dump_resumed: str | None = None
     dump_frozen: str | None = None
+    trace_hashes: str | None = None
 
     def __bool__(self) -> bool:
         return any(v is not None for v in (self.kill_at, self.kill_in_save, self.nan_at, self.dump_resumed,
-                                           self.dump_frozen))
+                                           self.dump_frozen, self.trace_hashes))
 
 
 def read(env: Mapping[str, str]) -> Armed:
@@ -74,7 +77,8 @@ def read(env: Mapping[str, str]) -> Armed:
         a["nan_at"] = (frozenset(number("MM_DS_NAN_AT", s) for s in steps.split(",")),
                        number("MM_DS_NAN_AT", who) if who else None, head)
     return Armed(**a, stage=env.get("MM_DS_KILL_STAGE") or None, dump_resumed=env.get("MM_DS_DUMP_RESUMED") or None,
-                 dump_frozen=env.get("MM_DS_DUMP_FROZEN") or None)
+                 dump_frozen=env.get("MM_DS_DUMP_FROZEN") or None,
+                 trace_hashes=env.get("MM_DS_TRACE_HASHES") or None)
 
 
 POINTS = read(os.environ)
@@ -122,6 +126,13 @@ def poison(out: dict, step: int, rank: int) -> dict:
     if head and head in out:
         out[head] = out[head] * nan
     return out
+
+
+def hashing(path, rank: int) -> None:
+    """MM_DS_TRACE_HASHES: mm_ds/sums.py is about to hash `path` on `rank`."""
+    if POINTS.trace_hashes:
+        with open(POINTS.trace_hashes, "a") as f:
+            f.write(f"{rank} {path}\n")
 
 
 def after_universal_load(engine) -> None:

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -30,24 +29,12 @@ from pathlib import Path
 
 from . import checkpoint
 from .config import ConfigError, from_dict
-from .progress import Follow, Watched, say
+from .pack import complete
+from .progress import Follow, StageFailed, Watched, say
+from .progress import run_logged as _run_logged
 from .recipe import Recipe, StageRun, load_recipe, minis_in_english, stage_runs, task_root, text_inputs
 from .systems import REFERENCE, system_of
 
-
-class StageFailed(RuntimeError):
-    """A process `mm-ds run` started failed; the message names its log and shows its last lines."""
-
-
-def complete(run: Path) -> bool:
-    try:
-        checkpoint.verify(run / checkpoint.FINAL, checksums=False)
-        return True
-    except checkpoint.CheckpointError:
-        return False
-
-
-# ---------------------------------------------------------------- running
 
 def _mm_ds(argv: list[str], log: Path) -> None:
     say(f"$ mm-ds {' '.join(argv)}")
@@ -81,7 +68,7 @@ def run_stages(todo: list[StageRun], logs: Path) -> None:
     for i, n in enumerate(todo):
         resume = ["--resume"] if checkpoint.list_checkpoints(n.out) else []
         if resume:
-            found = checkpoint.find_resume_point(n.out)
+            found = checkpoint.find_resume_point(n.out, checksums=False)  # its rank 0 hashes it
             say(f"resume {n.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}")
         log = logs / f"{n.name.replace('/', '_')}.log"
         _launch_stage(n.name, n.argv + ["--no-progress"] + resume, log, Follow([_watched(n, i, len(todo), log)]))
@@ -89,32 +76,6 @@ def run_stages(todo: list[StageRun], logs: Path) -> None:
 
 def _watched(run: StageRun, i: int, n: int, log: Path) -> Watched:
     return Watched(run.name.partition("/")[2], run.out, log, i, n)  # its run directory under OUT: adapt/minipost/t1
-
-
-def _run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: dict[str, str] | None = None) -> None:
-    """Run `cmd` with all its output (the ranks' and DeepSpeed's) in `log`; `follow` shows progress meanwhile."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    env = os.environ | {"PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                        **(env or {})}
-    with open(log, "a") as f:
-        start = f.tell()  # the log keeps earlier attempts: only this one's lines are shown
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-        try:
-            (follow or Follow([])).wait(proc)
-        except BaseException:  # Ctrl-C: the launcher and its ranks stop with us
-            proc.terminate()
-            proc.wait()
-            raise
-    if proc.returncode != 0:
-        with open(log, errors="replace") as f:
-            f.seek(start)
-            lines = f.read().splitlines(keepends=True)
-        # A rank's error (cli.main's one line) before the last lines: many ranks' launcher lines can push it out.
-        errors = [line for line in lines[:-15] if " error: " in line and "mm-ds " in line][-3:]
-        shown = "".join(errors + (["...\n"] if errors else []) + lines[-15:])
-        raise StageFailed(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}; its output is in {log}:\n"
-                          f"{shown}\nFix the cause and re-run the same `mm-ds run` command: finished stages are "
-                          f"skipped and interrupted ones resume")
 
 
 def _state(run_dir: Path) -> tuple[bool, bool]:
@@ -139,6 +100,14 @@ def job_main(argv: list[str]) -> int:
         if stage_argv[0] == "run-eval":
             from .stages.transfer import run_eval_main
             run_eval_main(stage_argv[1:])
+            continue
+        if stage_argv[0] == "run-pack":  # Step 3: every rank takes single-device runs until none is left
+            from .pack import run_pack
+            run_pack(Path(stage_argv[1]))
+            continue
+        if stage_argv[0] == "run-align":  # the alignment check, after Step 4, the same way
+            from .align_spread import run_align_main
+            run_align_main(stage_argv[1:])
             continue
         run_dir = Path(stage_argv[stage_argv.index("--out") + 1])
         # Rank 0 decides for all: a rank that looked for itself could see a stage that rank 0 has just
@@ -209,6 +178,21 @@ def evaluate(recipe: Recipe, out: Path, job_ran_it: bool = False) -> list[dict]:
     return collect(units, root, results)
 
 
+def spread_alignment(recipe: Recipe, out: Path, job_ran_it: bool) -> None:
+    """The alignment check's scoring on the recipe's launch, every rank taking Step-2 runs (mm_ds/align_spread.py),
+    before `align_recipe` writes its report here; a one-job run's ranks did it, and one rank leaves it to here."""
+    from .align_spread import write_spec
+    from .config import LaunchConfig
+    from .launch import command, launch_env
+
+    cfg = from_dict(LaunchConfig, recipe.launch)
+    if job_ran_it or cfg.world_size == 1 or cfg.launcher == "none" or (spec := write_spec(recipe, out)) is None:
+        return
+    say(f"alignment check: {len(json.loads(spec.read_text())['jobs'])} language(s) on {cfg.world_size} rank(s); "
+        f"its log: {out / 'logs' / 'align.log'}")
+    _run_logged(command(cfg, ["run-align", str(spec)]), out / "logs" / "align.log", None, launch_env(cfg))
+
+
 def results_table(recipe: Recipe, rows: list[dict], out: Path) -> str:
     """Table 2's layout: systems x (task, language) final scores, with the Step-2 cost and the control."""
     from .flops import to_v100_days
@@ -237,11 +221,35 @@ def results_table(recipe: Recipe, rows: list[dict], out: Path) -> str:
     return text
 
 
+STEP_NAMES = {"pretrain": "Step 1 (pretrain)", "build_mini": "Step 1b (build-mini)", "adapt": "Step 2 (adapt)",
+              "finetune": "Step 3 (finetune)"}
+
+
+def plan_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, bool], out: Path) -> str:
+    """`mm-ds run --plan`'s head: the stage runs per step, how they run, and what is already done."""
+    from .config import LaunchConfig
+
+    world = from_dict(LaunchConfig, recipe.launch).world_size
+    lines = [f"# {len(runs)} stage runs into {out}, {sum(done.values())} done (final/ verifies):"]
+    for kind, title in STEP_NAMES.items():
+        mine = [n for n in runs if n.name.startswith(kind + "/")]
+        if mine:
+            how = (f"single-device runs, {min(world, len(mine))} at once" if mine[0].packed
+                   else f"each data-parallel on {world} rank(s), one after another")
+            lines.append(f"#   {title:<21} {len(mine):>4} runs, {sum(done[n.name] for n in mine):>4} done; {how}")
+    results = len(list((out / "eval").glob("*.json"))) if (out / "eval").is_dir() else 0
+    lines.append(f"#   Step 4 (evaluation)   units over every Step-2 checkpoint, task and language (`mm-ds plan` "
+                 f"counts them): {results} results in {out / 'eval'}")
+    return "\n".join(lines + ["# the stage commands, in order:"])
+
+
 def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     runs = stage_runs(recipe, out)
     if list_only:
+        done = {n.name: complete(n.out) for n in runs}
+        print(plan_summary(recipe, runs, done, out))
         for n in runs:
-            print(f"{'done' if complete(n.out) else 'todo'}  mm-ds {' '.join(n.argv)}")
+            print(f"{'done' if done[n.name] else 'todo'}  mm-ds {' '.join(n.argv)}")
         return 0
     from .check import check
     report = check(recipe, out, strict=True)
@@ -256,28 +264,42 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     for n in runs:
         if n not in todo:
             print(f"[mm-ds run] skip {n.name}: complete", flush=True)
+    packed, todo = [n for n in todo if n.packed], [n for n in todo if not n.packed]
     job_ran_eval = False
-    if recipe.mode == "one_job" and todo:
-        # One launch for every stage: the ranks walk the stage runs in-process (a new engine per stage), then share
-        # the evaluation (its units are listed by rank 0 once Step 2 has written its checkpoints).
+    if recipe.mode == "one_job" and (todo or packed):
+        # One launch for every stage: the ranks walk the data-parallel stage runs in-process (a new engine per
+        # stage), take Step 3's single-device runs from a queue, then share the evaluation (its units are listed
+        # by rank 0 once Step 2 has written its checkpoints).
         from .config import LaunchConfig
         from .launch import command, launch_env
+        from .pack import Watch, step3_failed, step3_spec
         job_file = out / "logs" / "job.json"
         job_file.parent.mkdir(parents=True, exist_ok=True)
         (out / "logs" / "recipe.json").write_text(json.dumps(asdict(recipe), indent=1))
         entries = [n.argv + ["--no-progress"] for n in todo]
+        spec = step3_spec(packed, recipe, out) if packed else None
+        entries += [["run-pack", str(spec)]] if spec else []
         entries.append(["run-eval", str(out / "logs" / "eval.json"), str(out / "logs" / "recipe.json"), str(out)])
+        from .align_spread import write_spec as align_spec
+        entries += [["run-align", str(a)]] if (a := align_spec(recipe, out)) else []  # after Step 4, on every rank
         job_file.write_text(json.dumps(entries, indent=1))
         cfg = from_dict(LaunchConfig, recipe.launch)
-        say(f"{len(todo)} stages and the evaluation in one job of {cfg.world_size} ranks; its log: "
-            f"{out / 'logs' / 'job.log'}")
-        _run_logged(command(cfg, ["run-job", str(job_file)]) if cfg.launcher != "none"
-                    else [sys.executable, "-m", "mm_ds.cli", "run-job", str(job_file)], out / "logs" / "job.log",
-                    Follow([_watched(n, i, len(todo), out / "logs" / "job.log") for i, n in enumerate(todo)],
-                           out / "logs" / "eval.json"), launch_env(cfg))
-        todo, job_ran_eval = [], True
+        say(f"{len(todo)} stages, {len(packed)} single-device Step-3 runs and the evaluation in one job of "
+            f"{cfg.world_size} ranks; its log: {out / 'logs' / 'job.log'}")
+        try:
+            _run_logged(command(cfg, ["run-job", str(job_file)]) if cfg.launcher != "none"
+                        else [sys.executable, "-m", "mm_ds.cli", "run-job", str(job_file)], out / "logs" / "job.log",
+                        Follow([_watched(n, i, len(todo), out / "logs" / "job.log") for i, n in enumerate(todo)],
+                               out / "logs" / "eval.json", others=[Watch(spec, "Step 3")] if spec else []),
+                        launch_env(cfg))
+        except StageFailed as e:
+            raise step3_failed(spec, e) if spec else e from None
+        todo, packed, job_ran_eval = [], [], True
     run_stages(todo, out / "logs")
+    from .pack import run_step3
+    run_step3(packed, recipe, out)
     rows = evaluate(recipe, out, job_ran_it=job_ran_eval)
+    spread_alignment(recipe, out, job_ran_it=job_ran_eval)
     with open(out / "results.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     print(results_table(recipe, rows, out))

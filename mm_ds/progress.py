@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -89,8 +90,11 @@ class Follow:
     """Stage runs in the order they will run (one job runs them in order: the first without final/ is the
     one running), and optionally the evaluation's unit list."""
 
-    def __init__(self, stages: list[Watched], eval_spec: Path | None = None, interval_s: float = INTERVAL_S):
-        self.stages, self.eval_spec, self.interval_s = stages, eval_spec, interval_s
+    def __init__(self, stages: list[Watched], eval_spec: Path | None = None, interval_s: float = INTERVAL_S,
+                 others: list = ()):
+        """`others`: what runs after the stages, before the evaluation, each with a `poll(now)` (a pack of
+        single-device runs: mm_ds/pack.py Watch)."""
+        self.stages, self.eval_spec, self.interval_s, self.others = stages, eval_spec, interval_s, list(others)
         self.current: Watched | None = None
         self.eval_shown, self.eval_done = 0.0, -1
         self.broken = False
@@ -114,7 +118,10 @@ class Follow:
         self.current = running
         if running is not None:
             self.train_progress(running, now)
-        elif self.eval_spec is not None:
+            return
+        for other in self.others:
+            other.poll(now)
+        if self.eval_spec is not None:
             self.eval_progress(now)
 
     def start(self, s: Watched, now: float) -> None:
@@ -151,3 +158,33 @@ class Follow:
             time.sleep(every_s)
         self.poll()
         return proc.returncode
+
+
+class StageFailed(RuntimeError):
+    """A process `mm-ds run` started failed; the message names its log and shows its last lines."""
+
+
+def run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: dict[str, str] | None = None) -> None:
+    """Run `cmd` with all its output (the ranks' and DeepSpeed's) in `log`; `follow` shows progress meanwhile."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = os.environ | {"PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                        **(env or {})}
+    with open(log, "a") as f:
+        start = f.tell()  # the log keeps earlier attempts: only this one's lines are shown
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        try:
+            (follow or Follow([])).wait(proc)
+        except BaseException:  # Ctrl-C: the launcher and its ranks stop with us
+            proc.terminate()
+            proc.wait()
+            raise
+    if proc.returncode != 0:
+        with open(log, errors="replace") as f:
+            f.seek(start)
+            lines = f.read().splitlines(keepends=True)
+        # A rank's error (cli.main's one line) before the last lines: many ranks' launcher lines can push it out.
+        errors = [line for line in lines[:-15] if " error: " in line and "mm-ds " in line][-3:]
+        shown = "".join(errors + (["...\n"] if errors else []) + lines[-15:])
+        raise StageFailed(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}; its output is in {log}:\n"
+                          f"{shown}\nFix the cause and re-run the same `mm-ds run` command: finished stages are "
+                          f"skipped and interrupted ones resume")

@@ -53,7 +53,8 @@ class Recipe:
     of that stage after the stage's (e.g. adapt/bl_base: the paper checkpoints BL_BASE's Step 2 more often);
     `finetune/<task>` keys to one task's finetuning, last (tasks differ in how many updates they need)."""
     launch: dict = field(default_factory=dict)
-    """launch.* overrides for every training stage (ranks, launcher, master_port)."""
+    """launch.* overrides for every data-parallel stage (ranks, launcher, master_port), and the launch whose ranks
+    run Step 3's single-device runs several at once (mm_ds/pack.py)."""
     mode: str = "per_stage"
     """per_stage: each stage its own launch (clusters: per-stage resources, logs, retries); one_job: a
     single launch whose ranks run every stage in order (small runs, where start-up would dominate)."""
@@ -220,6 +221,14 @@ class StageRun:
     out: Path
     argv: list[str]
     """mm-ds arguments; run as `python -m mm_ds.cli ARGV`."""
+    packed: bool = False
+    """A single-device run, packed with others onto the launch's devices (`PACKED`), not data-parallel."""
+
+
+PACKED = ("finetune",)
+"""Stages of many small independent runs (Step 3: every primary model x task x seed, 60 in the paper recipe): each
+runs on one device with the paper's batch, several at once on the launch's devices (mm_ds/pack.py)."""
+ONE_DEVICE = ["launch.launcher=none", "launch.ranks=1", "launch.nodes=1"]
 
 
 def stage_runs(recipe: Recipe, out: Path) -> list[StageRun]:
@@ -234,10 +243,11 @@ def stage_runs(recipe: Recipe, out: Path) -> list[StageRun]:
         own = [*recipe.overrides.get(f"{kind}/{row.base}", [])] + (
             recipe.overrides.get(f"{kind}/{system}", []) if system != row.base else [])
         argv = [kind.replace("_", "-"), "--preset", preset, "--out", str(run), f"system={system}", f"lang={lang}",
-                *launch, *recipe.overrides.get(kind, []), *own, *row.overrides(kind), *extra]
+                *(ONE_DEVICE if kind in PACKED else launch), *recipe.overrides.get(kind, []), *own,
+                *row.overrides(kind), *extra]
         if parent is not None:
             argv.append(f"parent={parent}")
-        runs.append(StageRun(f"{kind}/{run.relative_to(out)}", run, argv))
+        runs.append(StageRun(f"{kind}/{run.relative_to(out)}", run, argv, kind in PACKED))
 
     for p in primaries(recipe):
         stage("pretrain", out / "pretrain" / p, p, recipe.source_lang, None, [f"data.corpus={data / recipe.source_lang}"])

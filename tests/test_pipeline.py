@@ -9,6 +9,7 @@ precision: a stage's frozen parameters in final/ are bit for bit its parent's fp
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -99,11 +100,13 @@ def test_every_stage_kind_trained_in_bf16_under_each_zero_stage(finished):
     for stage, system, zero in ZERO:
         run = {"pretrain": f"pretrain/{system}", "build_mini": f"build_mini/{system}",
                "adapt": f"adapt/{system}/t1", "finetune": f"finetune/{system}/xnli/seed1"}[stage]
+        world = 1 if stage == "finetune" else 2  # Step 3: single-device runs, two at once on the job's ranks
         meta = json.loads((out / run / "final" / "mm_ds.json").read_text())
-        assert (meta["precision"], meta["zero_stage"], meta["world_size"]) == ("bf16", zero, 2), run
-        assert f"{system}/{stage} lang=" in job and f"zero={zero} bf16; optimizer {optimizer[zero]}" in job
+        assert (meta["precision"], meta["zero_stage"], meta["world_size"]) == ("bf16", zero, world), run
+        log = job if world == 2 else (out / "logs" / f"finetune_{run.replace('/', '_')}.log").read_text()
+        assert f"{system}/{stage} lang=" in log and f"zero={zero} bf16; optimizer {optimizer[zero]}" in log
         ds = json.loads((out / run / "ds_config.json").read_text())
-        assert ds["data_types"]["grad_accum_dtype"] == "fp32" and ds["gradient_accumulation_steps"] == 2
+        assert ds["data_types"]["grad_accum_dtype"] == "fp32" and ds["gradient_accumulation_steps"] == 4 // world
         weights = checkpoint.load_final(out / run)[1]
         assert all(v.dtype == torch.float32 for v in weights.values()), run
     assert "evaluation: " in job and "units on 2 rank(s)" in job  # Step 4 shared by the job's ranks
@@ -179,8 +182,9 @@ def test_rerun_skips_every_finished_stage(finished):
     proc = subprocess.run([sys.executable, "-m", "mm_ds.cli", "run", str(recipe), "--out", str(out), "--plan"],
                           capture_output=True, text=True)
     assert proc.returncode == 0
-    lines = proc.stdout.strip().splitlines()
+    lines = [line for line in proc.stdout.strip().splitlines() if not line.startswith("#")]
     assert lines and all(line.startswith("done") for line in lines), proc.stdout
+    assert re.search(r"Step 3 \(finetune\) +4 runs, +4 done; single-device runs, 2 at once", proc.stdout)
 
 
 def _run_dir(stage: str, system: str) -> str:
@@ -206,11 +210,21 @@ def test_bf16_stages_resume_from_their_checkpoints_after_a_kill(finished, tmp_pa
                 shutil.rmtree(ck)
         (run / "checkpoints" / "latest").write_text(checkpoint.tag_for(k))
     cmd = [sys.executable, "-m", "mm_ds.cli", "run", str(recipe), "--out", str(copy)]
-    killed = subprocess.run(cmd, capture_output=True, text=True,
-                            env={**os.environ, "MM_DS_KILL_AT": "6:1", "MM_DS_KILL_STAGE": "adapt"})
+    trace = tmp_path / "hashed.txt"
+    killed = subprocess.run(cmd, capture_output=True, text=True, env={
+        **os.environ, "MM_DS_KILL_AT": "6:1", "MM_DS_KILL_STAGE": "adapt", "MM_DS_TRACE_HASHES": str(trace)})
     assert killed.returncode != 0
     adapt = copy / _run_dir("adapt", "bl_base")
     assert not (adapt / "final").exists() and checkpoint.latest_tag(adapt) == checkpoint.tag_for(5)
+    # One rank hashes on resume: each resume point, and the parent both later stages start from, is read for
+    # its sums once, by rank 0 (the other rank takes its verdict), though every rank of the job checks the stage.
+    hashed = [line.split(" ", 1) for line in trace.read_text().splitlines()]
+    for (stage, system), k in [(s, k) for s, k in RESUMED.items() if s[0] != "finetune"]:
+        ckpt = copy / _run_dir(stage, system) / "checkpoints" / checkpoint.tag_for(k)
+        files = [str(ckpt / f) for f in json.loads((ckpt / "manifest.json").read_text())["files"]]
+        assert len(files) > 2 and all([r for r, p in hashed if p == f] == ["0"] for f in files), (stage, hashed)
+    parent = str(copy / "pretrain" / "bl_base" / "final" / "model.safetensors")
+    assert [r for r, p in hashed if p == parent] == ["0"], hashed
     again = subprocess.run(cmd, capture_output=True, text=True)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     job = (copy / "logs" / "job.log").read_text()

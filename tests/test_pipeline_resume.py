@@ -50,9 +50,65 @@ def test_killed_pipeline_resumes_where_it_stopped(tmp_path):
     assert "skip prepare en: complete" in log and "skip prepare t1: complete" in log
     assert "skip pretrain/pretrain/bl_small: complete" in log
     assert "resume adapt/adapt/bl_small/t1 from step_00000004" in log
-    assert "mm-ds finetune" in log and "--resume" not in log.split("mm-ds finetune")[1].split("\n")[0]
+    finetune_log = (out / "logs" / "finetune_finetune_bl_small_xnli_seed1.log").read_text()
+    assert "mm-ds finetune" in finetune_log and "--resume" not in finetune_log  # Step 3 starts afresh, packed
     assert (out / "pretrain" / "bl_small" / "final" / "mm_ds.json").stat().st_mtime_ns == pretrained
     stage_log = (out / "logs" / "adapt_adapt_bl_small_t1.log").read_text()
     assert f"resumed from {adapt / 'checkpoints' / 'step_00000004'} at step 4" in stage_log
     assert json.loads((adapt / "final" / "mm_ds.json").read_text())["step"] == 8
     assert (out / "results.md").is_file()
+
+
+ONE = ["launch.launcher=none", "launch.ranks=1"]
+PACKED = {
+    "systems": ["bl_small"], "langs": ["t1"], "tasks": ["xnli", "pawsx"], "seeds": [1, 2],
+    "world": {"seed": 0, "sentences": 3000, "target_sentences": 1500,
+              "task_sizes": {"nli_train": 96, "paws_train": 32, "qa_train": 8, "dev": 8, "test": 16}},
+    "prepare": {"vocab_size": 200, "model_type": "bpe"},
+    "presets": {"pretrain": "tiny/{system}", "adapt": "tiny/adapt", "finetune": "tiny/finetune"},
+    "launch": {"ranks": 2, "launcher": "deepspeed", "master_port": 29730},
+    "mode": "per_stage",
+    "overrides": {  # Steps 1 and 2 in the driver's process (what is tested here is the launch of Steps 3 and 4)
+        "pretrain": ["model.hidden_size=32", "model.num_heads=2", "model.ffn_size=64", "train.steps=4",
+                     "train.checkpoint_steps=[]", *TINY, *ONE],
+        "adapt": ["train.steps=4", "train.checkpoint_steps=[]", *TINY, *ONE],
+        # 96 English NLI pairs are 6 updates of 16, 32 PAWS-X pairs 2: only the NLI runs reach update 3
+        "finetune": ["finetune.epochs=1", "finetune.max_length=32", "train.checkpoint_steps=[2]", *TINY],
+    },
+}
+
+
+def test_step3_runs_packed_one_per_device_and_a_killed_one_resumes_alone(tmp_path):
+    """Step 3 on 2 CPU ranks under the deepspeed launcher: four single-device finetunings (each a world of one),
+    two at a time, each on its rank's share of the cores. Both NLI runs are SIGKILLed after update 3 (their
+    checkpoint is at 2); the PAWS-X runs finish meanwhile and the failure names the killed runs and their logs.
+    The same command then resumes each killed run alone from its checkpoint, leaves the finished ones alone, and
+    evaluates on the 2 ranks, sharing the units."""
+    recipe, out = tmp_path / "recipe.yaml", tmp_path / "run"
+    recipe.write_text(yaml.safe_dump(PACKED))
+    killed = run(recipe, out, {"MM_DS_KILL_AT": "3", "MM_DS_KILL_STAGE": "finetune"})
+    assert killed.returncode != 0
+    names = [f"finetune/bl_small/{task}/seed{seed}" for task in ("xnli", "pawsx") for seed in (1, 2)]
+    status = {s["name"]: s for s in (json.loads(f.read_text()) for f in (out / "logs" / "step3").glob("*.json"))}
+    assert set(status) == set(names) and {s["rank"] for s in status.values()} == {0, 1}  # both ranks took runs
+    for name in names[:2]:
+        assert status[name]["state"] == "failed" and status[name]["exit_code"] == -9
+        assert f"{name}: killed by SIGKILL on rank" in killed.stderr and status[name]["log"] in killed.stderr
+        assert checkpoint.latest_tag(out / name) == "step_00000002" and not pipeline.complete(out / name)
+    for name in names[2:]:
+        assert status[name]["state"] == "done" and pipeline.complete(out / name)
+    assert len({s["device"] for s in status.values()}) == 2  # each rank's runs on its own share of the cores
+    finished = {n: (out / n / "final" / "mm_ds.json").stat().st_mtime_ns for n in names[2:]}
+
+    again = run(recipe, out)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    for name in names[:2]:
+        log = (out / "logs" / f"finetune_{name.replace('/', '_')}.log").read_text()
+        assert f"resumed from {out / name / 'checkpoints' / 'step_00000002'} at step 2" in log
+        assert json.loads((out / name / "final" / "mm_ds.json").read_text())["world_size"] == 1
+    assert {n: (out / n / "final" / "mm_ds.json").stat().st_mtime_ns for n in names[2:]} == finished
+    assert sorted(json.loads(f.read_text())["name"] for f in (out / "logs" / "step3").glob("*.json")) == names[:2]
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {(r["task"], r["kind"]) for r in rows} == {(t, k) for t in ("xnli", "pawsx")
+                                                     for k in ("source", "adapted", "control")}
+    assert all(r["seeds"] == 2 for r in rows)

@@ -140,3 +140,46 @@ def test_the_paper_evaluation_estimate():
     assert e.model_runs == 5 * e.units
     quick = plan.plan_evaluation(load_recipe("paper", ["eval_examples=10", "curve=false"]), plan.Cluster())
     assert quick.units == sum(3 + t * 4 * 2 for t in targets.values()) and quick.sequences == 10 * quick.model_runs
+
+
+def test_plan_totals_are_what_mm_ds_run_launches():
+    """The totals price every stage run `mm-ds run` would launch (its stage list): the three pretrainings once
+    (MINIPOST's is BL_BASE's), Step 2 in each of the 14 languages, the 60 finetunings as single-GPU runs packed
+    onto the cluster, the evaluation units; and they say what `--check` refuses at a cluster's size."""
+    import math
+    from collections import Counter
+
+    from mm_ds import flops
+    from mm_ds.recipe import stage_configs, stage_runs
+    from mm_ds.tools.plan_totals import makespan, recipe_totals, refusals
+
+    recipe, c = load_recipe("paper"), plan.Cluster(nodes=4, gpus_per_node=8)
+    cfgs = stage_configs(recipe)
+    evaluation = plan.plan_evaluation(recipe, c, cfgs)
+    totals = {t.step: t for t in recipe_totals(recipe, cfgs, c, evaluation)}
+    launched = Counter(n.name.split("/")[0] for n in stage_runs(recipe, Path("OUT")))
+    assert {s: totals[s].runs for s in ("Step 1", "Step 1b", "Step 2", "Step 3")} == {
+        "Step 1": launched["pretrain"], "Step 1b": launched["build_mini"], "Step 2": launched["adapt"],
+        "Step 3": launched["finetune"]} == {"Step 1": 3, "Step 1b": 2, "Step 2": 56, "Step 3": 60}
+    per_system = {(r.system, r.stage): r for r in plan.plan_stages(recipe_costs(recipe, cfgs=cfgs), c)}
+    assert totals["Step 1"].hours == pytest.approx(sum(per_system[s, "step1"].hours
+                                                       for s in ("BL_BASE", "BL_SMALL", "MINIJOINT")))
+    assert totals["Step 2"].gpu_hours == pytest.approx(14 * sum(r.gpu_hours for (s, st), r in per_system.items()
+                                                                if st == "step2"))
+    # Step 3 by hand: 3 epochs of each English training set in batches of 32 on one GPU, 5 seeds per (primary, task)
+    one_gpu = 989e12 * 0.45
+    seconds = []
+    for layers in (12, 4, 12):  # BL_BASE, BL_SMALL, MINIJOINT
+        for n, seq in ((392_702, 128), (49_401, 128), (87_599, 384), (87_599, 384)):
+            steps = math.ceil(3 * n / 32)
+            seconds += 5 * [steps * flops.finetune_flops(768, layers, seq, 32, 1) / one_gpu]
+    assert totals["Step 3"].busy_gpu_hours == pytest.approx(sum(seconds) / 3600)
+    assert totals["Step 3"].hours == pytest.approx(makespan(seconds, 32) / 3600) and max(seconds) / 3600 <= \
+        totals["Step 3"].hours < sum(seconds) / 3600 / 16
+    assert totals["Step 4"].runs == evaluation.units == 7356
+    assert sum(t.gpu_hours for t in totals.values()) > 4 * 406  # the old "all stages" sum: one language, no Step 3
+    for gpus in (1, 8, 16, 32, 64):
+        assert refusals(recipe, cfgs, gpus) == []
+    assert refusals(recipe, cfgs, 48) == ["pretrain/bl_base (and 60 more like it): global batch 2048 is not divisible "
+                                          "by micro batch 32 x world size 48; choose train.global_batch as a multiple "
+                                          "of 1536 or change train.micro_batch / the number of ranks"]

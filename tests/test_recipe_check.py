@@ -49,17 +49,33 @@ def test_the_paper_recipe_checks_from_the_command_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_the_old_finetuning_geometry_fails_the_check_naming_the_stage(tmp_path, capsys):
-    """paper/finetune used to say global batch 32 with micro batch 32: on the recipe's 8 ranks it cannot divide,
-    which `mm-ds run paper` found only at Step 3, after all of Steps 1, 1b and 2."""
+@pytest.mark.parametrize("nodes,ranks", [(1, 1), (1, 8), (2, 8), (4, 8), (8, 8)])
+def test_the_paper_recipe_passes_the_check_at_every_cluster_size(nodes, ranks, tmp_path):
+    """1, 8, 16, 32 and 64 GPUs: Steps 1, 1b and 2 divide their 2048 sequences over every rank; Step 3's runs are
+    single-device runs packed onto the ranks (each its batch of 32 on one device), whatever their number."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(f"node{i} slots=8\n" for i in range(8)))
+    sets = [f"launch.nodes={nodes}", f"launch.ranks={ranks}"] + ([f"launch.hostfile={hosts}"] if nodes > 1 else [])
+    report = check(load_recipe("paper", sets), tmp_path / "out", strict=False)
+    assert not report.problems, report.format()
+    nodes_of = {n.name: n for n in recipe_mod.stage_runs(load_recipe("paper", sets), tmp_path / "out")}
+    assert all(("launch.launcher=none" in n.argv) == n.packed == n.name.startswith("finetune/")
+               for n in nodes_of.values())
+
+
+def test_a_geometry_that_cannot_divide_fails_the_check_naming_the_stage(tmp_path, capsys):
+    """A finetuning micro batch that does not divide its 32 sequences on its one device is found by the check, not
+    at Step 3 after all of Steps 1, 1b and 2; so is a cluster that Step 1's 2048 sequences cannot divide over."""
     recipe = yaml.safe_load((PACKAGED / "paper.yaml").read_text())
-    recipe.setdefault("overrides", {})["finetune"] = ["train.micro_batch=32"]
+    recipe.setdefault("overrides", {})["finetune"] = ["train.micro_batch=5"]
     path = tmp_path / "paper.yaml"
     path.write_text(yaml.safe_dump(recipe))
     rc, stdout, _ = run_here(capsys, str(path), "--check", "--out", str(tmp_path / "out"))
     assert rc == 1
-    assert "finetune/bl_base/xnli/seed1 (and 59 more like it): global batch 32 is not divisible by micro batch 32 " \
-           "x world size 8" in stdout
+    assert "finetune/bl_base/xnli/seed1 (and 59 more like it): global batch 32 is not divisible by micro batch 5 " \
+           "x world size 1" in stdout
+    rc, stdout, _ = run_here(capsys, "paper", "--check", "--out", str(tmp_path / "out"), "--launch", "ranks=6")
+    assert rc == 1 and "global batch 2048 is not divisible by micro batch 32 x world size 6" in stdout
 
 
 def test_the_paper_checkpoints_bl_base_step2_every_1000_updates():

@@ -62,6 +62,8 @@ class TaskSpec:
     """Evaluation languages: the paper's target languages the dataset covers, plus English (§5.3)."""
     train: Source
     """English training data (paper Step 3)."""
+    train_size: int
+    """Examples in the official English training set (`mm-ds plan`'s Step-3 estimate)."""
     eval: Source
     eval_splits: tuple[str, ...]
     max_length: int
@@ -102,6 +104,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
         labels=("entailment", "neutral", "contradiction"), languages=XNLI_LANGS,
         train=Source("mnli_jsonl", ("mnli/multinli_1.0_train.jsonl", "multinli_1.0/multinli_1.0_train.jsonl"),
                      "nyu-mll/multi_nli", None, {"train": "train"}),
+        train_size=392_702,
         eval=Source("xnli_tsv", ("xnli/xnli.{split}.{lang}.tsv", "XNLI-1.0/xnli.{split}.tsv"),
                     "facebook/xnli", "{lang}", {"dev": "validation", "test": "test"}),
         eval_splits=("dev", "test"), max_length=128, lr=1e-5, eval_sizes={"dev": 2490, "test": 5010}),
@@ -111,6 +114,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
         languages=("en", "de", "es", "fr", "ja", "ko", "zh"),
         train=Source("pawsx_tsv", ("paws-x/train.en.tsv", "x-final/en/train.tsv"),
                      "google-research-datasets/paws-x", "en", {"train": "train"}),
+        train_size=49_401,
         eval=Source("pawsx_tsv", ("paws-x/{split}.{lang}.tsv", "x-final/{lang}/{split}_2k.tsv"),
                     "google-research-datasets/paws-x", "{lang}", {"dev": "validation", "test": "test"}),
         eval_splits=("dev", "test"), max_length=128, lr=1e-5, eval_sizes={"dev": 2000, "test": 2000}),
@@ -118,6 +122,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
         name="mlqa", kind=EXTRACTIVE_QA, metric="mlqa", labels=(),
         languages=("en", "ar", "de", "es", "hi", "vi", "zh"),  # context and question in the same language
         train=Source("squad_json", ("squad/train-v1.1.json",), "rajpurkar/squad", None, {"train": "train"}),
+        train_size=87_599,  # SQuAD v1.1 questions; windows of long contexts add a few percent
         eval=Source("squad_json", ("mlqa/{split}-context-{lang}-question-{lang}.json",
                                    "MLQA_V1/{split}/{split}-context-{lang}-question-{lang}.json"),
                     "facebook/mlqa", "mlqa.{lang}.{lang}", {"dev": "validation", "test": "test"}),
@@ -128,6 +133,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
         # The paper's Table A2 languages + English. xquad.ro.json exists but no paper model covers ro.
         languages=("en", "ar", "de", "el", "es", "hi", "ru", "th", "tr", "vi", "zh"),
         train=Source("squad_json", ("squad/train-v1.1.json",), "rajpurkar/squad", None, {"train": "train"}),
+        train_size=87_599,  # SQuAD v1.1 questions; windows of long contexts add a few percent
         # XQuAD is a test set only (the hub calls its one split "validation").
         eval=Source("squad_json", ("xquad/xquad.{lang}.json",), "google/xquad", "xquad.{lang}",
                     {"test": "validation"}),

@@ -7,7 +7,9 @@ initialisation: overlap rows copied, the rest random), so the margin that Step 2
 
 At the paper's scale that is 4 systems x 14 languages x ~29 checkpoints x 5 seeds over four test sets, so the
 work is cut into independent `Unit`s (one checkpoint, or the source language, or a control, with all its seeds)
-that the ranks of a launch share (`run_units`: unit i goes to rank i mod world), each on its rank's device.
+that the ranks of a launch share, each on its rank's device: they take jobs one at a time from a queue
+(mm_ds/jobs.py), a job being the units that swap in one Step-2 checkpoint (one per task, and its control), which
+is read and hashed once for all of them. A unit builds its model once and loads each seed's weights into it.
 A unit's result is a file under OUT/eval/ keyed by a fingerprint of its inputs (manifests of the checkpoints,
 the task file) and of how it was scored (device type and precision: bf16 autocast on GPUs, fp32 on CPU): an
 interrupted evaluation resumes, a finished one is not redone, and a result scored on another kind of device is
@@ -123,14 +125,14 @@ def control_group(adapt_meta: dict, seed: int) -> dict:
     return group
 
 
-@lru_cache(maxsize=1)  # units come sorted by task and primary model: consecutive ones share the seeds
+@lru_cache(maxsize=4)  # a job's units differ by task (4 in the paper) and share the primary model's seeds
 def _finetuned(runs: tuple[str, ...], task: str) -> list:
     if not runs:
         raise ConfigError("give at least one finetuned run (--finetuned)")
     return [load_finetuned(r, task) for r in runs]
 
 
-@lru_cache(maxsize=2)
+@lru_cache(maxsize=8)
 def _examples(task: str, split: str, lang: str, data_root: str, limit: int | None):
     examples, report = load_split(get_task(task), split, lang, data_root)
     return examples[:limit] if limit else examples, sum(report.skipped.values())
@@ -142,18 +144,38 @@ def _tokenizer(path: str) -> spm.SentencePieceProcessor:
 
 
 def score(finetuned: list, group: dict | None, spec, examples, sp, lang: str, device, batch: int = 64) -> list[float]:
-    """One score per finetuned model (seed), with `group` swapped in (None: as it is)."""
-    scores, features = [], None
+    """One score per finetuned model (seed), with `group` swapped in (None: as it is). The seeds share the
+    architecture and the tokenizer: one model is made on the device (no random initialisation: its weights are
+    only ever loaded), each seed's weights are loaded into it, and the examples are encoded once."""
+    import torch
+
+    scores, features, model, made = [], None, None, None
     for meta, cfg, sd in finetuned:
         if group is not None:
             cfg, sd = surgery.swap_embeddings(cfg, sd, group)
-        model = RobertaForTask(cfg, meta["kind"], meta["num_labels"])
-        model.load_state_dict(sd, strict=True)
-        model.to(device)
-        if features is None:  # the seeds share the architecture and the tokenizer: encode once
+        if (cfg, meta["kind"], meta["num_labels"]) != made:
+            with torch.device("meta"):
+                model = RobertaForTask(cfg, meta["kind"], meta["num_labels"])
+            model, made = model.to_empty(device=device), (cfg, meta["kind"], meta["num_labels"])
             features = features_for(cfg, spec, examples, sp)
+        model.load_state_dict(sd, strict=True)
         scores.append(evaluate(model, spec, examples, sp, lang, batch_size=batch, features=features).score)
     return scores
+
+
+@lru_cache(maxsize=1)  # a job's units swap in the same checkpoint
+def _step2(path: str) -> tuple[dict, dict]:
+    """(meta, language group) of a Step-2 checkpoint or run: consolidated and hashed once for every task."""
+    meta, sd = checkpoint.load_final(path)
+    if meta.get("stage") != "adapt":
+        raise ConfigError(f"{path} is a {meta.get('stage')!r} checkpoint, not a Step-2 (adapt) run")
+    return meta, surgery.language_group(sd)
+
+
+@lru_cache(maxsize=1)
+def _control(parent: str, tokenizer: str, seed: int) -> dict:
+    """The control's language group of a Step-2 run (`control_group`), made once for every task."""
+    return control_group({"parent": parent, "tokenizer": tokenizer}, seed)
 
 
 def run_unit(unit: Unit, data_root: str, device="cpu") -> list[dict]:
@@ -167,17 +189,14 @@ def run_unit(unit: Unit, data_root: str, device="cpu") -> list[dict]:
         s = score(finetuned, None, spec, examples, sp, unit.lang, device)
         row |= {"step": 0, "flops": 0.0, "v100_days": 0.0, "layers": finetuned[0][1].num_layers}
     else:
-        meta, sd = checkpoint.load_final(unit.adapted)
-        if meta.get("stage") != "adapt":
-            raise ConfigError(f"{unit.adapted} is a {meta.get('stage')!r} checkpoint, not a Step-2 (adapt) run")
+        meta, group = _step2(unit.adapted)
         _check_same_primary(unit.adapted, meta, unit.finetuned[0], finetuned[0][0])
         sp = _tokenizer(meta["tokenizer"])
         if unit.kind == ADAPTED:
-            group = surgery.language_group(sd)
             surgery.check_vocab(group, sp.get_piece_size())
             row |= {"step": meta["step"], "flops": meta["flops"], "v100_days": flops.to_v100_days(meta["flops"])}
         else:
-            group = control_group(meta, meta["run_config"]["train"]["seed"])
+            group = _control(meta["parent"], meta["tokenizer"], meta["run_config"]["train"]["seed"])
             row |= {"step": 0, "flops": 0.0, "v100_days": 0.0}
         s = score(finetuned, group, spec, examples, sp, unit.lang, device)
     row |= {"score": statistics.mean(s), "per_seed": s}
@@ -239,25 +258,46 @@ def cached(results: Path, unit: Unit, data_root: str, how: str) -> list[dict] | 
     return saved["rows"] if saved is not None and saved["scored_with"] == how else None
 
 
-def run_units(units: list[Unit], data_root: str, results: Path, rank: int = 0, world: int = 1, device="cpu",
-              say=print) -> None:
-    """This rank's share of `units` (every world-th), each written to results/ unless its result is there,
-    scored on this kind of device."""
-    results.mkdir(parents=True, exist_ok=True)
+def eval_jobs(units: list[Unit]) -> list[list[int]]:
+    """What a rank takes at once (`run_units`): the units that swap in the same Step-2 checkpoint (one per task
+    covering its language, and the control) together, so that it is read and hashed once; the others alone."""
+    jobs: dict = {}
+    for i, unit in enumerate(units):
+        jobs.setdefault(unit.adapted or i, []).append(i)
+    return list(jobs.values())
+
+
+def run_units(units: list[Unit], data_root: str, results: Path, device="cpu", say=print) -> None:
+    """Every unit without a current result, written to results/, scored on this kind of device: under a launch,
+    this rank's share, taking jobs (`eval_jobs`) from the queue the ranks share until none is left (mm_ds/jobs.py;
+    a failure stops every rank from taking more and is raised here once all have stopped)."""
+    from .. import dist
+    from ..jobs import Queue
+
+    jobs, how, error = eval_jobs(units), scored_with(device), None
+    queue, rank, world = Queue("eval", len(jobs)), dist.rank(), dist.world_size()
     t0, last = time.monotonic(), 0.0
-    mine, how = units[rank::world], scored_with(device)
-    for i, unit in enumerate(mine):
-        if cached(results, unit, data_root, how) is None:
-            rows = run_unit(unit, data_root, device)
-            checkpoint.write_json_atomic(_result_path(results, unit), {
-                "fingerprint": fingerprint(unit, data_root, results.parent, how), "scored_with": how, "rows": rows})
-        if rank == 0 and (time.monotonic() - last > 10 or i + 1 == len(mine)):  # progress from the shared files
-            last = time.monotonic()
-            done = sum(_result_path(results, u).is_file() for u in units)
-            rate = (i + 1) / (last - t0)
-            eta = (len(mine) - i - 1) / rate if rate > 0 else 0.0
-            say(f"[mm-ds] evaluation: {done}/{len(units)} units done ({world} rank(s)), {last - t0:.0f} s, "
-                f"about {eta:.0f} s left")
+    try:
+        results.mkdir(parents=True, exist_ok=True)
+        while (j := queue.claim()) is not None:
+            for unit in (units[i] for i in jobs[j]):
+                if cached(results, unit, data_root, how) is None:
+                    rows = run_unit(unit, data_root, device)
+                    checkpoint.write_json_atomic(_result_path(results, unit), {
+                        "fingerprint": fingerprint(unit, data_root, results.parent, how), "scored_with": how,
+                        "rows": rows})
+            if rank == 0 and time.monotonic() - last > 10:  # progress from the shared files
+                last = time.monotonic()
+                done = sum(_result_path(results, u).is_file() for u in units)
+                say(f"[mm-ds] evaluation: {done}/{len(units)} units done ({world} rank(s)), {last - t0:.0f} s")
+    except Exception as e:  # noqa: BLE001  raised below, once no rank works on
+        error = e
+        queue.stop()
+    queue.drain()
+    if error is not None:
+        raise error
+    if rank == 0:
+        say(f"[mm-ds] evaluation: {len(units)} units done ({world} rank(s)), {time.monotonic() - t0:.0f} s")
 
 
 def collect(units: list[Unit], data_root: str, results: Path) -> list[dict]:
@@ -370,14 +410,13 @@ def run_eval_main(argv: list[str]) -> int:
         from ..recipe import Recipe
         dist.on_rank0(lambda: write_eval_spec(from_dict(Recipe, json.loads(Path(argv[1]).read_text())),
                                               Path(argv[2])), f"listing the evaluation units into {argv[0]}")
+    spec = dist.on_rank0(lambda: json.loads(Path(argv[0]).read_text()), f"reading {argv[0]}")  # rank 0's, for all
     error = None
     try:
-        spec = json.loads(Path(argv[0]).read_text())
         units, device = units_from_spec(spec), dist.device()
         if rank == 0:
             print(f"[mm-ds] evaluation: {len(units)} units on {world} rank(s), {scored_with(device)}", flush=True)
-        run_units(units, spec["data_root"], Path(spec["results"]), rank, world, device,
-                  say=lambda m: print(m, flush=True))
+        run_units(units, spec["data_root"], Path(spec["results"]), device, say=lambda m: print(m, flush=True))
     except Exception as e:  # noqa: BLE001  reported below, after every rank knows
         error = f"rank {rank}: {type(e).__name__}: {e}"
     if dist.any_rank(error is not None):  # every rank learns of a failure: none waits forever in a barrier

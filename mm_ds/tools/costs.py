@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from .. import flops
 from ..phases import DepthSchedule
@@ -65,7 +66,6 @@ def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = N
     """Steps 1, 1b and 2 of each system (label or config name) of an `mm-ds run` recipe, from its stage configs
     (`recipe.stage_configs`, parsed here unless given; the first target language's Step 2 stands for every
     language's), with `changes` applied to every stage."""
-    from ..ds_config import global_batch
     from ..recipe import stage_configs
 
     bad = [k for k in changes if k not in CHANGES]
@@ -77,30 +77,115 @@ def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = N
     if missing:
         raise ValueError(f"--system {', '.join(missing)} not in the recipe (it has "
                          f"{', '.join(system_of(s).label for s in recipe.systems)})")
-    cfgs = stage_configs(recipe) if cfgs is None else cfgs
-    vocab = int(recipe.prepare.get("vocab_size", 50_000))
+    price = _Prices(recipe, stage_configs(recipe) if cfgs is None else cfgs, changes)
     rows = []
     for name in chosen:
+        rows += [price.step1(name, label=system_of(name).label), *price.step1b(name),
+                 *price.step2(name, recipe.langs[0])]
+    return rows
+
+
+def stage_run_costs(recipe, cfgs: dict, out: Path = Path("OUT")) -> list[tuple[str, list[StageCost]]]:
+    """Every stage run `mm-ds run` would launch (`recipe.stage_runs`: shared stages once, every language, every
+    finetuning), with its cost rows: a multi-depth Step 2 has one per depth, MINIJOINT's Step 1b (an extraction)
+    none. `cfgs`: `stage_configs(recipe, out)`."""
+    from ..recipe import stage_runs
+
+    price, step3 = _Prices(recipe, cfgs, {}), finetune_costs(recipe, cfgs, out)
+    rows = []
+    for run in stage_runs(recipe, out):
+        key = run.name.split("/", 1)[1]
+        kind, system, *rest = key.split("/")
+        rows.append((key, [price.step1(system)] if kind == "pretrain" else price.step1b(system)
+                     if kind == "build_mini" else price.step2(system, rest[0]) if kind == "adapt" else [step3[key]]))
+    return rows
+
+
+class _Prices:
+    """The cost rows of Steps 1, 1b and 2 from a recipe's stage configs (`stage_configs`), `changes` applied."""
+
+    def __init__(self, recipe, cfgs: dict, changes: dict):
+        self.cfgs, self.changes = cfgs, changes
+        self.vocab = int(recipe.prepare.get("vocab_size", 50_000))
+
+    def _row(self, label, primary, stage, kind, cfg, layers, trainable=None) -> StageCost:
+        from ..ds_config import global_batch
+
+        model = self.cfgs[f"pretrain/{primary}"].model
+        row = StageCost(label, stage, kind, layers, trainable, cfg.train.steps, global_batch(cfg), cfg.data.seq_len,
+                        model.hidden_size, model.vocab_size or self.vocab, cfg.data.mask_prob, cfg.train.checkpoints())
+        return replace(row, **self.changes)
+
+    def step1(self, name: str, label: str | None = None) -> StageCost:
+        """The pretraining of `name`'s primary model (labelled `label`, default: the primary's)."""
         system = system_of(name)
-        pre = cfgs[f"pretrain/{system.primary}"]
-        model = pre.model
+        pre = self.cfgs[f"pretrain/{system.primary}"]
+        return replace(self._row(label or system_of(system.primary).label, system.primary, "step1",
+                                 system_of(system.primary).step1, pre, pre.model.num_layers),
+                       secondary_heads=max(1, len(pre.model.secondary_depths)))
 
-        def cost(stage, kind, cfg, layers, trainable=None):
-            row = StageCost(system.label, stage, kind, layers, trainable, cfg.train.steps, global_batch(cfg),
-                            cfg.data.seq_len, model.hidden_size, model.vocab_size or vocab, cfg.data.mask_prob,
-                            cfg.train.checkpoints())
-            return replace(row, **changes)
+    def step1b(self, name: str) -> list[StageCost]:
+        system = system_of(name)
+        if system.mini != "build":
+            return []  # none, or MINIJOINT's extraction: no update
+        b, model = self.cfgs[f"build_mini/{name}"], self.cfgs[f"pretrain/{system.primary}"].model
+        return [self._row(system.label, system.primary, "step1b", "build_mini", b,
+                          system.adapted_depths(model, b.mini)[0], b.mini.new_layers)]
 
-        rows.append(replace(cost("step1", system.step1, pre, model.num_layers),
-                            secondary_heads=max(1, len(model.secondary_depths))))
-        mini = None
-        if system.mini == "build":
-            b = cfgs[f"build_mini/{name}"]
-            mini = b.mini
-            rows.append(cost("step1b", "build_mini", b, system.adapted_depths(model, mini)[0], mini.new_layers))
-        adapt = cfgs[f"adapt/{name}/{recipe.langs[0]}"]
-        rows += [replace(cost("step2", "adapt", adapt, depth), steps=steps, checkpoints=ckpts) for depth, steps, ckpts
-                 in step2_phases(adapt, system.adapted_depths(model, mini), changes.get("steps"))]
+    def step2(self, name: str, lang: str) -> list[StageCost]:
+        system = system_of(name)
+        model = self.cfgs[f"pretrain/{system.primary}"].model
+        mini = self.cfgs[f"build_mini/{name}"].mini if system.mini == "build" else None
+        adapt = self.cfgs[f"adapt/{name}/{lang}"]
+        return [replace(self._row(system.label, system.primary, "step2", "adapt", adapt, depth), steps=steps,
+                        checkpoints=ckpts)
+                for depth, steps, ckpts in step2_phases(adapt, system.adapted_depths(model, mini),
+                                                        self.changes.get("steps"))]
+
+
+WORLD_TRAIN = {"xnli": "nli_train", "pawsx": "paws_train", "mlqa": "qa_train", "xquad": "qa_train"}
+"""The generated world's task size (mm_ds/data/world DEFAULT_TASK_SIZES) that is each task's English training set."""
+
+
+def train_examples(recipe, task: str) -> int:
+    """English training examples of `task` in the recipe's data: the task table's official size, or the
+    generated world's."""
+    from ..data.tasks import get_task
+
+    if recipe.world is not None:
+        from ..data.world import DEFAULT_TASK_SIZES
+        return {**DEFAULT_TASK_SIZES, **(recipe.world.get("task_sizes") or {})}[WORLD_TRAIN[task]]
+    return get_task(task).train_size
+
+
+def finetune_costs(recipe, cfgs: dict | None = None, out: Path = Path("OUT")) -> dict[str, StageCost]:
+    """Step 3 of an `mm-ds run` recipe, one row per finetuning run (keyed as `stage_configs` keys them, its
+    configs parsed with `out` unless given), each on one device: the model its parent hands on, updates as the
+    stage computes them (mm_ds/stages/finetune.py schedule) from the English training examples (QA: questions,
+    a lower bound of its windows), epochs and batch."""
+    import dataclasses
+    import math
+
+    from ..check import model_after
+    from ..data.tasks import get_task
+    from ..ds_config import global_batch
+    from ..recipe import stage_configs
+
+    cfgs = stage_configs(recipe, out) if cfgs is None else cfgs
+    by_dir = {(out / name).resolve(): cfg for name, cfg in cfgs.items()}
+    rows = {}
+    for name, cfg in cfgs.items():
+        if cfg.stage != "finetune":
+            continue
+        spec, ft = get_task(cfg.finetune.task), cfg.finetune
+        model = model_after(by_dir[Path(cfg.parent).resolve()], by_dir)
+        n = min(train_examples(recipe, spec.name), ft.max_train_examples or math.inf)
+        B = global_batch(cfg)
+        steps = max(1, math.ceil((ft.epochs if ft.epochs is not None else spec.epochs) * n / B))
+        rows[name] = StageCost(system_of(cfg.system).label, "step3", "finetune", model.num_layers, None, steps, B,
+                               min(ft.max_length or spec.max_length, model.max_positions), model.hidden_size,
+                               model.vocab_size or int(recipe.prepare.get("vocab_size", 50_000)), 0.0,
+                               dataclasses.replace(cfg.train, steps=steps).checkpoints())
     return rows
 
 

@@ -1,0 +1,150 @@
+"""`mm-ds plan`'s totals: the whole recipe as `mm-ds run` runs it, step by step, on the planned cluster.
+
+Every stage run of `recipe.stage_runs` is priced once (the pretraining MINIPOST shares with BL_BASE is one run;
+every target language's Step 2; every finetuning), as it will run:
+
+    Steps 1, 1b, 2   one after another, each data-parallel on every GPU (mm_ds/tools/plan_model.py `plan_stages`)
+    Step 3           single-GPU runs, as many at once as there are GPUs, longest first (mm_ds/pack.py): its
+                     time is that schedule's makespan, at the plan's MFU on one GPU with no communication
+    Step 4           the evaluation units over every GPU (`plan_evaluation`)
+    alignment check  two forward passes (mini-model, primary model) of the held-out sequences per Step-2
+                     checkpoint of each mini-model system, and of its initialisation, over every GPU
+
+GPU-hours are what an allocation of the whole cluster pays: its GPUs x each step's hours, idle GPUs included
+(Step 3's tail); `busy` counts the GPUs' own work. Disk: every run's engine checkpoints and final weights.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from .. import flops as F
+
+STEPS = {"pretrain": "Step 1", "build_mini": "Step 1b", "adapt": "Step 2", "finetune": "Step 3"}
+
+
+@dataclass(frozen=True)
+class StepTotal:
+    step: str
+    runs: int
+    """Stage runs (Steps 1-3), units (Step 4), checkpoints (the alignment check)."""
+    how: str
+    hours: float
+    gpu_hours: float
+    busy_gpu_hours: float
+    disk_bytes: float
+
+
+def makespan(seconds: list[float], devices: int) -> float:
+    """Wall time of independent jobs of `seconds`, taken longest first by `devices` devices as each frees up."""
+    free = [0.0] * max(1, devices)
+    for s in sorted(seconds, reverse=True):
+        heapq.heapreplace(free, free[0] + s)
+    return max(free)
+
+
+def recipe_totals(recipe, cfgs: dict, cluster, evaluation) -> list[StepTotal]:
+    """Steps 1-4 and the alignment check of `recipe` on `cluster`: `cfgs` are `stage_configs(recipe)`,
+    `evaluation` its `plan_evaluation`."""
+    from .costs import stage_run_costs
+    from .plan_model import BYTES, plan_stages, stage_params
+
+    runs = stage_run_costs(recipe, cfgs)
+    out, n = [], cluster.gpus
+    for kind, step in STEPS.items():
+        mine = [(key, rows) for key, rows in runs if key.split("/")[0] == kind]
+        if not mine:
+            continue
+        if kind == "finetune":
+            costs = [c for _, rows in mine for c in rows]
+            one_gpu = cluster.peak_tflops * 1e12 * cluster.mfu
+            seconds = [c.flops / one_gpu for c in costs]
+            hours = makespan(seconds, n) / 3600
+            w = BYTES[cluster.dtype]
+            disk = 0.0
+            for c in costs:
+                p = stage_params(c.kind, c.hidden, c.vocab, c.layers, c.seq_len)
+                disk += (p.total * w + p.trainable * 12) * c.checkpoints + p.total * 4
+            out.append(StepTotal(step, len(mine), f"single-GPU runs, {min(n, len(mine))} at once",
+                                 hours, hours * n, sum(seconds) / 3600, disk))
+            continue
+        per_run = [plan_stages(rows, cluster) for _, rows in mine if rows]  # an extraction: none
+        hours = sum(r.hours for rows in per_run for r in rows)
+        disk = sum(sum(r.ckpt_bytes * r.checkpoints for r in rows) + rows[-1].final_bytes for rows in per_run)
+        out.append(StepTotal(step, len(mine), f"data-parallel on {n} GPUs, one run after another", hours,
+                             hours * n, hours * n, disk))
+    out.append(StepTotal("Step 4", evaluation.units, f"units over {n} GPUs", evaluation.hours,
+                         evaluation.gpu_hours, evaluation.gpu_hours, 0.0))
+    align = plan_alignment(recipe, cfgs, cluster)
+    if align is not None:
+        out.append(align)
+    return out
+
+
+def plan_alignment(recipe, cfgs: dict, cluster) -> StepTotal | None:
+    """The alignment check `mm-ds run` ends with (mm_ds/align.py): each mini-model system's Step-2 checkpoints of
+    every target language with held-out text (the recipe's `heldout`, or a generated world's), and their
+    initialisation, each scored as the mini-model and as the primary model over `align_sequences` sequences."""
+    from ..systems import system_of
+
+    minis = [s for s in recipe.systems if system_of(s).mini]
+    langs = [lang for lang in recipe.langs if lang in recipe.heldout or recipe.world is not None]
+    if not recipe.align_sequences or not minis or not langs:
+        return None
+    points, flops = 0, 0.0
+    for s in minis:
+        adapt, primary = cfgs[f"adapt/{s}/{langs[0]}"], cfgs[f"pretrain/{system_of(s).primary}"].model
+        mini_layers = system_of(s).adapted_depths(primary, getattr(cfgs.get(f"build_mini/{s}"), "mini", None))[-1]
+        count = (adapt.train.checkpoints() + 1) * len(langs)
+        points += count
+        per_layer = F.flop_layer(adapt.data.seq_len, primary.hidden_size)
+        flops += count * recipe.align_sequences * (mini_layers + primary.num_layers) * per_layer
+    seconds = flops / (cluster.gpus * cluster.peak_tflops * 1e12 * cluster.mfu)
+    return StepTotal("alignment check", points, f"checkpoints over {cluster.gpus} GPUs", seconds / 3600,
+                     seconds / 3600 * cluster.gpus, seconds / 3600 * cluster.gpus, 0.0)
+
+
+def refusals(recipe, cfgs: dict, gpus: int) -> list[str]:
+    """What `mm-ds run --check` would refuse about the cluster's size: each stage run's batch geometry on `gpus`
+    ranks (one for the single-device runs of Step 3), grouped by message."""
+    from ..config import ConfigError
+    from ..ds_config import geometry
+    from ..recipe import PACKED
+
+    grouped: dict[str, list[str]] = {}
+    for name, cfg in cfgs.items():
+        try:
+            geometry(cfg, 1 if cfg.stage in PACKED else gpus)
+        except ConfigError as e:
+            grouped.setdefault(str(e), []).append(name)
+    return [f"{names[0]}{f' (and {len(names) - 1} more like it)' if len(names) > 1 else ''}: {msg}"
+            for msg, names in grouped.items()]
+
+
+def format_totals(totals: list[StepTotal], cluster, refused: list[str]) -> str:
+    lines = [f"the whole recipe as `mm-ds run` runs it on {cluster.gpus} GPUs (every language, shared stages once):",
+             "| step | runs | how | hours | GPU-h | busy GPU-h | disk GB |", "|---|---:|---|---:|---:|---:|---:|"]
+    for t in totals:
+        lines.append(f"| {t.step} | {t.runs:,} | {t.how} | {t.hours:.{1 if t.hours >= 1 else 2}f} | "
+                     f"{t.gpu_hours:,.0f} | {t.busy_gpu_hours:,.{0 if t.busy_gpu_hours >= 10 else 1}f} | "
+                     f"{t.disk_bytes / 1e9:,.0f} |")
+    hours = sum(t.hours for t in totals)
+    lines.append(f"all steps in sequence: {hours:.1f} h = {hours / 24:.1f} days, "
+                 f"{sum(t.gpu_hours for t in totals):,.0f} GPU-h ({sum(t.busy_gpu_hours for t in totals):,.0f} "
+                 f"busy), {sum(t.disk_bytes for t in totals) / 1e12:.2f} TB of checkpoints; evaluation adds reading "
+                 f"each unit's checkpoint")
+    if refused:
+        lines.append(f"`mm-ds run --check` would refuse the recipe on {cluster.gpus} GPUs:")
+        lines += [f"  {r}" for r in refused]
+    else:
+        lines.append(f"`mm-ds run --check` passes the batch geometry of every stage on {cluster.gpus} GPUs")
+    return "\n".join(lines)
+
+
+def totals_json(totals: list[StepTotal], refused: list[str]) -> dict:
+    from dataclasses import asdict
+
+    return {"steps": [asdict(t) for t in totals], "hours": sum(t.hours for t in totals),
+            "gpu_hours": sum(t.gpu_hours for t in totals), "refused": refused}
+
