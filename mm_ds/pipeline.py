@@ -232,7 +232,8 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     report = check(recipe, out, strict=True)
     if report.problems:  # before any data work: nothing is written
         raise ConfigError(f"the recipe cannot run:\n{report.format()}\n(`mm-ds run RECIPE --check --out DIR` "
-                          f"lists the same without running)")
+                          f"finds the same without running, but takes data that is absent altogether for data still "
+                          f"to come: a note there)")
     t0 = time.time()
     os.environ.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # stage ranks exit if this process dies
     out.mkdir(parents=True, exist_ok=True)
