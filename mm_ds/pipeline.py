@@ -30,7 +30,7 @@ from pathlib import Path
 from . import checkpoint
 from .config import ConfigError, from_dict
 from .progress import Follow, Watched, say
-from .recipe import Recipe, StageRun, load_recipe, minis_in_english, stage_runs, task_root, text_inputs
+from .recipe import Recipe, StageRun, load_recipe, minis_in_english, recipe_names, stage_runs, task_root, text_inputs
 from .systems import REFERENCE, system_of
 
 
@@ -291,7 +291,8 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="mm-ds run", description="run a whole experiment from a recipe")
-    p.add_argument("recipe", help="packaged recipe (tiny, quick, paper) or a YAML file")
+    p.add_argument("recipe", help=f"packaged recipe ({', '.join(recipe_names())}; `mm-ds presets` describes them) "
+                   f"or a YAML file, whose relative paths start at its folder")
     p.add_argument("--out", required=True)
     p.add_argument("--plan", action="store_true", help="print the stage commands and their state; run nothing")
     p.add_argument("--check", action="store_true", help="validate every stage run (configs, engine "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, check_numbers, did_you_mean, from_dict
+from .config import ConfigError, check_numbers, did_you_mean, from_dict, recipe_names
 from .data.tasks import HUB, TASKS, is_hub
 from .systems import STAGES, SYSTEMS, SystemNameError, sort_key, system_of
 
@@ -188,11 +188,6 @@ RANGES = {
     "prepare.vocab_size": "[6, inf)", "prepare.character_coverage": "(0, 1]", "prepare.sample_sentences": "[1, inf)",
     "prepare.seed": "[0, inf)", "prepare.workers": "[1, inf)",
 }
-
-
-def recipe_names() -> list[str]:
-    root = resources.files("mm_ds") / "presets" / "recipes"
-    return sorted(f.name[:-5] for f in root.iterdir() if f.name.endswith(".yaml"))
 
 
 def load_recipe(name: str, sets: list[str] = ()) -> Recipe:

@@ -5,6 +5,7 @@ corpus exist. In-process `cli.main` calls: fast."""
 import dataclasses
 import importlib
 import json
+import os
 import re
 import socket
 import sys
@@ -44,6 +45,39 @@ def test_help_lists_user_commands_only_and_internal_ones_still_run(capsys):
         assert name not in out
         module, func = target.split(":")
         assert callable(getattr(importlib.import_module(module), func))
+
+
+def test_help_lists_every_packaged_recipe(capsys):
+    _, out, _ = run(capsys, "--help")
+    (line,) = [line for line in out.splitlines() if line.startswith("  run ")]
+    assert f"({', '.join(recipe_names())}; or your YAML file)" in line
+    assert {"depths", "rehearsal", "tiny", "quick", "paper"} <= set(recipe_names())
+    _, out, _ = run(capsys, "run", "--help")
+    assert all(name in out for name in recipe_names())
+
+
+def test_deepspeeds_cpu_accelerator_note_stays_in_the_ranks_output(tmp_path):
+    """DeepSpeed warns "Setting accelerator to CPU" wherever it finds no GPU: not on every command a user types,
+    but in a rank's output (a log); its other warnings pass everywhere."""
+    import subprocess
+
+    import torch
+
+    from mm_ds import launch
+
+    if torch.cuda.is_available():
+        pytest.skip("DeepSpeed finds the GPU: it has no CPU note to print")
+    env = {k: v for k, v in os.environ.items() if k not in (*launch.RANK_VARS, *launch.SRUN_STEP_VARS)}
+    snippet = ("import mm_ds\nfrom deepspeed.accelerator import get_accelerator\nfrom deepspeed.utils import logger\n"
+               "get_accelerator()\nlogger.warning('a real warning')")
+    here, rank = (subprocess.run([sys.executable, "-c", snippet], env=e, capture_output=True, text=True)
+                  for e in (env, env | {"RANK": "0"}))
+    assert "Setting accelerator to CPU" not in here.stdout + here.stderr and "a real warning" in here.stdout
+    assert "Setting accelerator to CPU" in rank.stdout and "a real warning" in rank.stdout
+    check = subprocess.run([sys.executable, "-m", "mm_ds.cli", "run", "tiny", "--check", "--out", str(tmp_path)],
+                           env=env, capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout.startswith("mm-ds run tiny --check: ok"), check.stdout
+    assert "Setting accelerator" not in check.stdout + check.stderr
 
 
 @pytest.mark.parametrize("command", ["bench", "prepare", "config", "presets", "run"])
@@ -141,6 +175,10 @@ def test_did_you_mean_for_every_name_a_user_types(capsys, tmp_path):
          "systems: system='minijiont' is not one of bl_base, bl_small, minijoint, minipost (or a variant such as "
          "minijoint@2) (did you mean 'minijoint'?)"),
         (lambda: config.load(None, overrides=["train.stpes=3"]), "did you mean train.steps?"),
+        (lambda: load_recipe("tiny", ["seeds=1"]), "seeds: expected a list, got 1 (did you mean seeds=[1]?)"),
+        (lambda: load_recipe("tiny", ["tasks=xnli"]), "tasks: expected a list, got 'xnli' (did you mean tasks=[xnli]?)"),
+        (lambda: config.load("tiny/adapt", overrides=["train.checkpoint_steps=5"]),
+         "train.checkpoint_steps: expected a list, got 5 (did you mean train.checkpoint_steps=[5]?)"),
     ]
     for call, message in cases:
         with pytest.raises(ConfigError) as e:
