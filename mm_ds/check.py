@@ -48,7 +48,7 @@ class Report:
                 else f"ok: {self.stages} stage runs can start")
         out = [head, *lines]
         if self.gaps:
-            out.append("gaps (no such task data in that language; the results show '-'): " +
+            out.append("gaps (no such task data in that language; its Table 2 has no column for it): " +
                        "; ".join(f"{t}: {' '.join(ls)}" for t, ls in self.gaps.items()))
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)

@@ -213,11 +213,12 @@ def results_table(recipe: Recipe, rows: list[dict], out: Path):
     (mm_ds/table2.py) writes report/tables.md's Table 2."""
     from . import report
     from .records import clean_records, control_scores, recorded, source_scores
+    from .table2 import format_table2s
 
     results, warnings = clean_records(rows, str(out / "results.jsonl"))
     rep = report.build_report(results, warnings=warnings, controls=control_scores(rows), sources=source_scores(rows),
                               seeds=recorded(rows, "seeds"), world=recipe.world is not None)
-    text = report.format_table2s(rep)
+    text = format_table2s(rep)
     (out / "results.md").write_text(text + "\n")
     return text, rep
 

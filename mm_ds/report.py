@@ -33,7 +33,7 @@ from .flops import EXA
 from .mdtable import cost, days_cell, fmt, md
 from .records import Result, load_results, recorded, source_scores
 from .systems import REFERENCE, SYSTEMS, SystemNameError, sort_key
-from .table2 import format_table2, format_table2s, table2  # noqa: F401  (format_table2s: `mm-ds run`'s results.md)
+from .table2 import format_table2, table2
 
 
 
@@ -119,7 +119,7 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     controls: dict[Key, float] = field(default_factory=dict)  # the untrained-embedding control's score
     sources: dict[Key, float] = field(default_factory=dict)  # (task, source language, system) -> its score
-    seeds: dict[str, list[int]] = field(default_factory=dict)  # task -> finetuning seeds behind a score, as recorded
+    seeds: dict[str, list[int]] = field(default_factory=dict)  # task -> how many finetuning seeds a score averages
     world: bool = False  # scored on the generated world's files (their chance levels)
 
     def final(self, key: Key) -> Result | None:
@@ -294,10 +294,11 @@ def format_tables(report: Report, bounds: bool = False, table2s: bool = True) ->
         parts.append(f"Per task: the mean over its languages of {report.reference}'s V100-days to {target} divided "
                      f"by the system's; used: the languages of the task behind it (of those the task has), and the "
                      f"finetuning seeds behind each score; avg: the mean over tasks.")
-        body = []
+        body, every_seed = [], [c for t in report.tasks for c in report.seeds.get(t, ())]
         for r in report.speedup_summary:
-            n = (f"{r['n_langs']}/{len(report.langs[r['task']])} langs, {captions.seed_count(report.seeds.get(r['task'], ()))}"
-                 if r["n_tasks"] is None else f"{r['n_tasks']} tasks, {captions.seed_count(c for t in report.tasks for c in report.seeds.get(t, ()))}")
+            n = (f"{r['n_langs']}/{len(report.langs[r['task']])} langs, "
+                 f"{captions.seed_count(report.seeds.get(r['task'], ()))}" if r["n_tasks"] is None
+                 else f"{r['n_tasks']} tasks, {captions.seed_count(every_seed)}")
             sp = "—" if r["mean_speedup"] is None else f"{r['mean_speedup']:.2f}x"
             body.append([r["task"], r["system"], sp, n, ", ".join(r.get("excluded", {})),
                          fmt(r.get("ratio_of_mean_days"), 2)])

@@ -49,17 +49,14 @@ def format_table2(report: Report, task: str, rows: list[dict] | None = None) -> 
     table = md(["system", "Step-2 EFLOPs", "V100-days"] + src + L + ["avg"], [
         [r["system"], cost(r["eflops"]), cost(r["v100_days"])] + [fmt(r["sources"].get(l)) for l in src]
         + [cell(r, l) for l in L] + [fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in rows])
-    about = captions.scores(task, report.seeds.get(task, ()), report.world, ctrl)
-    if src:
-        about += (f" {', '.join(src)}: the primary model finetuned and scored in {', '.join(src)} (no swap). "
-                  f"avg: over {', '.join(L)}")
-    else:
-        about += f" avg: over {', '.join(L)}"
-    about += ("; * = fewer languages than the task has. Cost: Step 2 to its last checkpoint (the largest over "
-              "languages).")
+    source = f" {', '.join(src)}: the primary model finetuned and scored in {', '.join(src)} (no swap)." if src else ""
+    about = (captions.scores(task, report.seeds.get(task, ()), report.world, ctrl) + source
+             + f" avg: over {', '.join(L)}; * = fewer languages than the task has. Cost: Step 2 to its last "
+             "checkpoint (the largest over languages).")
     return f"## {task}: performance at training completion (Table 2)\n\n{about}\n\n{table}"
 
 
 def format_table2s(report: Report) -> str:
+    """Every task's Table 2: results.md."""
     t2 = table2(report)
     return "\n\n".join(format_table2(report, t, t2[t]) for t in report.tasks)
