@@ -157,13 +157,13 @@ def speedup_figure(report: Report):
     ax.axhline(1, c="grey", lw=1)
     ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(groups))], groups)
     ax.set(ylabel=f"speedup over {report.reference}", title="Speedup to near-maximal performance")
-    ax.margins(y=0.25)  # room for the labels
+    ax.margins(y=0.2)  # room for the labels
     handles, _ = ax.get_legend_handles_labels()
     if any_short:
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//",
                              label="* fewer languages (or tasks) than the task has"))
-    ax.legend(handles=handles, fontsize=7)
-    fig.tight_layout()
+    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(len(handles), 3))
+    fig.tight_layout()  # below the axes, the legend hides no bar label
     return fig
 
 

@@ -298,7 +298,7 @@ def format_tables(report: Report, bounds: bool = False, table2s: bool = True) ->
         for r in report.speedup_summary:
             n = (f"{r['n_langs']}/{len(report.langs[r['task']])} langs, "
                  f"{captions.seed_count(report.seeds.get(r['task'], ()))}" if r["n_tasks"] is None
-                 else f"{r['n_tasks']} tasks, {captions.seed_count(every_seed)}")
+                 else f"{r['n_tasks']}/{len(report.tasks)} tasks, {captions.seed_count(every_seed)}")
             sp = "—" if r["mean_speedup"] is None else f"{r['mean_speedup']:.2f}x"
             body.append([r["task"], r["system"], sp, n, ", ".join(r.get("excluded", {})),
                          fmt(r.get("ratio_of_mean_days"), 2)])
