@@ -15,6 +15,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from . import captions
 from .mdtable import cost, days_cell, fmt, md
 from .systems import SystemNameError, system_of
 
@@ -48,6 +49,8 @@ def sweep_tables(report: Report, t2: dict, t3: dict) -> str:
             if days:
                 parts.append(f"## {base} depth sweep, {t}: V100-days to {report.fraction:.0%} of {report.reference}'s "
                              f"final score (Table 4; checkpoint bounds in brackets)")
+                parts.append(captions.days(t, report.seeds.get(t, ()), report.world,
+                                           f"{report.fraction:.0%} of {report.reference}'s final score"))
                 parts.append(md(["system"] + L + ["avg"], [
                     [r["system"]] + [days_cell(r["days"][l], r["bounds"].get(l)) for l in L]
                     + ["∞" if r["avg"] is None else cost(r["avg"]) + ("*" if r["avg_partial"] else "")]
@@ -55,6 +58,7 @@ def sweep_tables(report: Report, t2: dict, t3: dict) -> str:
             finals = [r for r in t2[t] if r["system"] in shown]
             if finals:
                 parts.append(f"## {base} depth sweep, {t}: final scores (Table A3)")
+                parts.append(captions.scores(t, report.seeds.get(t, ()), report.world))
                 parts.append(md(["system", "Step-2 days"] + L + ["avg"], [
                     [r["system"], cost(r["v100_days"])] + [fmt(r["scores"][l]) for l in L]
                     + [fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in finals]))
@@ -68,7 +72,7 @@ def write_sweep_plots(report: Report, out: Path) -> list[Path]:
     """Figure 4: per depth sweep, score vs Step-2 V100-days averaged over languages, one panel per task."""
     from matplotlib.figure import Figure
 
-    from .plots import mean_curve, target_line
+    from .plots import chance_line, mean_curve, target_line
 
     written = []
     for base, labels in sweeps(report).items():
@@ -80,7 +84,9 @@ def write_sweep_plots(report: Report, out: Path) -> list[Path]:
                 if pts:
                     ax.plot(*zip(*pts), marker=".", label=s, c=f"C{i}")
             target_line(ax, report, t)
-            ax.set(title=f"{base} depths, {t} (mean over languages)", xlabel="V100-days (Step 2)", ylabel="score")
+            chance_line(ax, report, t)
+            ax.set(title=f"{base} depths, {t} (mean over languages)", xlabel="V100-days (Step 2)",
+                   ylabel=captions.metric(t))
             ax.legend(fontsize=7)
         fig.tight_layout()
         path = out / f"sweep_{base.lower()}.png"
@@ -121,4 +127,6 @@ def english_table(recipe, rows: list[dict]) -> str:
         cells = [score(kind, systems, t) for t in recipe.tasks]
         layers = next((c["layers"] for c in cells if c and "layers" in c), None)
         body.append([name, str(layers or "-")] + [f"{c['score']:.1f}" if c else "-" for c in cells])
-    return md(["model", "layers"] + [f"{t} {recipe.source_lang}" for t in recipe.tasks], body)
+    about = " ".join(captions.scores(t, [len(recipe.seeds)], recipe.world is not None) for t in recipe.tasks)
+    return (f"Scores in {recipe.source_lang}. {about}\n\n"
+            + md(["model", "layers"] + [f"{t} {recipe.source_lang}" for t in recipe.tasks], body))

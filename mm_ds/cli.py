@@ -30,7 +30,8 @@ STAGE_COMMANDS = {
 }
 TOOL_COMMANDS = {
     "prepare": ("mm_ds.cli:prepare_main", "train SentencePiece and encode a corpus into token shards"),
-    "run": ("mm_ds.pipeline:main", "a whole experiment from a recipe (tiny, quick, paper), one results table"),
+    "run": ("mm_ds.pipeline:main", "a whole experiment from a recipe ({recipes}; or your YAML file), one "
+            "results table"),
     "transfer": ("mm_ds.stages.transfer:main", "Step 4: zero-shot transfer by swapping target embeddings in"),
     "extend": ("mm_ds.tools.extend:main", "an English HF model (or mm-ds run) + target text -> a Hugging Face "
                "model for the new language: import, Step 1b, prepare, Step 2, export, with resume and --check"),
@@ -264,10 +265,12 @@ def prepare_main(argv: list[str]) -> int:
 
 
 def _usage() -> str:
+    from .config import recipe_names  # the packaged ones, as they ship
+
     lines = ["usage: mm-ds <command> [options]    (mm-ds <command> --help: its options; mm-ds --version)", "",
              "commands:"]
     for name, (_, h) in {**STAGE_COMMANDS, **TOOL_COMMANDS}.items():
-        lines.append(f"  {name:<12}{h}")
+        lines.append(f"  {name:<12}{h.format(recipes=', '.join(recipe_names()))}")
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import types
 import typing
 
@@ -45,7 +46,9 @@ def _coerce(value, tp, key: str):
         return from_dict(tp, value, prefix=f"{key}.")
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
+            hint = "" if origin is tuple or isinstance(value, dict) else \
+                f" (did you mean {key}=[{value if isinstance(value, str) else json.dumps(value)}]?)"
+            raise ConfigError(f"{key}: expected a list, got {value!r}{hint}")
         item_t = args[0] if args else typing.Any
         items = [_coerce(v, item_t, f"{key}[{i}]") for i, v in enumerate(value)]
         if origin is tuple:

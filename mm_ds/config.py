@@ -387,6 +387,12 @@ def preset_names() -> list[str]:
     return sorted(out)
 
 
+def recipe_names() -> list[str]:
+    """The packaged recipes (`mm-ds run NAME`), as they ship: presets/recipes/NAME.yaml."""
+    root = resources.files("mm_ds") / "presets" / "recipes"
+    return sorted(f.name[:-5] for f in root.iterdir() if f.name.endswith(".yaml"))
+
+
 def read_preset(name: str) -> dict:
     path = resources.files("mm_ds") / "presets" / f"{name}.yaml"
     if not path.is_file():

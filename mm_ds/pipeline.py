@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from dataclasses import asdict
@@ -32,7 +31,7 @@ from .config import ConfigError, from_dict
 from .pack import complete
 from .progress import Follow, StageFailed, Watched, say
 from .progress import run_logged as _run_logged
-from .recipe import Recipe, StageRun, load_recipe, minis_in_english, stage_runs, task_root, text_inputs
+from .recipe import Recipe, StageRun, load_recipe, minis_in_english, recipe_names, stage_runs, task_root, text_inputs
 from .systems import REFERENCE, system_of
 
 
@@ -193,32 +192,19 @@ def spread_alignment(recipe: Recipe, out: Path, job_ran_it: bool) -> None:
     _run_logged(command(cfg, ["run-align", str(spec)]), out / "logs" / "align.log", None, launch_env(cfg))
 
 
-def results_table(recipe: Recipe, rows: list[dict], out: Path) -> str:
-    """Table 2's layout: systems x (task, language) final scores, with the Step-2 cost and the control."""
-    from .flops import to_v100_days
+def results_table(recipe: Recipe, rows: list[dict], out: Path):
+    """Table 2 per task, captioned, into OUT/results.md, and the report it comes from: the same renderer
+    (mm_ds/table2.py) writes report/tables.md's Table 2."""
+    from . import report
+    from .records import clean_records, control_scores, recorded, source_scores
+    from .table2 import format_table2s
 
-    def final(system, task, lang, kind):
-        cand = [r for r in rows if (r["system"], r["task"], r["lang"], r["kind"]) == (system, task, lang, kind)]
-        return max(cand, key=lambda r: r["step"]) if cand else None
-
-    cols = [(t, lang) for t in recipe.tasks for lang in [recipe.source_lang, *recipe.langs]]
-    head = ["system", "Step-2 EFLOPs", "V100-days"] + [f"{t} {lang}" for t, lang in cols]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for s in recipe.systems:
-        adapted = [final(s, t, lang, "adapted") for t in recipe.tasks for lang in recipe.langs]
-        cost = statistics.mean(r["flops"] for r in adapted if r) if any(adapted) else 0.0
-        cells = [system_of(s).label, f"{cost / 1e18:.3g}", f"{to_v100_days(cost):.2g}"]
-        for t, lang in cols:
-            if lang == recipe.source_lang:
-                r = final(s, t, lang, "source")
-                cells.append(f"{r['score']:.1f}" if r else "-")
-            else:
-                r, c = final(s, t, lang, "adapted"), final(s, t, lang, "control")
-                cells.append(f"{r['score']:.1f} (ctrl {c['score']:.1f})" if r and c else "-")
-        lines.append("| " + " | ".join(cells) + " |")
-    text = "\n".join(lines)
+    results, warnings = clean_records(rows, str(out / "results.jsonl"))
+    rep = report.build_report(results, warnings=warnings, controls=control_scores(rows), sources=source_scores(rows),
+                              seeds=recorded(rows, "seeds"), world=recipe.world is not None)
+    text = format_table2s(rep)
     (out / "results.md").write_text(text + "\n")
-    return text
+    return text, rep
 
 
 STEP_NAMES = {"pretrain": "Step 1 (pretrain)", "build_mini": "Step 1b (build-mini)", "adapt": "Step 2 (adapt)",
@@ -255,7 +241,8 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     report = check(recipe, out, strict=True)
     if report.problems:  # before any data work: nothing is written
         raise ConfigError(f"the recipe cannot run:\n{report.format()}\n(`mm-ds run RECIPE --check --out DIR` "
-                          f"lists the same without running)")
+                          f"finds the same without running, but takes data that is absent altogether for data still "
+                          f"to come: a note there)")
     t0 = time.time()
     os.environ.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # stage ranks exit if this process dies
     out.mkdir(parents=True, exist_ok=True)
@@ -302,7 +289,8 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     spread_alignment(recipe, out, job_ran_it=job_ran_eval)
     with open(out / "results.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
-    print(results_table(recipe, rows, out))
+    table, rep = results_table(recipe, rows, out)
+    print(table)
     if minis_in_english(recipe):  # Table 5: the mini-models' own English scores beside the primary models'
         from .analyses import english_table
         english = english_table(recipe, rows)
@@ -310,11 +298,8 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         print("\nEnglish performance of the primary models and their mini-models (Table 5):\n" + english)
     if REFERENCE in recipe.systems:  # near-maximal performance is defined against BL_BASE (paper §4.2)
         from . import report
-        from .records import clean_records, control_scores
-        results, warnings = clean_records(rows, str(out / "results.jsonl"))
-        rep = report.build_report(results, warnings=warnings, controls=control_scores(rows))
         written = report.write_report(rep, out / "report")
-        print("\n" + report.format_tables(rep, table2s=False))  # results.md above is Table 2 with the controls
+        print("\n" + report.format_tables(rep, table2s=False))  # Table 2 is results.md, printed above
         say("report: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
     if recipe.align_sequences and any(system_of(s).mini for s in recipe.systems):  # no task data needed
         import torch
@@ -329,7 +314,8 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="mm-ds run", description="run a whole experiment from a recipe")
-    p.add_argument("recipe", help="packaged recipe (tiny, quick, paper) or a YAML file")
+    p.add_argument("recipe", help=f"packaged recipe ({', '.join(recipe_names())}; `mm-ds presets` describes them) "
+                   f"or a YAML file, whose relative paths start at its folder")
     p.add_argument("--out", required=True)
     p.add_argument("--plan", action="store_true", help="print the stage commands and their state; run nothing")
     p.add_argument("--check", action="store_true", help="validate every stage run (configs, engine "

@@ -8,13 +8,14 @@ lines; `stage_configs` parses them exactly as the stages would, so the recipe ch
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, check_numbers, did_you_mean, from_dict
+from .config import ConfigError, check_numbers, did_you_mean, from_dict, recipe_names
 from .data.tasks import HUB, TASKS, is_hub
 from .systems import STAGES, SYSTEMS, SystemNameError, sort_key, system_of
 
@@ -38,7 +39,10 @@ class Recipe:
     """Directory with the task files in the official layout (the world's, when generated), or `hub`: every
     split from the Hugging Face hub through `datasets` (needs a network or a populated datasets cache)."""
     data_root: str = ""
-    """Where relative `text` inputs and `task_root` start (default: the working directory)."""
+    """Where relative `text` inputs, `task_root` and `heldout` files start. Default: the recipe file's folder (a
+    packaged recipe's: the working directory, e.g. the rehearsal's ../shared/data beside the checkout); a relative
+    data_root starts there too, also from `--set`. `load_recipe` makes it absolute, so that `--check`, the run and
+    every rank resolve each path alike."""
     rehearsal: bool = False
     """Make the task files from the public data under data_root (../shared/data's layout), English training
     sets included (mm_ds/data/rehearsal.py): the real-data rehearsal of the paper recipe."""
@@ -187,22 +191,17 @@ RANGES = {
 }
 
 
-def recipe_names() -> list[str]:
-    root = resources.files("mm_ds") / "presets" / "recipes"
-    return sorted(f.name[:-5] for f in root.iterdir() if f.name.endswith(".yaml"))
-
-
 def load_recipe(name: str, sets: list[str] = ()) -> Recipe:
     """A packaged recipe or a YAML file, with `key=value` changes (`mm-ds run --set`, `--launch`) applied."""
     from .config import apply_overrides
 
-    path = Path(name)
+    path, base = Path(name), Path(name).absolute().parent  # where the recipe's relative paths start
     if not path.is_file():
         packaged = resources.files("mm_ds") / "presets" / "recipes" / f"{name}.yaml"
         if not packaged.is_file():
             raise ConfigError(f"recipe {name!r} is neither a file nor a packaged recipe "
                               f"({', '.join(recipe_names())}){did_you_mean(name, recipe_names())}")
-        path = Path(str(packaged))
+        path, base = Path(str(packaged)), Path.cwd()
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -211,6 +210,7 @@ def load_recipe(name: str, sets: list[str] = ()) -> Recipe:
         raise ConfigError(f"recipe {path} must hold a mapping of keys, got {type(data).__name__}")
     recipe = from_dict(Recipe, apply_overrides(data, list(sets)))
     recipe.check(str(path) + (f" with {' '.join(sets)}" if sets else ""))
+    recipe.data_root = os.path.abspath(base / recipe.data_root)
     return recipe
 
 

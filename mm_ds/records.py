@@ -106,6 +106,28 @@ def control_scores(raw: Iterable[dict]) -> dict[tuple[str, str, str], float]:
     return out
 
 
+def source_scores(raw: Iterable[dict]) -> dict[tuple[str, str, str], float]:
+    """(task, lang, SYSTEM) -> the source-language score `mm-ds run` records for each system (its primary model
+    finetuned and scored in English, no swap): Table 2's source column."""
+    out = {}
+    for rec in raw:
+        if isinstance(rec, dict) and rec.get("kind") == "source":
+            score = _number(rec.get("score"), float)
+            if score is not None:
+                out[(str(rec["task"]).strip(), str(rec["lang"]).strip(), str(rec["system"]).strip().upper())] = score
+    return out
+
+
+def recorded(raw: Iterable[dict], key: str) -> dict[str, list]:
+    """task -> the distinct values of `key` (e.g. `seeds`, `split`) its records carry, sorted; tasks whose records
+    do not carry it are absent (a CSV of your own need not say how many seeds stand behind a score)."""
+    out: dict[str, set] = defaultdict(set)
+    for rec in raw:
+        if isinstance(rec, dict) and rec.get(key) not in (None, "") and rec.get("task"):
+            out[str(rec["task"]).strip()].add(rec[key])
+    return {t: sorted(v, key=str) for t, v in out.items()}
+
+
 def read_records(path: str | Path) -> tuple[list[dict], list[str]]:
     """Raw dicts from a .csv, .json or .jsonl file, plus warnings (a file that cannot be read is one)."""
     path = Path(path)
@@ -134,14 +156,18 @@ def read_records(path: str | Path) -> tuple[list[dict], list[str]]:
     return [], [f"{path}: unsupported file type {path.suffix!r}; use .csv, .json or .jsonl"]
 
 
-def load_results(paths: Sequence[str | Path], controls: dict | None = None) -> tuple[list[Result], list[str]]:
-    """Results and warnings of every file; `controls`, if given, gets their control scores (control_scores)."""
+def load_results(paths: Sequence[str | Path], controls: dict | None = None,
+                 rows_out: list | None = None) -> tuple[list[Result], list[str]]:
+    """Results and warnings of every file; `controls`, if given, gets their control scores (control_scores),
+    `rows_out` every raw row (for source_scores and recorded)."""
     results, warnings = [], []
     for p in paths:
         rows, w = read_records(p)
         warnings += w
         if controls is not None:
             controls.update(control_scores(rows))
+        if rows_out is not None:
+            rows_out += [r for r in rows if isinstance(r, dict)]
         r, w = clean_records(rows, source=str(p))
         results += r
         warnings += w

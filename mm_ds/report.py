@@ -27,11 +27,13 @@ from pathlib import Path
 from statistics import mean
 from typing import Iterable, Sequence
 
+from . import captions
 from .analyses import write_sweeps
 from .flops import EXA
 from .mdtable import cost, days_cell, fmt, md
-from .records import Result, load_results
+from .records import Result, load_results, recorded, source_scores
 from .systems import REFERENCE, SYSTEMS, SystemNameError, sort_key
+from .table2 import format_table2, table2
 
 
 
@@ -115,6 +117,10 @@ class Report:
     speedup_rows: list[dict]  # per task, system, language
     speedup_summary: list[dict]  # per task (and task "avg"), system
     warnings: list[str] = field(default_factory=list)
+    controls: dict[Key, float] = field(default_factory=dict)  # the untrained-embedding control's score
+    sources: dict[Key, float] = field(default_factory=dict)  # (task, source language, system) -> its score
+    seeds: dict[str, list[int]] = field(default_factory=dict)  # task -> how many finetuning seeds a score averages
+    world: bool = False  # scored on the generated world's files (their chance levels)
 
     def final(self, key: Key) -> Result | None:
         c = self.curves.get(key)
@@ -132,9 +138,12 @@ def _system_order(systems: Iterable[str], reference: str) -> list[str]:
 
 
 def build_report(results: Iterable[Result], reference: str = SYSTEMS[REFERENCE].label, fraction: float = 0.95,
-                 warnings: Sequence[str] = (), controls: dict[tuple[str, str, str], float] | None = None) -> Report:
+                 warnings: Sequence[str] = (), controls: dict[tuple[str, str, str], float] | None = None,
+                 sources: dict[Key, float] | None = None, seeds: dict[str, list[int]] | None = None,
+                 world: bool = False) -> Report:
     """`controls`: (task, lang, SYSTEM) -> control score (records.control_scores). Where the reference's final
-    score does not beat its control it learned nothing to be near to: that language gets no target."""
+    score does not beat its control it learned nothing to be near to: that language gets no target.
+    `sources` (records.source_scores), `seeds` (records.recorded) and `world` are for Table 2 and the captions."""
     warnings, controls = list(warnings), controls or {}
     curves = group_curves(results, warnings)
     tasks = sorted({t for t, _, _ in curves})
@@ -166,7 +175,8 @@ def build_report(results: Iterable[Result], reference: str = SYSTEMS[REFERENCE].
 
     warnings += _coverage_warnings(tasks, langs, systems, curves)
     rows, summary = _speedups(tasks, langs, systems, reference, targets, crossings, curves, warnings)
-    return Report(reference, fraction, tasks, langs, systems, curves, targets, crossings, rows, summary, warnings)
+    return Report(reference, fraction, tasks, langs, systems, curves, targets, crossings, rows, summary, warnings,
+                  controls, sources or {}, seeds or {}, world)
 
 
 def _coverage_warnings(tasks, langs, systems, curves) -> list[str]:
@@ -236,25 +246,6 @@ def _speedups(tasks, langs, systems, reference, targets, crossings, curves, warn
 
 # --- Tables ----------------------------------------------------------------------------------------------------
 
-def table2(report: Report) -> dict[str, list[dict]]:
-    """Per task: one row per system, final scores per language, their average, and the final Step-2 cost."""
-    out = {}
-    for t in report.tasks:
-        rows = []
-        for s in report.systems:
-            finals = {l: report.final((t, l, s)) for l in report.langs[t]}
-            got = {l: f for l, f in finals.items() if f is not None}
-            if not got:
-                continue
-            missing = [l for l in report.langs[t] if l not in got]
-            rows.append(dict(system=s, eflops=max(f.flops for f in got.values()) / EXA,
-                             v100_days=max(f.v100_days for f in got.values()),
-                             scores={l: (f.score if f else None) for l, f in finals.items()},
-                             avg=mean(f.score for f in got.values()), avg_partial=bool(missing)))
-        out[t] = rows
-    return out
-
-
 def table3(report: Report) -> dict[str, list[dict]]:
     """Per task: V100-days to near-maximal performance per system and language (None: never; absent: n/a)."""
     out = {}
@@ -282,27 +273,32 @@ def table3(report: Report) -> dict[str, list[dict]]:
 
 def format_tables(report: Report, bounds: bool = False, table2s: bool = True) -> str:
     """Markdown tables; with bounds, Table 3 cells carry Table A4's (lower-upper) checkpoint bracket; without
-    table2s, Tables 3 and the speedups only (`mm-ds run` prints its own Table 2, with the controls)."""
+    table2s, Tables 3 and the speedups only (`mm-ds run` prints Table 2 before them, from results.md)."""
     parts = []
     t2, t3 = table2(report), table3(report)
+    target = f"{report.fraction:.0%} of {report.reference}'s final score"
     for t in report.tasks:
         L = report.langs[t]
         if table2s:
-            parts.append(f"## {t}: performance at training completion (Table 2)")
-            parts.append(md(["system", "EFLOPs", "days"] + L + ["avg"], [
-                [r["system"], cost(r["eflops"]), cost(r["v100_days"])] + [fmt(r["scores"][l]) for l in L]
-                + [fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in t2[t]]))
+            parts.append(format_table2(report, t, t2[t]))
         if t3[t]:
-            parts.append(f"## {t}: V100-days to {report.fraction:.0%} of {report.reference}'s final score (Table 3)")
+            parts.append(f"## {t}: V100-days to {target} (Table 3)")
+            parts.append(captions.days(t, report.seeds.get(t, ()), report.world, target)
+                         + (" In brackets: those checkpoints (Table A4)." if bounds else ""))
             parts.append(md(["system"] + L + ["avg"], [
                 [r["system"]] + [days_cell(r["days"][l], bounds and r["bounds"].get(l)) for l in L]
                 + ["∞" if r["avg"] is None else cost(r["avg"]) + ("*" if r["avg_partial"] else "")]
                 for r in t3[t]]))
     if report.speedup_summary:
         parts.append(f"## Speedup over {report.reference} (Figure 1: mean of per-language ratios of V100-days)")
-        body = []
+        parts.append(f"Per task: the mean over its languages of {report.reference}'s V100-days to {target} divided "
+                     f"by the system's; used: the languages of the task behind it (of those the task has), and the "
+                     f"finetuning seeds behind each score; avg: the mean over tasks.")
+        body, every_seed = [], [c for t in report.tasks for c in report.seeds.get(t, ())]
         for r in report.speedup_summary:
-            n = f"{r['n_langs']} langs" if r["n_tasks"] is None else f"{r['n_tasks']} tasks"
+            n = (f"{r['n_langs']}/{len(report.langs[r['task']])} langs, "
+                 f"{captions.seed_count(report.seeds.get(r['task'], ()))}" if r["n_tasks"] is None
+                 else f"{r['n_tasks']}/{len(report.tasks)} tasks, {captions.seed_count(every_seed)}")
             sp = "—" if r["mean_speedup"] is None else f"{r['mean_speedup']:.2f}x"
             body.append([r["task"], r["system"], sp, n, ", ".join(r.get("excluded", {})),
                          fmt(r.get("ratio_of_mean_days"), 2)])
@@ -356,7 +352,7 @@ def write_report(report: Report, out_dir: str | Path, plots: bool = True, xmax_d
         written.append(out / name)
 
     (out / "tables.md").write_text(format_tables(report, bounds=True) + "\n")
-    doc = dict(reference=report.reference, fraction=report.fraction,
+    doc = dict(reference=report.reference, fraction=report.fraction, seeds=report.seeds, world=report.world,
                targets=[dict(task=t, lang=l, target=v) for (t, l), v in sorted(report.targets.items())],
                table2=t2, table3=t3, time_to_target=_crossing_rows(report), speedups=report.speedup_rows,
                speedup_summary=report.speedup_summary, curves=curve_rows)
@@ -383,18 +379,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--xmax-days", type=float, help="clip curve plots at this many V100-days (paper: 7)")
     ap.add_argument("--bounds", action="store_true", help="print Table A4's (lower-upper) days in Table 3")
     ap.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    ap.add_argument("--world", action="store_true", help="scored on the generated world's task files: captions and "
+                    "curves give their chance levels (default: when a world/world.json is beside a results file, as "
+                    "`mm-ds run` leaves it)")
     ap.add_argument("--align", help="align.jsonl of `mm-ds align` (default: one beside a results file): the alignment "
                     "check's align.md, align.csv and align_<lang>.png too")
     args = ap.parse_args(argv)
 
-    controls: dict = {}
-    results, warnings = load_results(args.results, controls)
+    controls, rows = {}, []
+    results, warnings = load_results(args.results, controls, rows)
     if not results:
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
         print(f"mm-ds report: no usable records in {', '.join(args.results)}", file=sys.stderr)
         return 2
-    report = build_report(results, args.reference, args.fraction, warnings, controls)
+    world = args.world or any((Path(r).parent / "world" / "world.json").is_file() for r in args.results)
+    report = build_report(results, args.reference, args.fraction, warnings, controls, source_scores(rows),
+                          recorded(rows, "seeds"), world)
     written = write_report(report, args.out, plots=not args.no_plots, xmax_days=args.xmax_days)
     align = args.align or next((str(p) for p in (Path(r).with_name("align.jsonl") for r in args.results)
                                 if p.is_file()), None)

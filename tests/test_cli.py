@@ -5,6 +5,7 @@ corpus exist. In-process `cli.main` calls: fast."""
 import dataclasses
 import importlib
 import json
+import os
 import re
 import socket
 import sys
@@ -44,6 +45,42 @@ def test_help_lists_user_commands_only_and_internal_ones_still_run(capsys):
         assert name not in out
         module, func = target.split(":")
         assert callable(getattr(importlib.import_module(module), func))
+
+
+def test_help_lists_every_packaged_recipe(capsys):
+    _, out, _ = run(capsys, "--help")
+    (line,) = [line for line in out.splitlines() if line.startswith("  run ")]
+    assert f"({', '.join(recipe_names())}; or your YAML file)" in line
+    assert {"depths", "rehearsal", "tiny", "quick", "paper"} <= set(recipe_names())
+    _, out, _ = run(capsys, "run", "--help")
+    assert all(name in out for name in recipe_names())
+
+
+def test_deepspeeds_cpu_accelerator_note_stays_in_the_ranks_output(tmp_path, monkeypatch):
+    """DeepSpeed warns "Setting accelerator to CPU" wherever it finds no GPU: not on every command a user types,
+    but in a rank's output (a log); its other warnings pass everywhere."""
+    import logging
+    import subprocess
+
+    from mm_ds import launch
+
+    for var in (*launch.RANK_VARS, *launch.SRUN_STEP_VARS):
+        monkeypatch.delenv(var, raising=False)
+    (shown,) = [f for f in logging.getLogger("DeepSpeed").filters if type(f).__module__ == "mm_ds"]
+
+    def passes(message):
+        return shown.filter(logging.LogRecord("DeepSpeed", logging.WARNING, "real_accelerator.py", 213, message,
+                                              None, None))
+
+    note = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+    assert not passes(note) and passes("a real warning")
+    monkeypatch.setenv("RANK", "0")
+    assert passes(note) and passes("a real warning")
+    monkeypatch.delenv("RANK")
+    check = subprocess.run([sys.executable, "-m", "mm_ds.cli", "run", "tiny", "--check", "--out", str(tmp_path)],
+                           capture_output=True, text=True)  # the filter is there before DeepSpeed's logger
+    assert check.returncode == 0 and check.stdout.startswith("mm-ds run tiny --check: ok"), check.stdout
+    assert "Setting accelerator" not in check.stdout + check.stderr
 
 
 @pytest.mark.parametrize("command", ["bench", "prepare", "config", "presets", "run"])
@@ -141,6 +178,10 @@ def test_did_you_mean_for_every_name_a_user_types(capsys, tmp_path):
          "systems: system='minijiont' is not one of bl_base, bl_small, minijoint, minipost (or a variant such as "
          "minijoint@2) (did you mean 'minijoint'?)"),
         (lambda: config.load(None, overrides=["train.stpes=3"]), "did you mean train.steps?"),
+        (lambda: load_recipe("tiny", ["seeds=1"]), "seeds: expected a list, got 1 (did you mean seeds=[1]?)"),
+        (lambda: load_recipe("tiny", ["tasks=xnli"]), "tasks: expected a list, got 'xnli' (did you mean tasks=[xnli]?)"),
+        (lambda: config.load("tiny/adapt", overrides=["train.checkpoint_steps=5"]),
+         "train.checkpoint_steps: expected a list, got 5 (did you mean train.checkpoint_steps=[5]?)"),
     ]
     for call, message in cases:
         with pytest.raises(ConfigError) as e:

@@ -200,3 +200,39 @@ def test_task_root_hub_reaches_the_stages_and_is_a_note_in_the_check(tmp_path):
     report = check(load_recipe("paper", ["task_root=hub", "coverage.pawsx=[en,sw]"]), out, strict=False)
     assert report.problems == [("evaluate/pawsx/sw", "pawsx is not evaluated in 'sw' on the hub; languages: "
                                                      "en de es fr ja ko zh; or leave sw out of coverage.pawsx")]
+
+
+def test_a_recipe_files_relative_paths_start_at_its_folder_for_the_check_and_the_run(tmp_path, monkeypatch, capsys):
+    """A recipe beside its data, run from elsewhere: `--check` and the run resolve text inputs and task_root
+    alike, against the recipe file's folder (a packaged recipe's: the working directory), and say against what."""
+    proj, elsewhere, out = tmp_path / "proj", tmp_path / "elsewhere", tmp_path / "out"
+    for f in ("text/en.txt", "text/t1.txt", "tasks/xnli/xnli.test.t1.tsv", "tasks/xnli/xnli.test.en.tsv",
+              "tasks/mnli/multinli_1.0_train.jsonl"):
+        (proj / f).parent.mkdir(parents=True, exist_ok=True)
+        (proj / f).write_text("x\n")
+    recipe = yaml.safe_load((PACKAGED / "tiny.yaml").read_text()) | {
+        "world": None, "langs": ["t1"], "tasks": ["xnli"], "seeds": [1], "task_root": "tasks", "coverage": {"xnli": ["en", "t1"]},
+        "text": {"en": ["text/en.txt"], "t1": ["text/*.txt"]}}
+    (proj / "r.yaml").write_text(yaml.safe_dump(recipe))
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    loaded = load_recipe("../proj/r.yaml")
+    assert recipe_mod.text_inputs(loaded, "en") == [str(proj / "text" / "en.txt")]
+    assert recipe_mod.task_root(loaded, out) == proj / "tasks"
+    for strict in (False, True):
+        report = check(loaded, out, strict=strict)
+        assert not report.problems, report.format()
+        assert f"relative paths of the recipe (text, task_root, heldout) start at data_root={proj}" in report.notes
+        assert not any("not checked" in n for n in report.notes)
+    assert load_recipe("../proj/r.yaml", ["data_root=data"]).data_root == str(proj / "data")  # --set: the same rule
+    assert load_recipe("rehearsal").data_root == str((elsewhere.parent / "shared" / "data"))  # packaged: the cwd
+
+    for f in (proj / "text").iterdir():  # the data is not here (yet): a note for --check, a refusal for the run
+        f.unlink()
+    rc, stdout, _ = run_here(capsys, "../proj/r.yaml", "--check", "--out", str(out))
+    assert rc == 0 and f"text inputs not checked: none of them is here (e.g. {proj / 'text' / 'en.txt'}); " \
+                       f"`mm-ds run` refuses to start without them" in stdout
+    rc, _, err = run_here(capsys, "../proj/r.yaml", "--out", str(out))
+    assert rc == 2 and f"prepare/en: text input '{proj / 'text' / 'en.txt'}' matches no file" in err
+    assert "lists the same" not in err and "data that is absent altogether for data still to come" in err
+    assert not out.exists()

@@ -252,3 +252,97 @@ def test_curves_averaged_over_languages_get_a_target_line_only_when_every_langua
 
     assert drawn(R.build_report(res)) == [([pytest.approx(0.95 * (90 + 38.7) / 2)] * 2, "target (mean over langs)")]
     assert drawn(R.build_report(res, controls=controls)) == [([], "no mean target: none for t2")]
+
+
+# --- one Table 2, captioned ------------------------------------------------------------------------------------
+
+def run_rows(seeds=2):
+    """Rows as `mm-ds run` writes results.jsonl: adapted curves, a control per language, the source score."""
+    rows = []
+    for system, scores in (("minipost", [88, 95]), ("bl_base", [60, 90])):  # not in table order
+        for task in ("xnli", "pawsx"):
+            rows.append(dict(kind="source", system=system, task=task, lang="en", step=0, flops=0.0, v100_days=0.0,
+                             score=99.0, seeds=seeds, split="test"))
+            for lang in ("t1", "t2"):
+                rows += [dict(kind="adapted", system=system, task=task, lang=lang, step=st, flops=st * 1e15,
+                              v100_days=st * 1e-3, score=sc, seeds=seeds, split="test")
+                         for st, sc in zip((100, 200), scores)]
+                rows.append(dict(kind="control", system=system, task=task, lang=lang, step=0, flops=0.0,
+                                 v100_days=0.0, score=50.5, seeds=seeds, split="test"))
+    return rows
+
+
+def test_results_md_and_the_reports_tables_show_the_same_captioned_table2(tmp_path):
+    from mm_ds.pipeline import results_table
+    from mm_ds.recipe import Recipe
+
+    recipe = Recipe(systems=["bl_base", "minipost"], langs=["t1", "t2"], tasks=["xnli", "pawsx"], world={"seed": 0})
+    text, rep = results_table(recipe, run_rows(), tmp_path)
+    R.write_report(rep, tmp_path / "report", plots=False)
+    results_md, tables_md = (tmp_path / "results.md").read_text(), (tmp_path / "report" / "tables.md").read_text()
+    assert results_md == text + "\n"
+    blocks = ["## " + b.strip() for b in results_md.split("## ") if b.strip()]
+    assert len(blocks) == 2 and all(b in tables_md for b in blocks)  # the same text, caption included
+    xnli = blocks[[b.startswith("## xnli") for b in blocks].index(True)]
+    assert ("xnli: accuracy (%), mean over 2 finetuning seeds; chance 50.0 (always the most frequent label, on the "
+            "generated world's test files). ctrl = the same finetuned model with the untrained target embeddings"
+            in xnli)
+    assert "| system | Step-2 EFLOPs | V100-days | en | t1 | t2 | avg |" in xnli
+    assert "| BL_BASE | 0.2 | 0.2 | 99.0 | 90.0 (ctrl 50.5) | 90.0 (ctrl 50.5) | 90.0 |" in xnli
+    assert xnli.index("| BL_BASE |") < xnli.index("| MINIPOST |")  # the reference first, then the paper's order
+
+
+def test_captions_give_the_official_or_the_worlds_chance_and_the_seeds(tmp_path, capsys):
+    rows = run_rows(seeds=5)
+    rows += [dict(r, task="xquad") for r in rows if r["task"] == "xnli"]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert R.main([str(tmp_path / "results.jsonl"), "--out", str(tmp_path / "official"), "--no-plots"]) == 0
+    tables = (tmp_path / "official" / "tables.md").read_text()
+    assert "xnli: accuracy (%), mean over 5 finetuning seeds; chance 33.3 (always the most frequent label, on " \
+           "the official test files)" in tables
+    assert "pawsx: accuracy (%), mean over 5 finetuning seeds; chance 55.3" in tables
+    assert "xquad: F1 (SQuAD v1.1 evaluation), mean over 5 finetuning seeds; chance 0.0 (F1 floor" in tables
+    assert "xnli: V100-days of Step 2 until the accuracy (%) (mean over 5 finetuning seeds) first reaches 95% of " \
+           "BL_BASE's final score" in tables
+    assert "| xnli | MINIPOST | 1.85x | 2/2 langs, 5 seeds |" in tables
+    (tmp_path / "world").mkdir()
+    (tmp_path / "world" / "world.json").write_text("{}")  # as `mm-ds run` leaves it beside results.jsonl
+    assert R.main([str(tmp_path / "results.jsonl"), "--out", str(tmp_path / "world_out"), "--no-plots"]) == 0
+    assert "chance 50.0 (always the most frequent label, on the generated world's test files)" in \
+        (tmp_path / "world_out" / "tables.md").read_text()
+    rep = R.build_report(curve([50, 60], system="BL_BASE"))  # your own records: no seeds, no control, no source
+    table = R.format_table2(rep, "xnli")
+    assert "finetuning seeds not recorded" in table and "ctrl" not in table and "| 60.0 |" in table
+
+
+# --- figures: the control, the chance level, what stands behind each bar --------------------------------------
+
+def test_curves_start_at_the_control_and_show_the_chance_level():
+    from mm_ds import plots
+
+    res, _ = records.clean_records(run_rows())
+    rep = R.build_report(res, controls=records.control_scores(run_rows()), world=True)
+    for fig in (plots.curves_figure(rep), plots.language_curves_figure(rep, "xnli")):
+        ax = fig.axes[0]
+        labels = [line.get_label() for line in ax.lines]
+        assert "chance (50.0)" in labels and "ctrl (untrained embeddings), at 0 days" in labels
+        starts = [line for line in ax.lines if line.get_linestyle() == ":" and len(line.get_xdata()) == 2]
+        assert len(starts) == 2 and all(list(line.get_xdata())[0] == 0 and list(line.get_ydata())[0] == 50.5
+                                        for line in starts)  # each system's curve from its control at 0 days
+
+
+def test_speedup_bars_say_how_many_languages_and_seeds_and_mark_the_partial_ones():
+    from mm_ds import plots
+
+    res = two_lang_results() + curve([0, 95, 100], system="BL_BASE", lang="tr") + \
+        curve([10, 20], steps=[5000, 10000], system="MINIJOINT", lang="tr")  # MINIJOINT never reaches tr's target
+    res += curve([0, 95, 100], system="BL_BASE", task="pawsx", lang="de")
+    res += curve([95], steps=[5000], system="MINIJOINT", task="pawsx", lang="de")
+    rep = R.build_report(res, seeds={"xnli": [3], "pawsx": [3]})
+    ax = plots.speedup_figure(rep).axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert "5.5x*\n2/3 langs\n3 seeds" in texts and "2.0x\n1/1 langs\n3 seeds" in texts
+    assert "3.8x*\n2/2 tasks\n3 seeds" in texts  # an average over a partial task is partial too
+    hatched = {(round(p.get_height(), 1), p.get_hatch()) for p in ax.patches}
+    assert hatched == {(5.5, "//"), (2.0, ""), (3.8, "//")}
+    assert "* fewer languages (or tasks) than the task has" in [t.get_text() for t in ax.get_legend().get_texts()]

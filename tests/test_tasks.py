@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mm_ds.data.task_files import PairExample, QAExample, examples_from_hub, load_file, load_split, read_squad_json
-from mm_ds.data.tasks import EXTRACTIVE_QA, PAIR_CLASSIFICATION, TASKS, TaskDataError, find_local
+from mm_ds.data.tasks import EXTRACTIVE_QA, PAIR_CLASSIFICATION, TASKS, TaskDataError, chance_level, find_local
 
 XNLI, PAWSX, MLQA, XQUAD = (TASKS[n] for n in ("xnli", "pawsx", "mlqa", "xquad"))
 
@@ -73,6 +73,15 @@ def test_real_files_load_clean(shared_data, task, split, lang, count, labels):
         ex = examples[0]
         text, start = ex.answers[0]
         assert ex.context[start:start + len(text)] == text
+
+
+@pytest.mark.parametrize("task,lang", [("xnli", "de"), ("xnli", "sw"), ("pawsx", "de"), ("pawsx", "zh")])
+def test_the_tables_chance_level_is_a_constant_answer_on_the_official_test_files(shared_data, task, lang):
+    examples, _ = load_split(TASKS[task], "test", lang, shared_data)
+    top = Counter(ex.label for ex in examples).most_common(1)[0][1]
+    assert TASKS[task].chance == pytest.approx(100 * top / len(examples), abs=0.1)
+    assert chance_level(task) == TASKS[task].chance and chance_level("nerd") is None
+    assert chance_level("mlqa") == chance_level("xquad", world=True) == 0.0  # QA's F1 floor
 
 
 def test_squad_dev_and_pawsx_quotes(shared_data):

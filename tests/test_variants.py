@@ -145,10 +145,13 @@ def test_sweep_and_english_tables_are_written(swept):
     out, stdout = swept
     sweep = (out / "report" / "sweep.md").read_text()
     assert "MINIJOINT depth sweep" in sweep and "| MINIJOINT@1 |" in sweep and "MINIPOST depth sweep" in sweep
+    assert sweep.count("## ") == sweep.count("mean over 1 finetuning seed") == sweep.count("chance 50.0") >= 2  # captioned
     assert (out / "report" / "sweep_minijoint.png").is_file()
     english = (out / "english.md").read_text()
     assert "Table 5" in stdout and english.strip() in stdout
-    lines = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in english.splitlines()[2:]}
+    assert english.startswith("Scores in en. xnli: accuracy (%), mean over 1 finetuning seed; chance 50.0")
+    rows = [line for line in english.splitlines() if line.startswith("|")][2:]  # below the caption and the head
+    lines = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in rows}
     assert set(lines) == {"BL_BASE", "MINIJOINT@1", "MINIJOINT@1 mini-model", "MINIPOST@1 mini-model"}
     assert [c.strip() for c in lines["MINIJOINT@1 mini-model"][:1]] == ["1"]  # its layers
     assert [c.strip() for c in lines["MINIPOST@1 mini-model"][:1]] == ["3"]

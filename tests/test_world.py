@@ -69,6 +69,18 @@ def test_layout_and_formats(world):
     assert len(_squad(out / "squad/train-v1.1.json")) == SIZES["qa_train"]
 
 
+def test_the_task_tables_world_chance_is_a_constant_answer_on_the_worlds_test_files(world):
+    """Captions and curves print it as the chance level of a generated-world run (mm_ds/data/tasks.py)."""
+    from collections import Counter
+
+    from mm_ds.data.tasks import TASKS
+
+    out, _ = world
+    for task, path, column in (("xnli", "xnli/xnli.test.t2.tsv", "gold_label"), ("pawsx", "paws-x/test.t2.tsv", "label")):
+        labels = Counter(r[column] for r in _tsv(out / path))
+        assert TASKS[task].world_chance == pytest.approx(100 * max(labels.values()) / SIZES["test"], abs=1.0), task
+
+
 def test_project_loaders_read_the_world(world):
     tasks = pytest.importorskip("mm_ds.data.task_files")
     out, _ = world

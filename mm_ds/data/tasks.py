@@ -79,6 +79,12 @@ class TaskSpec:
     epochs: int = 3
     eval_sizes: Mapping[str, int] = field(default_factory=dict)
     """split -> examples per language in the official files (for `mm-ds plan`'s evaluation estimate)."""
+    chance: float = 0.0
+    """What a model that learned nothing scores on the official test files, in the metric's units (%): the share
+    of the most frequent label (a constant answer), or for QA the F1 floor, 0 (no answer word right). Table
+    captions and curves show it."""
+    world_chance: float = 0.0
+    """The same on the generated world's test files (mm_ds/data/world/tasks.py draws their labels)."""
 
     @property
     def num_labels(self) -> int:
@@ -107,7 +113,8 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
         train_size=392_702,
         eval=Source("xnli_tsv", ("xnli/xnli.{split}.{lang}.tsv", "XNLI-1.0/xnli.{split}.tsv"),
                     "facebook/xnli", "{lang}", {"dev": "validation", "test": "test"}),
-        eval_splits=("dev", "test"), max_length=128, lr=1e-5, eval_sizes={"dev": 2490, "test": 5010}),
+        eval_splits=("dev", "test"), max_length=128, lr=1e-5, eval_sizes={"dev": 2490, "test": 5010},
+        chance=100 / 3, world_chance=50.0),  # balanced; the world's: the doer is singular in half the pairs
     TaskSpec(
         name="pawsx", kind=PAIR_CLASSIFICATION, metric="accuracy",
         labels=("0", "1"),  # 1 = paraphrase, as in the files and the hub
@@ -117,7 +124,8 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
         train_size=49_401,
         eval=Source("pawsx_tsv", ("paws-x/{split}.{lang}.tsv", "x-final/{lang}/{split}_2k.tsv"),
                     "google-research-datasets/paws-x", "{lang}", {"dev": "validation", "test": "test"}),
-        eval_splits=("dev", "test"), max_length=128, lr=1e-5, eval_sizes={"dev": 2000, "test": 2000}),
+        eval_splits=("dev", "test"), max_length=128, lr=1e-5, eval_sizes={"dev": 2000, "test": 2000},
+        chance=55.3, world_chance=50.0),  # 1105 of 2000 test pairs are no paraphrases; the world's: balanced
     TaskSpec(
         name="mlqa", kind=EXTRACTIVE_QA, metric="mlqa", labels=(),
         languages=("en", "ar", "de", "es", "hi", "vi", "zh"),  # context and question in the same language
@@ -140,6 +148,13 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
         eval_splits=("test",), max_length=384, doc_stride=128, max_query_length=64,
         max_answer_length=30, lr=3e-5, eval_sizes={"test": 1190}),
 )}
+
+
+def chance_level(task: str, world: bool = False) -> float | None:
+    """The chance level of `task` (TaskSpec.chance, or .world_chance for the generated world's files); None for a
+    task the table does not know."""
+    spec = TASKS.get(task)
+    return None if spec is None else spec.world_chance if world else spec.chance
 
 
 def get_task(name: str) -> TaskSpec:

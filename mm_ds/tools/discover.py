@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .. import config, ds_config
 from ..config import ConfigError, did_you_mean
-from ..recipe import recipe_names
+from ..config import recipe_names
 from ..systems import STAGES
 
 
