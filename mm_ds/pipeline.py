@@ -278,11 +278,11 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         written = report.write_report(rep, out / "report")
         print("\n" + report.format_tables(rep, table2s=False))  # results.md above is Table 2 with the controls
         say("report: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
+    from .report import MLM_DIR
     if recipe.align_sequences:  # the alignment check and the MLM level: no task data needed
         import torch
 
         from .align import align_recipe
-        from .report import MLM_DIR
         written = align_recipe(recipe, out, "cuda" if torch.cuda.is_available() else "cpu",
                                say=lambda m: say(m.removeprefix("[mm-ds] ")))
         if (out / "report" / MLM_DIR / "tables.md").is_file():
@@ -291,7 +291,7 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         say("alignment check and MLM level: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
     say(f"{len(runs)} stages, {time.time() - t0:.0f} s; "
         + (f"results: {out / 'results.md'} (rows: {out / 'results.jsonl'})" if recipe.tasks
-           else f"MLM-level results: {out / 'report' / 'mlm' / 'tables.md'} (rows: {out / 'align.jsonl'})"))
+           else f"MLM-level results: {out / 'report' / MLM_DIR / 'tables.md'} (rows: {out / 'align.jsonl'})"))
     return 0
 
 

@@ -142,7 +142,7 @@ class Recipe:
         self.launch = {k: getattr(launch, k) for k in self.launch}
         if self.mode not in ("per_stage", "one_job"):
             raise ConfigError(f"{where}: mode={self.mode!r}; use per_stage or one_job")
-        for stage in ("pretrain", "adapt", "finetune")[:3 if self.tasks else 2]:
+        for stage in ("pretrain", "adapt", *(["finetune"] if self.tasks else [])):  # no tasks, no Step 3
             if stage not in self.presets:
                 raise ConfigError(f"{where}: presets.{stage} is unset")
         for k in self.overrides:

@@ -184,3 +184,17 @@ def test_task_root_hub_reaches_the_stages_and_is_a_note_in_the_check(tmp_path):
     report = check(load_recipe("paper", ["task_root=hub", "coverage.pawsx=[en,sw]"]), out, strict=False)
     assert report.problems == [("evaluate/pawsx/sw", "pawsx is not evaluated in 'sw' on the hub; languages: "
                                                      "en de es fr ja ko zh; or leave sw out of coverage.pawsx")]
+
+
+def test_a_recipe_without_tasks_is_measured_at_the_mlm_level(tmp_path):
+    """No tasks: no task files, finetuning preset or coverage to check (the real recipe); but then the MLM-level
+    measure is all there is, so it may not be switched off."""
+    recipe = load_recipe("real")
+    assert recipe.tasks == [] and "finetune" not in recipe.presets
+    assert not check(recipe, tmp_path / "out", strict=False).problems
+    assert not [n for n in recipe_mod.stage_runs(recipe, tmp_path / "out") if n.name.startswith("finetune/")]
+    with pytest.raises(ConfigError, match=r"needs a task \(tasks\), or the MLM-level measure"):
+        load_recipe("real", ["align_sequences=0"])
+    assert recipe_mod.prepare_options(recipe)["heldout"] == 0.02  # real text: a held-out slice
+    assert "heldout" not in recipe_mod.prepare_options(load_recipe("tiny"))  # a world brings its own
+    assert recipe_mod.prepare_options(load_recipe("rehearsal"))["heldout"] == recipe_mod.HELDOUT
