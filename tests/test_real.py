@@ -32,8 +32,11 @@ def mini_real(tmp_path_factory, shared_data):
     recipe |= {"langs": ["de", "ar"], "text": {lang: [str(root / f"{lang}.txt")] for lang in LINES}, "data_root": str(shared_data),
                "prepare": {"vocab_size": 400, "sample_sentences": 2000, "heldout": 0.05}, "align_sequences": 8,
                "launch": {"ranks": 1, "launcher": "none"},
-               "overrides": {"pretrain": [*TINY, "train.steps=8", "train.warmup_steps=2"],
-                             "build_mini": ["train.steps=4", "train.warmup_steps=1"],
+               "overrides": {"pretrain": [*TINY, "train.steps=8", "train.warmup_steps=2"],  # 3 layers; below, the
+                             "pretrain/bl_small": ["model.num_layers=1"],  # paper's shape at this depth
+                             "pretrain/minijoint": ["model.secondary_head_layer=1"],
+                             "build_mini": ["mini.layers=1", "mini.new_layers=1", "train.steps=4",
+                                            "train.warmup_steps=1"],
                              "adapt": ["data.seq_len=32", "train.steps=6", "train.warmup_steps=1",
                                        "train.checkpoint_steps=[3]"]}}
     (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
@@ -67,7 +70,9 @@ def test_every_systems_step2_curve_is_scored_at_the_mlm_level(mini_real):
                       for lang in ("de", "ar") for st in (0, 3, 6)}
     assert all(0 <= r["bias_only_acc"] <= 1 and r["targets"] > 0 for r in rows if r["kind"] == "target")
     source = [r for r in rows if r["kind"] == "source"]
-    assert {(r["system"], r["model"]) for r in source} >= {("bl_base", "primary"), ("minijoint", "mini-model")}
+    assert {(r["system"], r["model"], r["layers"]) for r in source} == {
+        ("bl_base", "primary", 3), ("bl_small", "primary", 1), ("minijoint", "primary", 3),
+        ("minijoint", "mini-model", 1), ("minipost", "mini-model", 2)}
     assert all(r["lang"] == "en" and r["unigram_acc"] is not None for r in source)
     assert not (out / "results.md").exists() and "At the MLM level" in stdout
 

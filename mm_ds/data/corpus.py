@@ -346,8 +346,9 @@ def _prepare_into(tmp: Path, lang: str, sources: list[InputSource], settings: di
     writer = _ShardWriter(tmp, dtype, shard_tokens)
     skipped, new_doc, held = 0, True, 0
     total = total_bytes(sources)
+    held_path = tmp / HELDOUT_FILE if "heldout" in settings else os.devnull
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"encode {lang}", disable=not progress,
-              file=sys.stderr) as bar, open(tmp / HELDOUT_FILE if "heldout" in settings else os.devnull, "w", encoding="utf-8") as held_out:
+              file=sys.stderr) as bar, open(held_path, "w", encoding="utf-8") as held_out:
         for r, first in _encoded_chunks(sources, str(model_path), dtype, workers, settings.get("heldout", 0.0)):
             held_out.writelines(line + "\n" for line in r.heldout)
             held += len(r.heldout)
