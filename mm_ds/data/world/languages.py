@@ -19,7 +19,8 @@ class Language:
 
     code: str
     order: str = "SVO"
-    """Clause order: SVO (English), SOV (verb-final; passive aux after the participle) or VSO."""
+    """Clause order: SVO (English), SOV (verb-final; a passive's auxiliary after the participle, unless aux="second")
+    or VSO."""
     adj: str = "pre"
     """Adjective before ("pre") or after ("post") the noun."""
     adpos: str = "pre"
