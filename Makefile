@@ -13,7 +13,7 @@ PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
 STAMP   := $(VENV)/.mm-ds-installed
 
-.PHONY: venv demo test test-gpu rehearsal
+.PHONY: venv demo test test-gpu rehearsal real
 venv: $(STAMP)
 
 $(STAMP): setup.py Makefile constraints.txt
@@ -43,3 +43,8 @@ test-gpu: $(STAMP)
 # The paper recipe's structure on the real data in ../shared/data, per-stage launches (about 15 minutes).
 rehearsal: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m rehearsal
+
+# The paper's effect on real languages, at the MLM level: `mm-ds run real` on ../shared/data (about an hour on 2
+# quiet cores; OUT=DIR picks the run directory, a re-run resumes).
+real: $(STAMP)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH mm-ds run real --out $(or $(OUT),runs/real)

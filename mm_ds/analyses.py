@@ -47,10 +47,9 @@ def sweep_tables(report: Report, t2: dict, t3: dict) -> str:
             L = report.langs[t]
             days = [r for r in t3[t] if r["system"] in shown]
             if days:
-                parts.append(f"## {base} depth sweep, {t}: V100-days to {report.fraction:.0%} of {report.reference}'s "
-                             f"final score (Table 4; checkpoint bounds in brackets)")
-                parts.append(captions.days(t, report.seeds.get(t, ()), report.world,
-                                           f"{report.fraction:.0%} of {report.reference}'s final score"))
+                parts.append(f"## {base} depth sweep, {t}: V100-days to {report.target_phrase} (Table 4; checkpoint "
+                             f"bounds in brackets)")
+                parts.append(captions.days(t, report.seeds.get(t, ()), report.world, report.target_phrase))
                 parts.append(md(["system"] + L + ["avg"], [
                     [r["system"]] + [days_cell(r["days"][l], r["bounds"].get(l)) for l in L]
                     + ["∞" if r["avg"] is None else cost(r["avg"]) + ("*" if r["avg_partial"] else "")]
@@ -64,7 +63,7 @@ def sweep_tables(report: Report, t2: dict, t3: dict) -> str:
                     + [fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in finals]))
     if parts:
         parts.append("∞ = never reached; * = averaged over fewer languages than the task has; n/a = no target (the "
-                     "reference did not beat its control there, see warnings.txt).")
+                     "reference did not beat its control significantly there, see tables.md).")
     return "\n\n".join(parts)
 
 

@@ -110,7 +110,7 @@ def _check_coverage(recipe, report: Report) -> None:
         missing = [lang for lang in langs if lang not in recipe.evaluated(task)]
         if missing:
             report.gaps[task] = missing
-    for lang in recipe.langs:
+    for lang in recipe.langs if recipe.tasks else []:  # no tasks: measured at the MLM level only
         if not any(lang in recipe.evaluated(t) for t in recipe.tasks):
             report.add("recipe", f"no task of the recipe is evaluated in {lang!r} ({', '.join(recipe.tasks)}); "
                                  f"add a task that covers it, or list it under coverage: if you have its files")

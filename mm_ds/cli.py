@@ -256,10 +256,13 @@ def prepare_main(argv: list[str]) -> int:
     p.add_argument("--model-type", default="unigram", choices=["unigram", "bpe"],
                    help="SentencePiece algorithm: unigram (XLM-R) or bpe (small lexicons) (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sentence sample (default: %(default)s)")
+    p.add_argument("--heldout", type=float, default=0.0, metavar="FRACTION",
+                   help="hold this fraction of the lines out of training (chosen by a hash of each line's text) "
+                        "into heldout.txt, for the alignment check (default: %(default)s, none)")
     a = p.parse_args(argv)
     meta = prepare(a.lang, a.input, a.out, vocab_size=a.vocab_size, character_coverage=a.character_coverage,
                    sample_sentences=a.sample_sentences, workers=a.workers, seed=a.seed, spm_model=a.spm_model,
-                   model_type=a.model_type)
+                   model_type=a.model_type, heldout=a.heldout)
     print(json.dumps(meta, indent=2, default=str))
     return 0
 

@@ -31,7 +31,8 @@ from .config import ConfigError, from_dict
 from .pack import complete
 from .progress import Follow, StageFailed, Watched, say
 from .progress import run_logged as _run_logged
-from .recipe import Recipe, StageRun, load_recipe, minis_in_english, recipe_names, stage_runs, task_root, text_inputs
+from .recipe import (Recipe, StageRun, load_recipe, minis_in_english, prepare_options, recipe_names, stage_runs,
+                     task_root, text_inputs)
 from .systems import REFERENCE, system_of
 
 
@@ -139,7 +140,7 @@ def prepare_data(recipe: Recipe, out: Path) -> None:
         if not rehearsal.complete(out / "tasks"):
             rehearsal.build(recipe.data_root or ".", out / "tasks")
     opts = []
-    for k, v in recipe.prepare.items():
+    for k, v in prepare_options(recipe).items():
         opts += [f"--{k.replace('_', '-')}", str(v)]
     for lang in [recipe.source_lang, *recipe.langs]:
         if (out / "data" / lang / "meta.json").is_file():  # prepare publishes the directory whole, meta.json last
@@ -289,26 +290,34 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     spread_alignment(recipe, out, job_ran_it=job_ran_eval)
     with open(out / "results.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
-    table, rep = results_table(recipe, rows, out)
-    print(table)
+    rep = None
+    if recipe.tasks:
+        table, rep = results_table(recipe, rows, out)
+        print(table)
     if minis_in_english(recipe):  # Table 5: the mini-models' own English scores beside the primary models'
         from .analyses import english_table
         english = english_table(recipe, rows)
         (out / "english.md").write_text(english + "\n")
         print("\nEnglish performance of the primary models and their mini-models (Table 5):\n" + english)
-    if REFERENCE in recipe.systems:  # near-maximal performance is defined against BL_BASE (paper §4.2)
+    if REFERENCE in recipe.systems and recipe.tasks:  # near-maximal performance is defined against BL_BASE (§4.2)
         from . import report
         written = report.write_report(rep, out / "report")
         print("\n" + report.format_tables(rep, table2s=False))  # Table 2 is results.md, printed above
         say("report: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
-    if recipe.align_sequences and any(system_of(s).mini for s in recipe.systems):  # no task data needed
+    from .report import MLM_DIR
+    if recipe.align_sequences:  # the alignment check and the MLM level: no task data needed
         import torch
 
         from .align import align_recipe
         written = align_recipe(recipe, out, "cuda" if torch.cuda.is_available() else "cpu",
                                say=lambda m: say(m.removeprefix("[mm-ds] ")))
-        say("alignment check: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
-    say(f"{len(runs)} stages, {time.time() - t0:.0f} s; results: {out / 'results.md'} (rows: {out / 'results.jsonl'})")
+        if (out / "report" / MLM_DIR / "tables.md").is_file():
+            print("\nAt the MLM level (held-out target MLM accuracy of the primary model with the Step-2 "
+                  "embeddings):\n\n" + (out / "report" / MLM_DIR / "tables.md").read_text())
+        say("alignment check and MLM level: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
+    say(f"{len(runs)} stages, {time.time() - t0:.0f} s; "
+        + (f"results: {out / 'results.md'} (rows: {out / 'results.jsonl'})" if recipe.tasks
+           else f"MLM-level results: {out / 'report' / MLM_DIR / 'tables.md'} (rows: {out / 'align.jsonl'})"))
     return 0
 
 

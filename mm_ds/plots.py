@@ -47,7 +47,7 @@ def control_point(ax, report: Report, task: str, system: str, langs: list[str], 
                   color: str) -> bool:
     """The control (the untrained target embeddings Step 2 starts from) as the curve's point at 0 days, dotted to
     its first checkpoint; averaged over `langs`, drawn only when every one has a control. True when drawn."""
-    cs = [report.controls.get((task, l, system)) for l in langs]
+    cs = [report.control_score((task, l, system)) for l in langs]
     if not cs or None in cs:
         return False
     ax.plot([0, first[0]], [mean(cs), first[1]], ls=":", c=color, marker="o", mfc="none", markevery=[0])

@@ -49,7 +49,8 @@ class Recipe:
     eval_examples: int | None = None
     """Evaluate on the first N examples of each evaluation file only (quick runs; the paper: all)."""
     prepare: dict = field(default_factory=dict)
-    """Options of `mm-ds prepare` (vocab_size, model_type, sample_sentences)."""
+    """Options of `mm-ds prepare` (vocab_size, model_type, sample_sentences, heldout). Real text gets a held-out
+    slice by default (heldout: HELDOUT, for the alignment check; a generated world brings its own held-out text)."""
     presets: dict = field(default_factory=dict)
     """stage -> preset name: pretrain, build_mini, adapt, finetune."""
     overrides: dict = field(default_factory=dict)
@@ -68,11 +69,12 @@ class Recipe:
     """Also finetune each mini-model (Step 1b's final/) on the English tasks and score it in English, beside the
     primary models (§5.3, Table 5: does dual-head pretraining hurt either?)."""
     align_sequences: int = 64
-    """Held-out target sequences per Step-2 checkpoint for the alignment check of the mini-model systems (mm_ds/align.py:
-    MLM of the mini-model vs the primary model with its embeddings, report/align.md); 0: no check."""
+    """Held-out target sequences per Step-2 checkpoint for the alignment check and the MLM-level measure
+    (mm_ds/align.py: MLM of the primary model with each checkpoint's embeddings, and of the mini-model;
+    report/align.md, report/mlm/); 0: no check. A recipe without tasks is measured at the MLM level only."""
     heldout: dict = field(default_factory=dict)
-    """lang -> held-out target text (a file Step 2 does not train on) for the alignment check. A generated world
-    makes its own (world/heldout/<lang>.txt); a language without one is not checked."""
+    """lang -> held-out target text (a file Step 2 does not train on) for the alignment check, over the prepared
+    corpus's held-out slice (`prepare.heldout`) or the generated world's (world/heldout/<lang>.txt)."""
     eval_split: str = "test"
     eval_splits: dict = field(default_factory=dict)
     """task -> evaluation split, over eval_split (e.g. {mlqa: dev} where only MLQA's dev files are at hand)."""
@@ -106,13 +108,16 @@ class Recipe:
         if bad:
             raise ConfigError(f"{where}: unknown task(s) {bad}{did_you_mean(bad[0], TASKS)}; choose from "
                               f"{', '.join(TASKS)}")
-        if not self.langs or not self.tasks:
-            raise ConfigError(f"{where}: a recipe needs at least one target language (langs) and one task")
+        if not self.langs:
+            raise ConfigError(f"{where}: a recipe needs at least one target language (langs)")
+        if not self.tasks and not self.align_sequences:
+            raise ConfigError(f"{where}: a recipe needs a task (tasks), or the MLM-level measure (align_sequences > 0) "
+                              f"to measure its target languages by")
         if self.world is None:
             missing = [lang for lang in [self.source_lang, *self.langs] if lang not in self.text]
             if missing:
                 raise ConfigError(f"{where}: no text inputs for language(s) {missing}; add them under text:")
-            if not self.task_root and not self.rehearsal:
+            if self.tasks and not self.task_root and not self.rehearsal:
                 raise ConfigError(f"{where}: task_root is unset (the directory with the task files)")
         else:
             from .data.world import PRESETS
@@ -143,7 +148,7 @@ class Recipe:
         self.launch = {k: getattr(launch, k) for k in self.launch}
         if self.mode not in ("per_stage", "one_job"):
             raise ConfigError(f"{where}: mode={self.mode!r}; use per_stage or one_job")
-        for stage in ("pretrain", "adapt", "finetune"):
+        for stage in ("pretrain", "adapt", *(["finetune"] if self.tasks else [])):  # no tasks, no Step 3
             if stage not in self.presets:
                 raise ConfigError(f"{where}: presets.{stage} is unset")
         for k in self.overrides:
@@ -167,6 +172,7 @@ class PrepareKeys:
     seed: int | None = None
     workers: int | None = None
     spm_model: str | None = None
+    heldout: float | None = None
 
 
 @dataclass
@@ -187,8 +193,19 @@ RANGES = {
     "world.seed": "[0, inf)", "world.sentences": "[1, inf)", "world.target_sentences": "[1, inf)",
     "world.task_sizes": "[1, inf)",
     "prepare.vocab_size": "[6, inf)", "prepare.character_coverage": "(0, 1]", "prepare.sample_sentences": "[1, inf)",
-    "prepare.seed": "[0, inf)", "prepare.workers": "[1, inf)",
+    "prepare.seed": "[0, inf)", "prepare.workers": "[1, inf)", "prepare.heldout": "[0, 1)",
 }
+
+
+HELDOUT = 0.02
+"""The share of each language's lines a real-text recipe holds out of training by default (`prepare.heldout`)."""
+
+
+def prepare_options(recipe: Recipe) -> dict:
+    """`mm-ds prepare`'s options for every language of the recipe: its `prepare`, with a held-out slice for real
+    text unless it says otherwise (a generated world writes its own held-out text; its shards stay as they were)."""
+    return ({} if recipe.world is not None else {"heldout": HELDOUT}) | recipe.prepare
+
 
 
 def load_recipe(name: str, sets: list[str] = ()) -> Recipe:

@@ -1,6 +1,11 @@
 """Evaluation records in: one per evaluated checkpoint, {system, task, lang, step, flops, v100_days, score}, the
 score already averaged over finetuning seeds, from CSV, JSON (a list, or {"results": [...]}) or JSONL (as
-`mm-ds run` writes results.jsonl). What is wrong with a record is collected as a warning, never raised."""
+`mm-ds run` writes results.jsonl; its `examples` and `per_seed` are kept for the significance test). What is wrong
+with a record is collected as a warning, never raised.
+
+The alignment check's rows (mm_ds/align.py) are records too (`mlm_results`): task MLM, the score the held-out
+target-language MLM accuracy (%) of the primary model with a Step-2 checkpoint's embeddings, n its masked tokens;
+the control is step 0, the untrained embeddings."""
 from __future__ import annotations
 
 import csv
@@ -14,6 +19,8 @@ from typing import Iterable, Sequence
 from .flops import V100_DAY_FLOPS
 
 FIELDS = ("system", "task", "lang", "step", "flops", "v100_days", "score")
+MLM = "mlm"
+"""The task name of the MLM-level records (`mlm_results`)."""
 
 
 @dataclass(frozen=True)
@@ -25,7 +32,10 @@ class Result:
     flops: float
     v100_days: float
     score: float
-
+    n: int | None = None
+    """Test examples the score is over (masked tokens for MLM); None: not recorded."""
+    per_seed: tuple[float, ...] = ()
+    """The score of each finetuning seed (the significance test's paired differences)."""
 
 
 class _Problems:
@@ -75,6 +85,7 @@ def clean_records(raw: Iterable[dict], source: str = "records") -> tuple[list[Re
             score = _number(rec.get("score"), float)
             flops = _number(rec.get("flops"), float)
             days = _number(rec.get("v100_days"), float)
+            n, per_seed = _n_and_seeds(rec)
         except ValueError as e:
             problems.add(f"bad value ({e})", loc)
             continue
@@ -90,20 +101,47 @@ def clean_records(raw: Iterable[dict], source: str = "records") -> tuple[list[Re
         flops = days * V100_DAY_FLOPS if flops is None else flops
         days = flops / V100_DAY_FLOPS if days is None else days
         results.append(Result(str(rec["system"]).strip().upper(), str(rec["task"]).strip(), str(rec["lang"]).strip(),
-                              step, flops, days, score))
+                              step, flops, days, score, n, per_seed))
     return results, problems.warnings()
 
 
-def control_scores(raw: Iterable[dict]) -> dict[tuple[str, str, str], float]:
-    """(task, lang, SYSTEM) -> the score of the control row `mm-ds run` records (the finetuned model with
-    untrained target embeddings): what a transfer must beat to have learned anything."""
-    out = {}
-    for rec in raw:
-        if isinstance(rec, dict) and rec.get("kind") == "control":
-            score = _number(rec.get("score"), float)
-            if score is not None:
-                out[(str(rec["task"]).strip(), str(rec["lang"]).strip(), str(rec["system"]).strip().upper())] = score
-    return out
+def _n_and_seeds(rec: dict) -> tuple[int | None, tuple[float, ...]]:
+    """A record's example count (`examples` as mm-ds run writes it, or `n`) and per-seed scores (a list, or its
+    JSON text in a CSV cell)."""
+    n = _number(rec.get("examples", rec.get("n")), int)
+    seeds = rec.get("per_seed") or ()
+    if isinstance(seeds, str):
+        try:
+            seeds = json.loads(seeds)
+        except json.JSONDecodeError:
+            raise ValueError(f"per_seed is not a JSON list: {seeds!r}") from None
+    if not isinstance(seeds, (list, tuple)):
+        raise ValueError(f"per_seed is not a list: {seeds!r}")
+    return n, tuple(_number(x, float) for x in seeds)
+
+
+def control_scores(raw: Iterable[dict]) -> dict[tuple[str, str, str], Result]:
+    """(task, lang, SYSTEM) -> the control row `mm-ds run` records (the finetuned model with untrained target
+    embeddings, with its examples and per-seed scores): what a transfer must beat to have learned anything."""
+    controls = [{"step": 0, "flops": 0.0} | rec | {"kind": "adapted"} for rec in raw  # no cost: step 0
+                if isinstance(rec, dict) and rec.get("kind") == "control"]
+    return {(r.task, r.lang, r.system): r for r in clean_records(controls, "controls")[0]}
+
+
+def mlm_results(rows: Iterable[dict]) -> tuple[list[Result], dict[tuple[str, str, str], Result]]:
+    """(records, controls) of the alignment check's rows (align.py): per Step-2 checkpoint the primary model's
+    held-out MLM accuracy with its embeddings, task MLM; step 0 (the initial, untrained embeddings) is both the
+    curve's first point and the control."""
+    results, controls = [], {}
+    for r in rows:
+        if r.get("kind", "target") != "target":  # the source-language rows (English MLM) are no curve
+            continue
+        res = Result(str(r["system"]).upper(), MLM, r["lang"], int(r["step"]), float(r["flops"]),
+                     float(r["v100_days"]), 100 * float(r["primary_acc"]), int(r["targets"]))
+        results.append(res)
+        if res.step == 0:
+            controls[(MLM, res.lang, res.system)] = res
+    return results, controls
 
 
 def source_scores(raw: Iterable[dict]) -> dict[tuple[str, str, str], float]:

@@ -4,10 +4,11 @@ Input: one record per evaluated checkpoint, {system, task, lang, step, flops, v1
 already averaged over finetuning seeds, from CSV, JSON (a list, or {"results": [...]}) or JSONL.
 
 - Near-maximal performance (§4.2, fn. 5): 95% of the reference system's (BL_BASE) score at its LAST checkpoint
-  for that task and language; the same target for every system.
-- Time to target (§3): the first checkpoint scoring >= target, linearly interpolated (step, FLOPs, days) from the
-  checkpoint before it; bounds are those two checkpoints (Table A4). A curve that dips below the target again
-  keeps its first crossing.
+  for that task and language; the same target for every system. At the MLM level (`over_control`, `mlm_report`):
+  the control + 95% of the reference's final improvement over it (an MLM accuracy has no zero to scale from).
+- No target from noise (significance.py): with a control, a language gets a target only when the reference's
+  final score beats it by a margin significant for the test set's size and the seeds; tables show the margin.
+- Time to target (§3, Table A4): curves.time_to_target, linear interpolation between the bracketing checkpoints.
 - Speedup (fn. 6): reference days / system days, per language; the headline is the MEAN OF THESE RATIOS over
   languages (not the ratio of mean days), then the mean over tasks (Figure 1). Languages where either side
   never reaches the target are left out and listed.
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -29,77 +29,13 @@ from typing import Iterable, Sequence
 
 from . import captions
 from .analyses import write_sweeps
+from .curves import Crossing, Key, group_curves, time_to_target
 from .flops import EXA
 from .mdtable import cost, days_cell, fmt, md
-from .records import Result, load_results, recorded, source_scores
+from .records import Result, load_results, mlm_results, read_records, recorded, source_scores
+from .significance import TEST, Margin, margin_of, margin_table
 from .systems import REFERENCE, SYSTEMS, SystemNameError, sort_key
 from .table2 import format_table2, table2
-
-
-
-@dataclass(frozen=True)
-class Point:
-    step: float
-    flops: float
-    v100_days: float
-
-
-@dataclass(frozen=True)
-class Crossing:
-    """When a curve first reaches `target`; estimate None means never."""
-    target: float
-    estimate: Point | None
-    lower: Point | None = None  # last checkpoint below the target (step 0 if the first checkpoint already hits)
-    upper: Point | None = None  # first checkpoint at or above it
-
-    @property
-    def reached(self) -> bool:
-        return self.estimate is not None
-
-
-# --- Curves, targets, time to target ---------------------------------------------------------------------------
-
-Key = tuple[str, str, str]  # (task, lang, system)
-
-
-def group_curves(results: Iterable[Result], warnings: list[str]) -> dict[Key, list[Result]]:
-    """Step-sorted curve per (task, lang, system); repeated steps are averaged, with a warning."""
-    by_step: dict[Key, dict[int, list[Result]]] = defaultdict(lambda: defaultdict(list))
-    for r in results:
-        by_step[(r.task, r.lang, r.system)][r.step].append(r)
-    curves = {}
-    for key, steps in by_step.items():
-        curve = []
-        for step in sorted(steps):
-            rs = steps[step]
-            if len(rs) > 1:
-                warnings.append(f"{'/'.join(key)} step {step}: {len(rs)} records for one checkpoint; "
-                                "averaged them (expected one per checkpoint, already averaged over seeds)")
-            curve.append(Result(rs[0].system, rs[0].task, rs[0].lang, step, mean(r.flops for r in rs),
-                                mean(r.v100_days for r in rs), mean(r.score for r in rs)))
-        curves[key] = curve
-    return curves
-
-
-def _point(r: Result) -> Point:
-    return Point(r.step, r.flops, r.v100_days)
-
-
-def time_to_target(curve: Sequence[Result], target: float) -> Crossing:
-    pts = sorted(curve, key=lambda r: r.step)
-    for i, r in enumerate(pts):
-        if r.score >= target or math.isclose(r.score, target, rel_tol=1e-9, abs_tol=1e-12):
-            hit = _point(r)
-            if i == 0:
-                # Nothing was measured before the first checkpoint, so there is nothing to interpolate from:
-                # report the first checkpoint itself, bracketed by (step 0, first) as in Table A4's "0.2 (0.0-0.2)".
-                return Crossing(target, hit, hit if r.step == 0 else Point(0, 0.0, 0.0), hit)
-            prev = pts[i - 1]
-            frac = min(max((target - prev.score) / (r.score - prev.score), 0.0), 1.0)
-            est = Point(*(a + frac * (b - a) for a, b in zip(
-                (prev.step, prev.flops, prev.v100_days), (r.step, r.flops, r.v100_days))))
-            return Crossing(target, est, _point(prev), hit)
-    return Crossing(target, None)
 
 
 # --- The report ------------------------------------------------------------------------------------------------
@@ -117,10 +53,21 @@ class Report:
     speedup_rows: list[dict]  # per task, system, language
     speedup_summary: list[dict]  # per task (and task "avg"), system
     warnings: list[str] = field(default_factory=list)
-    controls: dict[Key, float] = field(default_factory=dict)  # the untrained-embedding control's score
+    controls: dict[Key, Result] = field(default_factory=dict)  # the untrained-embedding control's result
     sources: dict[Key, float] = field(default_factory=dict)  # (task, source language, system) -> its score
     seeds: dict[str, list[int]] = field(default_factory=dict)  # task -> how many finetuning seeds a score averages
     world: bool = False  # scored on the generated world's files (their chance levels)
+    margins: dict[tuple[str, str], Margin] = field(default_factory=dict)  # (task, lang) -> reference vs control
+    over_control: bool = False  # targets are a fraction of the improvement over the control (MLM level)
+
+    @property
+    def target_phrase(self) -> str:
+        return (f"{self.fraction:.0%} of {self.reference}'s final improvement over its control" if self.over_control
+                else f"{self.fraction:.0%} of {self.reference}'s final score")
+
+    def control_score(self, key: Key) -> float | None:
+        c = self.controls.get(key)
+        return None if c is None else c.score
 
     def final(self, key: Key) -> Result | None:
         c = self.curves.get(key)
@@ -138,13 +85,15 @@ def _system_order(systems: Iterable[str], reference: str) -> list[str]:
 
 
 def build_report(results: Iterable[Result], reference: str = SYSTEMS[REFERENCE].label, fraction: float = 0.95,
-                 warnings: Sequence[str] = (), controls: dict[tuple[str, str, str], float] | None = None,
+                 warnings: Sequence[str] = (), controls: dict[tuple[str, str, str], Result] | None = None,
                  sources: dict[Key, float] | None = None, seeds: dict[str, list[int]] | None = None,
-                 world: bool = False) -> Report:
-    """`controls`: (task, lang, SYSTEM) -> control score (records.control_scores). Where the reference's final
-    score does not beat its control it learned nothing to be near to: that language gets no target.
-    `sources` (records.source_scores), `seeds` (records.recorded) and `world` are for Table 2 and the captions."""
-    warnings, controls = list(warnings), controls or {}
+                 world: bool = False, over_control: bool = False) -> Report:
+    """`controls`: (task, lang, SYSTEM) -> control result (records.control_scores, records.mlm_results). Where the
+    reference's final score does not beat its control significantly (significance.py) it learned nothing to be
+    near to: that language gets no target. `over_control`: the target is `fraction` of the reference's final
+    improvement over its control (needs the control), not of its score. `sources` (records.source_scores),
+    `seeds` (records.recorded) and `world` are for Table 2 and the captions."""
+    warnings, controls, margins = list(warnings), controls or {}, {}
     curves = group_curves(results, warnings)
     tasks = sorted({t for t, _, _ in curves})
     langs = {t: sorted({l for tt, l, _ in curves if tt == t}) for t in tasks}
@@ -162,13 +111,18 @@ def build_report(results: Iterable[Result], reference: str = SYSTEMS[REFERENCE].
                     warnings.append(f"{t}/{l}: no {reference} results, so no target; its times to target and "
                                     "speedups are left out")
                 continue
-            floor = controls.get((t, l, reference))
-            if floor is not None and ref[-1].score <= floor:
-                warnings.append(f"{t}/{l}: {reference}'s final score {ref[-1].score:.1f} does not beat its control "
-                                f"{floor:.1f} (untrained target embeddings): it did not transfer, so {fraction:.0%} of "
-                                f"it is no near-maximal performance; no target, times to target or speedups")
+            control = controls.get((t, l, reference))
+            if control is None and over_control:
+                warnings.append(f"{t}/{l}: no control for {reference}, so no improvement over it to take "
+                                f"{fraction:.0%} of; no target")
                 continue
-            targets[(t, l)] = fraction * ref[-1].score
+            if control is not None:
+                m = margins[(t, l)] = margin_of(ref[-1], control)
+                warnings += m.warnings(f"{t}/{l}", reference)
+                if not m.significant:
+                    continue
+            floor = control.score if over_control else 0.0
+            targets[(t, l)] = floor + fraction * (ref[-1].score - floor)
             for s in systems:
                 if (t, l, s) in curves:
                     crossings[(t, l, s)] = time_to_target(curves[(t, l, s)], targets[(t, l)])
@@ -176,7 +130,7 @@ def build_report(results: Iterable[Result], reference: str = SYSTEMS[REFERENCE].
     warnings += _coverage_warnings(tasks, langs, systems, curves)
     rows, summary = _speedups(tasks, langs, systems, reference, targets, crossings, curves, warnings)
     return Report(reference, fraction, tasks, langs, systems, curves, targets, crossings, rows, summary, warnings,
-                  controls, sources or {}, seeds or {}, world)
+                  controls, sources or {}, seeds or {}, world, margins, over_control)
 
 
 def _coverage_warnings(tasks, langs, systems, curves) -> list[str]:
@@ -211,8 +165,8 @@ def _speedups(tasks, langs, systems, reference, targets, crossings, curves, warn
                 if (t, l, s) not in curves:
                     continue
                 if (t, l) not in targets:
-                    excluded[l] = (f"no target: {reference} did not beat its control" if (t, l, reference) in curves
-                                   else f"no {reference} results")
+                    excluded[l] = (f"no target: {reference} did not beat its control significantly"
+                                   if (t, l, reference) in curves else f"no {reference} results")
                     continue
                 ref, sys_ = crossings[(t, l, reference)], crossings[(t, l, s)]
                 if not sys_.reached:
@@ -276,14 +230,17 @@ def format_tables(report: Report, bounds: bool = False, table2s: bool = True) ->
     table2s, Tables 3 and the speedups only (`mm-ds run` prints Table 2 before them, from results.md)."""
     parts = []
     t2, t3 = table2(report), table3(report)
-    target = f"{report.fraction:.0%} of {report.reference}'s final score"
     for t in report.tasks:
         L = report.langs[t]
         if table2s:
             parts.append(format_table2(report, t, t2[t]))
+        margins = {l: m for (tt, l), m in report.margins.items() if tt == t}
+        if margins:
+            parts.append(f"## {t}: does {report.reference} beat its control? ({TEST}; a target only where it does)")
+            parts.append(margin_table(L, margins, {l: v for (tt, l), v in report.targets.items() if tt == t}))
         if t3[t]:
-            parts.append(f"## {t}: V100-days to {target} (Table 3)")
-            parts.append(captions.days(t, report.seeds.get(t, ()), report.world, target)
+            parts.append(f"## {t}: V100-days to {report.target_phrase} (Table 3)")
+            parts.append(captions.days(t, report.seeds.get(t, ()), report.world, report.target_phrase)
                          + (" In brackets: those checkpoints (Table A4)." if bounds else ""))
             parts.append(md(["system"] + L + ["avg"], [
                 [r["system"]] + [days_cell(r["days"][l], bounds and r["bounds"].get(l)) for l in L]
@@ -291,7 +248,7 @@ def format_tables(report: Report, bounds: bool = False, table2s: bool = True) ->
                 for r in t3[t]]))
     if report.speedup_summary:
         parts.append(f"## Speedup over {report.reference} (Figure 1: mean of per-language ratios of V100-days)")
-        parts.append(f"Per task: the mean over its languages of {report.reference}'s V100-days to {target} divided "
+        parts.append(f"Per task: the mean over its languages of {report.reference}'s V100-days to {report.target_phrase} divided "
                      f"by the system's; used: the languages of the task behind it (of those the task has), and the "
                      f"finetuning seeds behind each score; avg: the mean over tasks.")
         body, every_seed = [], [c for t in report.tasks for c in report.seeds.get(t, ())]
@@ -305,7 +262,7 @@ def format_tables(report: Report, bounds: bool = False, table2s: bool = True) ->
         parts.append(md(["task", "system", "speedup", "used", "left out", "ratio of mean days"], body))
     parts.append("* = averaged over fewer languages than the task has (missing results, or never reached); "
                  "∞ = never reached; n/a = no results, or no target (no reference results, or the reference did not "
-                 "beat its control).")
+                 "beat its control significantly).")
     return "\n\n".join(parts)
 
 
@@ -313,11 +270,10 @@ def format_tables(report: Report, bounds: bool = False, table2s: bool = True) ->
 
 def _write_csv(path: Path, rows: list[dict]):
     with open(path, "w", newline="") as f:
-        if not rows:
-            return
         w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
-        w.writeheader()
-        w.writerows(rows)
+        if rows:
+            w.writeheader()
+            w.writerows(rows)
 
 
 def _crossing_rows(report: Report) -> list[dict]:
@@ -353,6 +309,9 @@ def write_report(report: Report, out_dir: str | Path, plots: bool = True, xmax_d
 
     (out / "tables.md").write_text(format_tables(report, bounds=True) + "\n")
     doc = dict(reference=report.reference, fraction=report.fraction, seeds=report.seeds, world=report.world,
+               over_control=report.over_control,
+               margins=[dict(task=t, lang=l, **asdict(m), difference=m.difference, significant=m.significant)
+                        for (t, l), m in sorted(report.margins.items())],
                targets=[dict(task=t, lang=l, target=v) for (t, l), v in sorted(report.targets.items())],
                table2=t2, table3=t3, time_to_target=_crossing_rows(report), speedups=report.speedup_rows,
                speedup_summary=report.speedup_summary, curves=curve_rows)
@@ -369,10 +328,25 @@ def write_report(report: Report, out_dir: str | Path, plots: bool = True, xmax_d
     return written + [out / "tables.md", out / "report.json", out / "warnings.txt"]
 
 
+MLM_DIR = "mlm"
+
+
+def mlm_report(align_rows: list[dict], out: Path, plots: bool = True) -> tuple[Report | None, list[Path]]:
+    """The MLM level (the alignment check's rows, records.mlm_results) in out/mlm/: Tables 2 and 3, Figure 3,
+    speedups, margins, targets at 95% of BL_BASE's final improvement over its control; (None, []) without rows."""
+    results, controls = mlm_results(align_rows)
+    if not results:
+        return None, []
+    report = build_report(results, controls=controls, over_control=True)
+    return report, write_report(report, Path(out) / MLM_DIR, plots=plots)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mm-ds report", description="Tables 2/3, speedups (Figure 1) and training "
-                                 "curves (Figure 3) from evaluated Step-2 checkpoints.")
-    ap.add_argument("results", nargs="+", help="CSV/JSON/JSONL with system,task,lang,step,flops,v100_days,score")
+                                 "curves (Figure 3) from evaluated Step-2 checkpoints, and at the MLM level from the "
+                                 "alignment check's rows (align.jsonl), task data or not.")
+    ap.add_argument("results", nargs="*", help="CSV/JSON/JSONL with system,task,lang,step,flops,v100_days,score "
+                    "(none: --align only)")
     ap.add_argument("--out", required=True, help="directory for tables.md, *.csv, report.json, *.png")
     ap.add_argument("--reference", default=SYSTEMS[REFERENCE].label, help="system whose final score sets the target")
     ap.add_argument("--fraction", type=float, default=0.95, help="target = fraction × reference final score")
@@ -382,30 +356,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world", action="store_true", help="scored on the generated world's task files: captions and "
                     "curves give their chance levels (default: when a world/world.json is beside a results file, as "
                     "`mm-ds run` leaves it)")
-    ap.add_argument("--align", help="align.jsonl of `mm-ds align` (default: one beside a results file): the alignment "
-                    "check's align.md, align.csv and align_<lang>.png too")
+    ap.add_argument("--align", help="align.jsonl of `mm-ds align` or `mm-ds run` (default: one beside a results "
+                    "file): align.md, align_<lang>.png and the MLM level's tables and curves in OUT/mlm/ too")
     args = ap.parse_args(argv)
 
-    controls, rows = {}, []
-    results, warnings = load_results(args.results, controls, rows)
-    if not results:
-        for w in warnings:
-            print(f"warning: {w}", file=sys.stderr)
-        print(f"mm-ds report: no usable records in {', '.join(args.results)}", file=sys.stderr)
-        return 2
-    world = args.world or any((Path(r).parent / "world" / "world.json").is_file() for r in args.results)
-    report = build_report(results, args.reference, args.fraction, warnings, controls, source_scores(rows),
-                          recorded(rows, "seeds"), world)
-    written = write_report(report, args.out, plots=not args.no_plots, xmax_days=args.xmax_days)
     align = args.align or next((str(p) for p in (Path(r).with_name("align.jsonl") for r in args.results)
                                 if p.is_file()), None)
-    if align:  # the alignment check (mm_ds/align.py), beside the tables
+    if not args.results and not align:
+        print("mm-ds report: give results files (results.jsonl of `mm-ds run`, or your CSV/JSON), --align FILE "
+              "(align.jsonl of `mm-ds run` or `mm-ds align`), or both", file=sys.stderr)
+        return 2
+    written = []
+    if args.results:
+        controls, rows = {}, []
+        results, warnings = load_results(args.results, controls, rows)
+        if not results:
+            for w in warnings:
+                print(f"warning: {w}", file=sys.stderr)
+            print(f"mm-ds report: no usable records in {', '.join(args.results)}", file=sys.stderr)
+            return 2
+        world = args.world or any((Path(r).parent / "world" / "world.json").is_file() for r in args.results)
+        report = build_report(results, args.reference, args.fraction, warnings, controls, source_scores(rows),
+                              recorded(rows, "seeds"), world)
+        written += write_report(report, args.out, plots=not args.no_plots, xmax_days=args.xmax_days)
+        print(format_tables(report, bounds=args.bounds))
+        for w in report.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+    if align:  # the alignment check (mm_ds/align.py) and the MLM level, beside the tables
         from .align_report import write_align
-        written += write_align([json.loads(x) for x in Path(align).read_text().splitlines() if x.strip()], Path(args.out),
-                               plots=not args.no_plots)
-    print(format_tables(report, bounds=args.bounds))
-    for w in report.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        rows, problems = read_records(align)
+        if problems:
+            print(f"mm-ds report: {'; '.join(problems)}", file=sys.stderr)
+            return 2
+        written += write_align(rows, Path(args.out), plots=not args.no_plots)
+        mlm, files = mlm_report(rows, Path(args.out), plots=not args.no_plots)
+        written += files
+        if mlm is not None:
+            print(f"\n# MLM level ({align})\n\n{format_tables(mlm, bounds=args.bounds)}")
     print(f"wrote {len(written)} files to {args.out}", file=sys.stderr)
     return 0
 

@@ -1,7 +1,7 @@
 """The sha256 sums of checkpoint files (mm_ds/checkpoint.py's manifests), computed once per stage start.
 
 A checkpoint is hashed before anything loads it (DeepSpeed unpickles its files). At the paper's BL_BASE size
-that reads 1.75 GB, so it is done once: a process remembers which checkpoints it has checked (their manifest
+that reads 1.75 GB, so it is done once: a process remembers which checkpoints it has checked (their files
 unchanged since), and under a launcher rank 0 checks and broadcasts its verdict (stages/common.py
 `verify_inputs`): the other ranks `trust` it and check sizes only. The process that starts the ranks checks
 sizes only (`deferred`): rank 0 hashes what it loads.
@@ -16,8 +16,8 @@ from pathlib import Path
 from . import faults
 
 MANIFEST = "manifest.json"
-_checked: dict[str, tuple[int, int]] = {}
-"""Resolved checkpoint directory -> its manifest's (mtime, size) when its sums were checked here or trusted."""
+_checked: dict[str, tuple] = {}
+"""Resolved checkpoint directory -> its files' (name, mtime, size) when their sums were checked here or trusted."""
 _deferred = False
 
 
@@ -30,13 +30,14 @@ def sha256(path: Path, rank: int = 0) -> str:
     return h.hexdigest()
 
 
-def _stamp(ckpt: Path) -> tuple[str, tuple[int, int]]:
-    st = (ckpt / MANIFEST).stat()
-    return str(ckpt.resolve()), (st.st_mtime_ns, st.st_size)
+def _stamp(ckpt: Path) -> tuple[str, tuple]:
+    """A stat of every file, not just the manifest: a file rewritten since it was checked is hashed again."""
+    files = sorted(p for p in ckpt.rglob("*") if p.is_file())
+    return str(ckpt.resolve()), tuple((str(p.relative_to(ckpt)), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
 
 
 def needed(ckpt: Path) -> bool:
-    """Whether `verify` must hash `ckpt`'s files: not checked (or trusted) here since its manifest last changed,
+    """Whether `verify` must hash `ckpt`'s files: not checked (or trusted) here since any of them last changed,
     and not deferred."""
     key, stamp = _stamp(ckpt)
     return not _deferred and _checked.get(key) != stamp

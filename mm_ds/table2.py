@@ -30,7 +30,7 @@ def table2(report: Report) -> dict[str, list[dict]]:
                              v100_days=max(f.v100_days for f in got.values()),
                              scores={l: (f.score if f else None) for l, f in finals.items()},
                              avg=mean(f.score for f in got.values()), avg_partial=bool(missing),
-                             controls={l: report.controls.get((t, l, s)) for l in report.langs[t]},
+                             controls={l: report.control_score((t, l, s)) for l in report.langs[t]},
                              sources={l: v for (tt, l, ss), v in report.sources.items() if (tt, ss) == (t, s)}))
         out[t] = rows
     return out

@@ -9,6 +9,7 @@ import zlib
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -170,9 +171,10 @@ def test_drop_secondary_head_keeps_every_other_tensor_bitwise():
 def test_rows_are_cached_per_checkpoint(fake_out, monkeypatch):
     rows, out = align.align(fake_out, settings=align.Settings(sequences=8))
     assert out == fake_out
-    assert [(r["system"], r["step"]) for r in rows] == [("minijoint", 0), ("minijoint", 2), ("minijoint", 4)]
+    assert [(r["system"], r["step"]) for r in rows] == [(s, st) for s in ("bl_base", "minijoint") for st in (0, 2, 4)]
     assert all(r["sequences"] == 8 and r["targets"] > 0 for r in rows)
-    assert rows[1]["primary_loss"] != rows[2]["primary_loss"]  # the checkpoints' groups differ
+    assert rows[4]["primary_loss"] != rows[5]["primary_loss"]  # the checkpoints' groups differ
+    assert rows[0]["mini_loss"] is None and rows[3]["mini_loss"] is not None  # BL_BASE trains its primary itself
     assert (fake_out / "world" / "heldout" / "t1.txt").is_file()
 
     def recomputed(*a, **k):
@@ -194,8 +196,8 @@ def test_align_command_errors_name_the_directory_and_what_it_expects(fake_out, t
     (tmp_path / "empty").mkdir()
     assert cli.main(["align", str(tmp_path / "empty")]) == 2
     assert f"{tmp_path / 'empty'} has neither adapt/ nor complete checkpoints" in capsys.readouterr().err
-    assert cli.main(["align", str(fake_out / "adapt" / "bl_base" / "t1")]) == 2
-    assert "not a Step-2 run of a mini-model system" in capsys.readouterr().err
+    assert cli.main(["align", str(fake_out / "pretrain" / "minijoint")]) == 2
+    assert "has neither adapt/ nor complete checkpoints" in capsys.readouterr().err
     assert cli.main(["align", str(fake_out), "--text", "t1"]) == 2
     assert "LANG=FILE" in capsys.readouterr().err
     assert cli.main(["aling"]) == 2 and "did you mean 'align'" in capsys.readouterr().err
@@ -211,7 +213,7 @@ def test_the_command_writes_the_table_and_curves(fake_out, tmp_path, capsys):
     rows = [json.loads(x) for x in (run / "align" / "align.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 2, 4] and all(r["sequences"] == 4 for r in rows)
     table = (run / "align" / "report" / "align.md").read_text()
-    assert table.count("| MINIJOINT | t1 | ") == 4  # the summary and three checkpoints
+    assert table.count("| MINIJOINT | t1 | ") == 5  # the summary, the gain and three checkpoints
     assert (run / "align" / "report" / "align_t1.png").stat().st_size > 0
 
     # mm-ds report picks up an align.jsonl beside the results it is given
@@ -223,6 +225,14 @@ def test_the_command_writes_the_table_and_curves(fake_out, tmp_path, capsys):
     assert cli.main(["report", str(tmp_path / "r" / "results.jsonl"), "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "align.md").read_text() == table
     assert (tmp_path / "rep" / "align_t1.png").is_file()
+    # and, with no task results at all, from the alignment rows alone: the MLM level's tables and curves
+    assert cli.main(["report", "--align", str(tmp_path / "r" / "align.jsonl"), "--out", str(tmp_path / "mlm")]) == 0
+    printed = capsys.readouterr().out
+    assert "# MLM level" in printed and "## mlm: performance at training completion (Table 2)" in printed
+    assert (tmp_path / "mlm" / "mlm" / "tables.md").is_file() and (tmp_path / "mlm" / "mlm" / "curves_mlm.png").is_file()
+    assert not (tmp_path / "mlm" / "tables.md").exists()  # no task tables without task results
+    assert cli.main(["report", "--out", str(tmp_path / "none")]) == 2
+    assert "--align FILE" in capsys.readouterr().err
 
 
 def test_the_recipe_checks_its_heldout_files(tmp_path):
@@ -262,7 +272,86 @@ def test_a_multidepth_checkpoint_is_scored_at_the_depth_step2_was_training(tmp_p
         ckpt = tmp_path / "adapt" / checkpoint.tag_for(step)
         checkpoint.write_final(ckpt, mini, meta | {"stage": "adapt", "step": step, "flops": 1e9, "model": asdict(mcfg),
                                                    "depth_phases": phases, "primary": str(tmp_path / "pretrain")})
-        row = align.row_for(ckpt, [{"input_ids": ids, "labels": labels, "attention_mask": None}])
+        row = align.row_for(ckpt, [{"input_ids": ids, "labels": labels, "attention_mask": None}],
+                            init_group=surgery.language_group(mini))  # no Step-2 parent here to rebuild it from
         want = F.cross_entropy(out[f"logits_{head}"][sel], labels[sel]).item()
         assert row["mini_loss"] == pytest.approx(want, rel=1e-5), head
         assert row["mini_layers"] == phases[-1][0]
+
+
+def test_a_baselines_row_and_the_bias_only_row_equal_direct_computations(fake_out):
+    """BL_BASE: the primary with the checkpoint's group is the model Step 2 trained (no mini-model row); bias only:
+    the untrained embeddings (transfer.control_group) with the output bias the checkpoint learnt."""
+    from mm_ds.stages.transfer import control_group
+
+    ckpt = fake_out / "adapt" / "bl_base" / "t1" / "checkpoints" / checkpoint.tag_for(4)
+    meta, sd = checkpoint.load_final(ckpt)
+    vocab, g = sd["embed.tokens.weight"].shape[0], torch.Generator().manual_seed(8)
+    ids = torch.randint(5, vocab, (2, 10), generator=g)
+    labels = torch.where(torch.rand(2, 10, generator=g) < 0.4, ids, torch.full_like(ids, IGNORE_INDEX))
+    labels[:, 0] = ids[:, 0]
+    batches = [{"input_ids": ids, "labels": labels, "attention_mask": None}]
+    row = align.row_for(ckpt, batches)
+    init = control_group(meta, 3)
+    _, psd = checkpoint.load_final(fake_out / "pretrain" / "minijoint")
+    cfg = _cfg(vocab)
+    sel = labels.ne(IGNORE_INDEX)
+    for tokens, key in ((sd["embed.tokens.weight"], "primary"), (init["embed.tokens.weight"], "bias_only")):
+        model = RobertaMLM(cfg)
+        model.load_state_dict({k: v for k, v in psd.items() if not k.startswith("secondary_head.")}
+                              | {"embed.tokens.weight": tokens, "head.bias": sd["head.bias"]})
+        model.eval()
+        with torch.no_grad():
+            logits = model(ids)["logits_main"][sel]
+        assert row[f"{key}_loss"] == pytest.approx(F.cross_entropy(logits, labels[sel]).item(), rel=1e-5), key
+        assert row[f"{key}_acc"] == pytest.approx((logits.argmax(-1) == labels[sel]).float().mean().item()), key
+    assert row["mini_loss"] is None and row["mini_layers"] is None and row["kind"] == "target"
+    step0 = align.row_for(ckpt, batches, init=True)
+    assert step0["step"] == 0 and step0["bias_only_loss"] == step0["primary_loss"]
+
+
+def test_unigram_metrics_by_hand(tmp_path):
+    """Always the most frequent training piece; loss from add-one smoothed training frequencies."""
+    (tmp_path / "t.txt").write_text("a a a b\nc a\n" * 50)
+    meta = prepare("x", [str(tmp_path / "t.txt")], str(tmp_path / "c"), vocab_size=12, model_type="bpe", workers=1,
+                   progress=False)
+    from mm_ds.data.shards import TokenCorpus
+    c = TokenCorpus(tmp_path / "c")
+    counts = np.bincount(np.concatenate([c.shard_tokens(s) for s in range(c.num_shards)]), minlength=meta["vocab_size"])
+    counts = counts.astype(float)
+    counts[:5] = 0
+    counts[5:] += 1
+    top = int(counts.argmax())
+    other = next(i for i in range(5, meta["vocab_size"]) if i != top)
+    labels = torch.full((1, 6), IGNORE_INDEX)
+    labels[0, 1], labels[0, 2], labels[0, 4] = top, top, other
+    got = align.unigram_metrics(tmp_path / "c", [{"input_ids": labels.clamp(min=0), "labels": labels}])
+    p = counts / counts.sum()
+    assert got["targets"] == 3 and got["acc"] == pytest.approx(2 / 3)
+    assert got["loss"] == pytest.approx(-(2 * math.log(p[top]) + math.log(p[other])) / 3)
+
+
+def test_a_prepared_corpus_held_out_slice_is_the_languages_held_out_text(tmp_path):
+    (tmp_path / "t.txt").write_text("".join(f"line number {i} of the text\n" for i in range(400)))
+    prepare("t1", [str(tmp_path / "t.txt")], str(tmp_path / "out" / "data" / "t1"), vocab_size=40, model_type="bpe",
+            workers=1, progress=False, heldout=0.1)
+    held = align.heldout_text("t1", {}, tmp_path / "out")
+    assert held == tmp_path / "out" / "data" / "t1" / "heldout.txt" and 20 < len(held.read_text().splitlines()) < 60
+    assert align.heldout_text("t1", {"t1": str(tmp_path / "t.txt")}, tmp_path / "out") == tmp_path / "t.txt"
+    with pytest.raises(align.ConfigError, match="prepare t2 with `mm-ds prepare --heldout"):
+        align.heldout_text("t2", {}, tmp_path / "out")
+
+
+def test_only_the_head_of_a_large_heldout_text_is_encoded(tmp_path, monkeypatch, fake_out):
+    """A held-out slice of a CC-100-sized corpus is gigabytes: the check encodes its first HELDOUT_BYTES, whole lines."""
+    text = tmp_path / "held.txt"
+    lines = (fake_out / "world" / "text" / "t1.txt").read_text().splitlines()[:200]
+    text.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(align, "HELDOUT_BYTES", 1000)
+    spm_model = str(fake_out / "data" / "t1" / "spm.model")
+    where = align.heldout_corpus(text, "t1", spm_model, tmp_path / "cache")
+    head = where.with_name(where.name + ".txt").read_text()
+    assert len(head) <= 1000 and head.endswith("\n") and text.read_text().startswith(head)
+    from mm_ds.data.corpus import decode_shard_lines
+    assert [x for x in decode_shard_lines(where) if x] == [x for x in head.splitlines() if x]
+    assert align.heldout_corpus(text, "t1", spm_model, tmp_path / "cache") == where  # cached

@@ -310,3 +310,43 @@ def test_real_text_small_vocab(tmp_path, shared_data):
     back = list(decode_shard_lines(tmp_path / "out"))
     exact = sum(a == " ".join(b.split()) for a, b in zip(back, (ln for ln in lines if ln.strip())))
     assert exact / len(back) > 0.95  # NFKC and rare characters (<unk>) account for the rest
+
+
+def test_the_heldout_slice_is_disjoint_from_training_and_deterministic(tmp_path, monkeypatch):
+    """`--heldout F`: about F of the lines, chosen by their text alone, go to heldout.txt and never into the shards
+    or the SentencePiece sample; the same with other chunk cuts and workers; documents keep their boundaries."""
+    monkeypatch.setattr(inputs_mod, "CHUNK_BYTES", 400)
+    docs = make_docs(200, seed=3)
+    docs[5].append(docs[2][0])  # a line that occurs twice: held out both times or neither
+    (tmp_path / "a.txt").write_text(cc100(docs))
+    lines = [line for d in docs for line in d]
+    serial = prepare("xx", [str(tmp_path / "a.txt")], str(tmp_path / "s"), vocab_size=300, workers=1,
+                     progress=False, heldout=0.1)
+    held = (tmp_path / "s" / "heldout.txt").read_text().splitlines()
+    trained = [line for d in decoded_docs(tmp_path / "s") for line in d]
+    assert 0.05 * len(lines) < len(held) < 0.15 * len(lines)
+    assert not set(held) & set(trained) and sorted(held + trained) == sorted(lines)
+    assert held == [line for line in lines if corpus_mod.is_heldout(line.encode(), 0.1)]  # in corpus order
+    assert serial["heldout"] == {"file": "heldout.txt", "fraction": 0.1, "lines": len(held),
+                                 "rule": corpus_mod.HELDOUT_RULE}
+    assert serial["settings"]["heldout"] == 0.1 and serial["num_lines"] == len(trained)
+    # documents: every document that kept a line is still one (the held-out lines are cut out of it)
+    assert decoded_docs(tmp_path / "s") == [[x for x in d if x not in held] for d in docs if set(d) - set(held)]
+
+    monkeypatch.setattr(inputs_mod, "CHUNK_BYTES", 1 << 20)  # other chunks, two workers: the same slice and shards
+    prepare("xx", [str(tmp_path / "a.txt")], str(tmp_path / "p"), vocab_size=300, workers=2, progress=False,
+            heldout=0.1, spm_model=str(tmp_path / "s" / "spm.model"))  # SentencePiece itself differs by threads
+    for name in ("heldout.txt", "shard_00000.bin", "shard_00000.idx.npy", "shard_00000.docs.npy"):
+        assert (tmp_path / "s" / name).read_bytes() == (tmp_path / "p" / name).read_bytes(), name
+
+    from mm_ds.data.inputs import resolve_inputs
+    from mm_ds.data.tokenizer import reservoir_sample
+    sample, _ = reservoir_sample(resolve_inputs([str(tmp_path / "a.txt")]), 10_000, 0, False,
+                                 exclude=lambda line: corpus_mod.is_heldout(line, 0.1))
+    assert not set(sample) & set(held)
+
+    # without --heldout: no file, no meta key, the settings a corpus prepared before held-out slices had
+    plain = prepare("xx", [str(tmp_path / "a.txt")], str(tmp_path / "n"), vocab_size=300, workers=1, progress=False)
+    assert "heldout" not in plain and "heldout" not in plain["settings"] and not (tmp_path / "n" / "heldout.txt").exists()
+    with pytest.raises(ValueError, match="--heldout 1.0 must be a fraction"):
+        prepare("xx", [str(tmp_path / "a.txt")], str(tmp_path / "bad"), heldout=1.0, progress=False)

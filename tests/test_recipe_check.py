@@ -236,3 +236,17 @@ def test_a_recipe_files_relative_paths_start_at_its_folder_for_the_check_and_the
     assert rc == 2 and f"prepare/en: text input '{proj / 'text' / 'en.txt'}' matches no file" in err
     assert "lists the same" not in err and "data that is absent altogether for data still to come" in err
     assert not out.exists()
+
+
+def test_a_recipe_without_tasks_is_measured_at_the_mlm_level(tmp_path):
+    """No tasks: no task files, finetuning preset or coverage to check (the real recipe); but then the MLM-level
+    measure is all there is, so it may not be switched off."""
+    recipe = load_recipe("real")
+    assert recipe.tasks == [] and "finetune" not in recipe.presets
+    assert not check(recipe, tmp_path / "out", strict=False).problems
+    assert not [n for n in recipe_mod.stage_runs(recipe, tmp_path / "out") if n.name.startswith("finetune/")]
+    with pytest.raises(ConfigError, match=r"needs a task \(tasks\), or the MLM-level measure"):
+        load_recipe("real", ["align_sequences=0"])
+    assert recipe_mod.prepare_options(recipe)["heldout"] == 0.02  # real text: a held-out slice
+    assert "heldout" not in recipe_mod.prepare_options(load_recipe("tiny"))  # a world brings its own
+    assert recipe_mod.prepare_options(load_recipe("rehearsal"))["heldout"] == recipe_mod.HELDOUT

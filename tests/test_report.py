@@ -161,13 +161,14 @@ def test_a_reference_that_does_not_beat_its_control_sets_no_target(tmp_path):
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     controls = {}
     got, _ = records.load_results([tmp_path / "results.jsonl"], controls)
-    assert controls == {("xnli", "t1", "BL_BASE"): 52.0, ("xnli", "t2", "BL_BASE"): 52.0}
+    assert {k: c.score for k, c in controls.items()} == {("xnli", "t1", "BL_BASE"): 52.0, ("xnli", "t2", "BL_BASE"): 52.0}
     rep = R.build_report(got, controls=controls)
     assert ("xnli", "t2") not in rep.targets and ("xnli", "t1") in rep.targets
     assert any("xnli/t2: BL_BASE's final score 38.7 does not beat its control 52.0" in w for w in rep.warnings)
+    assert any("xnli/t1: no example count" in w and "could not be tested" in w for w in rep.warnings)
     assert next(r for r in R.table3(rep)["xnli"] if r["system"] == "MINIJOINT")["days"]["t2"] == "n/a"
     s = next(r for r in rep.speedup_summary if r["task"] == "xnli" and r["system"] == "MINIJOINT")
-    assert s["excluded"] == {"t2": "no target: BL_BASE did not beat its control"}
+    assert s["excluded"] == {"t2": "no target: BL_BASE did not beat its control significantly"}
     assert ("xnli", "t2") in R.build_report(got).targets  # without the controls, the paper's rule alone
 
 
@@ -202,7 +203,7 @@ def test_unreadable_and_malformed_files(tmp_path):
 
 def write_results(path, results):
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=records.FIELDS)
+        w = csv.DictWriter(f, fieldnames=records.FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in results:
             w.writerow(r.__dict__)
@@ -243,7 +244,7 @@ def test_curves_averaged_over_languages_get_a_target_line_only_when_every_langua
     from mm_ds.plots import target_line
 
     res = curve([60, 90], system="BL_BASE", lang="t1") + curve([30, 38.7], system="BL_BASE", lang="t2")
-    controls = {("xnli", "t2", "BL_BASE"): 52.0}
+    controls = {("xnli", "t2", "BL_BASE"): records.Result("BL_BASE", "xnli", "t2", 0, 0.0, 0.0, 52.0)}
 
     def drawn(rep):
         ax = Figure().subplots()

@@ -160,9 +160,16 @@ def test_sweep_and_english_tables_are_written(swept):
 
 def test_the_alignment_check_is_in_the_report(swept):
     out, stdout = swept
-    assert "alignment check: " in stdout
+    assert "alignment check and MLM level: " in stdout and "At the MLM level" in stdout
     rows = [json.loads(line) for line in (out / "align.jsonl").read_text().splitlines()]
-    assert {(r["system"], r["step"]) for r in rows} == {(s, st) for s in ("minijoint@1", "minipost@1") for st in (0, 3, 6)}
+    systems = ("bl_base", "minijoint@1", "minipost@1")
+    assert {(r["system"], r["step"]) for r in rows if r["kind"] == "target"} == {(s, st) for s in systems
+                                                                                for st in (0, 3, 6)}
+    assert {(r["system"], r["model"]) for r in rows if r["kind"] == "source"} == {
+        ("bl_base", "primary"), ("minijoint@1", "primary"), ("minijoint@1", "mini-model"), ("minipost@1", "mini-model")}
     table = (out / "report" / "align.md").read_text()
-    assert "| MINIJOINT@1 | t1 |" in table and "| MINIPOST@1 | t1 |" in table and "BL_BASE" not in table
+    assert all(f"| {s.upper()} | t1 |" in table for s in systems) and "unigram" in table
     assert (out / "report" / "align_t1.png").stat().st_size > 0
+    mlm = (out / "report" / "mlm" / "tables.md").read_text()  # the report's tables at the MLM level
+    assert "## mlm: performance at training completion (Table 2)" in mlm and "## mlm: does BL_BASE beat its" in mlm
+    assert (out / "report" / "mlm" / "curves_mlm.png").stat().st_size > 0

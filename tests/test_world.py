@@ -158,14 +158,17 @@ def test_word_order_presets():
     assert en.text(ev) == "the old dogs chase a cat in the park ."
     assert en.text(replace(ev, passive=True, past=True)) == "a cat was chased by the old dogs in the park ."
     tokens = {}
-    for code in ("t1", "t2", "t4"):
+    for code in ("t1", "t2", "t3", "t4"):
         r = Renderer(get_language(code), 0)
         inv = {v: k for k, v in r.map.items() if k != "an"}
         tokens[code] = [inv[t] for t in r.tokens(ev)[0]]
         tokens[code + "p"] = [inv[t] for t in r.tokens(replace(ev, passive=True, past=True))[0]]
     assert tokens["t1"] == "the old dogs chase a cat in the park .".split()
-    assert tokens["t2"] == "the dogs old the park in a cat chase .".split()  # SOV, N-Adj, postpositions
-    assert tokens["t2p"] == "a cat the park in the dogs old by chased was .".split()
+    # SOV, case particles, postpositions; the passive's auxiliary second, after the subject
+    assert tokens["t2"] == "the old dogs <nom> the park in a cat <acc> chase .".split()
+    assert tokens["t2p"] == "a cat <nom> was the park in the old dogs by chased .".split()
+    assert tokens["t3"] == "the dogs old the park in a cat chase .".split()  # SOV, N-Adj, postpositions
+    assert tokens["t3p"] == "a cat the park in the dogs old by chased was .".split()
     assert tokens["t4"] == "chase the dogs old a cat in the park .".split()  # VSO
 
 
@@ -182,6 +185,63 @@ def test_verb_final_in_sov_text(world):
     assert verb_last_share("t1") < 0.4 and verb_last_share("t4") < 0.4
 
 
+def _clauses(ev: Event, head: NP | None = None):
+    """(clause, its subject, its active object) for a clause and every clause inside it; a relative clause's
+    gap is its head, which carries the head's own role's particle, not the clause's."""
+    subj, obj = (ev.patient, None) if ev.passive else (ev.agent, ev.patient)
+    yield ev, subj, obj
+    for np in (ev.agent, ev.patient):
+        if np is not None and np.rel is not None:
+            yield from _clauses(np.rel, np)
+    if ev.sub is not None:
+        yield from _clauses(ev.sub[1])
+
+
+def test_case_particles_mark_every_subject_and_object():
+    """t2 marks roles the way Japanese or Korean do: a particle after every subject's noun phrase (the passive's
+    patient included) and another after every active object, in every clause; the passive's agent keeps its
+    by-postposition; no other word is a particle, and the languages without case have none."""
+    s, rng = Sampler(0), random.Random(11)
+    t2 = Renderer(get_language("t2"), 0)
+    nom, acc, by = t2.map["<nom>"], t2.map["<acc>"], t2.map["by"]
+    assert len({nom, acc, by}) == 3
+    clauses = subjects = objects = passives = 0
+    for _ in range(600):
+        ev = s.event(rng)
+        toks, spans = t2.tokens(ev)
+        marked = 0
+        for clause, subj, obj in _clauses(ev):
+            clauses += 1
+            if subj is not None:
+                assert toks[spans[id(subj)][1]] == nom, (t2.text(ev), subj)
+                subjects += 1
+                marked += 1
+            if obj is not None:
+                assert toks[spans[id(obj)][1]] == acc, (t2.text(ev), obj)
+                objects += 1
+                marked += 1
+            if clause.passive and clause.agent is not None and clause.agent.rel is None:
+                passives += 1  # (a postposition follows a relative clause, a particle the head noun)
+                assert toks[spans[id(clause.agent)][1]] == by, t2.text(ev)
+        assert toks.count(nom) + toks.count(acc) == marked, t2.text(ev)
+    assert clauses > 700 and subjects > 500 and objects > 350 and passives > 80
+    for code in ("en", "t1", "t3", "t4"):
+        assert not {"<nom>", "<acc>"} & set(Renderer(get_language(code), 0).map)
+
+
+def test_passive_auxiliary_follows_the_subject():
+    """t2's passive auxiliary is the clause's second constituent (after the subject with its particle and any
+    relative clause); the participle stays verb-final. Agreement is the patient's, as in English."""
+    dog, cats = NP("dog", "animal", False, "the"), NP("cat", "animal", True, "some", rel=Event("bark", None, None, True))
+    ev = Event("chase", dog, cats, past=True, passive=True)
+    r = Renderer(get_language("t2"), 0)
+    inv = {v: k for k, v in r.map.items() if k != "an"}
+    assert [inv[t] for t in r.tokens(ev)[0]] == "some cats <nom> that barked were the dog by chased .".split()
+    rel = Event("bark", NP("cat", "animal", False, "a", rel=Event("chase", dog, None, past=False, passive=True)),
+                None, past=True)
+    assert [inv[t] for t in r.tokens(rel)[0]] == "a cat <nom> that is the dog by chased barked .".split()
+
+
 # ------------------------------------------------------------------------------------------- lexicon
 
 
@@ -192,18 +252,32 @@ def test_overlap_share_and_no_accidental_collisions(world):
     for code in LANGS:
         lang = get_language(code)
         wm = build_wordmap(lang, 3)
-        assert set(wm) == en_forms
+        particles = {"<nom>", "<acc>"} if lang.case == "nom-acc" else set()
+        assert set(wm) == en_forms | particles
         shared = {k for k in content if wm[k] == k}
         assert len(shared) == round(lang.share_words * len(content))
         # a new form never equals an English word by accident, and distinct English words stay distinct
         assert all(v == k or v not in en_forms for k, v in wm.items())
-        assert len({v for k, v in wm.items() if k != "an"}) == len(en_forms) - 1
+        assert len({v for k, v in wm.items() if k != "an"}) == len(wm) - 1
     langs = m["languages"]
     assert langs["t3"]["token_overlap"] < langs["t4"]["token_overlap"] < langs["t1"]["token_overlap"] < 0.35
     assert all("a" <= ch <= "z" or not ch.isalpha() for ch in build_wordmap(get_language("t1"), 3)["dog"])
     assert all("\u0400" <= ch <= "\u04ff" for ch in build_wordmap(get_language("t3"), 3)["dog"])
     no_numbers = build_wordmap(replace(get_language("t3"), share_numbers=False), 3)
     assert all("\u0400" <= ch <= "\u04ff" for ch in no_numbers["7"]) and not (set(no_numbers.values()) & en_forms - {".", ",", "?"})
+
+
+def test_lexicon_files_map_the_particles(world):
+    """lexicon/t2.tsv maps the case particles to t2's words, new forms that are no other word of t2; every other
+    English form has the same t2 word as t1 (t2 = t1's words, other grammar); t1 has no particles."""
+    out, _ = world
+    lex = {code: {r["en"]: r[code] for r in _tsv(out / f"lexicon/{code}.tsv")} for code in ("t1", "t2")}
+    particles = {k: v for k, v in lex["t2"].items() if k.startswith("<")}
+    assert set(particles) == {"<nom>", "<acc>"} and len(set(particles.values())) == 2
+    assert not set(particles.values()) & (set(lex["t1"].values()) | {f for f, _, _ in LEXICON.forms()})
+    assert {k: v for k, v in lex["t2"].items() if k not in particles} == lex["t1"]
+    text = (out / "text/t2.txt").read_text(encoding="utf-8").split()
+    assert text.count(particles["<nom>"]) > text.count(particles["<acc>"]) > 0.03 * len(text)
 
 
 def test_noun_classes_unequal_and_grammar_rates(world):

@@ -27,6 +27,13 @@ is blank, i.e. a document boundary. Lines that are not text (invalid UTF-8, cont
 skipped and counted (`skipped_lines` in meta.json); an input that is mostly such lines (a binary) is refused,
 naming it, and nothing is written. `datasets` sources are streamed twice (sample, then encode).
 
+Held-out slice (`heldout=` a fraction, 0: none): a line is held out when a hash of its text (blake2b of the
+stripped UTF-8 bytes, `is_heldout`) falls below that fraction of the hash range. Held-out lines go to
+`heldout.txt` (in corpus order) instead of the shards, and the SentencePiece sample skips them, so no training
+step and no tokenizer sees them; the rule depends on a line's text only (the same text anywhere in the corpus is
+held out everywhere; chunking and workers change nothing). meta.json records it under `heldout`; the alignment
+check (mm_ds/align.py) reads it as the language's held-out text.
+
 Everything is written into `<out_dir>.partial/` and renamed to `out_dir` at the end, meta.json last, so
 an interrupted run never leaves a directory that looks complete. Re-running with the same settings
 returns the existing corpus; different settings into the same directory are refused. The on-disk format
@@ -35,6 +42,7 @@ is documented in mm_ds.data.shards.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -59,6 +67,21 @@ from mm_ds.data.tokenizer import (MODEL_TYPES, check_spm, check_tokenizer, decod
 
 TOKENIZER_JSON = "tokenizer.json"  # a reused Hugging Face tokenizer's name in the corpus (spm_model: its file)
 
+
+# ----------------------------------------------------------------------------------------------- held out
+
+HELDOUT_FILE = "heldout.txt"
+HELDOUT_RULE = "blake2b-64 (person mm-ds-heldout) of the line's stripped UTF-8 bytes < fraction x 2^64"
+
+
+def is_heldout(line: bytes, fraction: float) -> bool:
+    """Whether a line (raw bytes, surrounding whitespace ignored) belongs to the held-out slice; blank lines never."""
+    text = line.strip()
+    if not text or fraction <= 0:
+        return False
+    digest = hashlib.blake2b(text, digest_size=8, person=b"mm-ds-heldout").digest()
+    return int.from_bytes(digest, "big") < fraction * 2 ** 64
+
 # ----------------------------------------------------------------------------------------------- encode
 
 @dataclass
@@ -68,18 +91,27 @@ class _Encoded:
     doc_starts: np.ndarray  # int64 chunk-local line indices preceded by a blank line in this chunk
     trailing_blank: bool  # the chunk ends with a blank line: the next chunk's first line opens a document
     skipped: int
+    heldout: list[str]  # the chunk's held-out lines, stripped, in order
     source_bytes: int = 0  # compressed bytes consumed, for the progress bar (set by the parent)
 
 
 class _Encoder:
     """Turns a block of raw lines into shard arrays; one per worker process (loads the model once)."""
 
-    def __init__(self, model_path: str, dtype: str):
+    def __init__(self, model_path: str, dtype: str, heldout: float = 0.0):
         self.encode = encoder(model_path)
         self.dtype = np.dtype(dtype)
+        self.heldout = heldout
 
     def __call__(self, block: bytes) -> _Encoded:
         lines, skipped = split_lines(block)
+        held = []
+        if self.heldout > 0:  # taken out before encoding: a held-out line after a blank one leaves the next line
+            keep = []         # opening the document, as it would have
+            for line in lines:
+                raw = line.encode("utf-8")
+                (held if is_heldout(raw, self.heldout) else keep).append(line)
+            lines, held = keep, [line.strip() for line in held]
         # One batched call; one thread per process, the pool provides the parallelism. Surrounding
         # whitespace is dropped, so a line is blank exactly when it encodes to no token.
         ids = self.encode(lines)
@@ -96,15 +128,15 @@ class _Encoder:
         # Content lines right after a blank line open a document (numbered among content lines).
         opens = content & np.concatenate([[False], blank[:-1]])
         doc_starts = (np.cumsum(content) - 1)[opens]
-        return _Encoded(out, lens, doc_starts.astype(np.int64), bool(len(blank) and blank[-1]), skipped)
+        return _Encoded(out, lens, doc_starts.astype(np.int64), bool(len(blank) and blank[-1]), skipped, held)
 
 
 _WORKER: _Encoder | None = None
 
 
-def _init_worker(model_path: str, dtype: str) -> None:
+def _init_worker(model_path: str, dtype: str, heldout: float) -> None:
     global _WORKER
-    _WORKER = _Encoder(model_path, dtype)
+    _WORKER = _Encoder(model_path, dtype, heldout)
 
 
 def _encode_in_worker(block: bytes) -> _Encoded:
@@ -120,10 +152,10 @@ def _source_chunks(sources: list[InputSource]) -> Iterator[tuple[bytes, bool, in
 
 
 def _encoded_chunks(sources: list[InputSource], model_path: str, dtype: np.dtype,
-                    workers: int) -> Iterator[tuple[_Encoded, bool, int]]:
+                    workers: int, heldout: float = 0.0) -> Iterator[tuple[_Encoded, bool, int]]:
     """(encoded chunk, starts a new input, index of that input) in corpus order, using `workers` processes."""
     if workers <= 1:
-        enc = _Encoder(model_path, dtype.str)
+        enc = _Encoder(model_path, dtype.str, heldout)
         for block, first, consumed, i in _source_chunks(sources):
             r = enc(block)
             r.source_bytes = consumed
@@ -133,7 +165,7 @@ def _encoded_chunks(sources: list[InputSource], model_path: str, dtype: np.dtype
     # fork: workers only run sentencepiece/numpy, and unlike spawn it works from scripts without a
     # `__main__` guard; spawn where fork does not exist.
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(model_path, dtype.str)) as pool:
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(model_path, dtype.str, heldout)) as pool:
         pending: deque = deque()
         for block, first, consumed, i in _source_chunks(sources):
             pending.append((pool.apply_async(_encode_in_worker, (block,)), first, consumed, i))
@@ -238,12 +270,13 @@ def prepare(lang: str, inputs: list[str], out_dir: str, *, vocab_size: int = 500
             character_coverage: float = 0.9998, sample_sentences: int = 2_000_000,
             workers: int | None = None, shard_tokens: int = 100_000_000, seed: int = 0,
             model_type: str = "unigram",
-            spm_model: str | None = None, progress: bool = True) -> dict:
+            spm_model: str | None = None, progress: bool = True, heldout: float = 0.0) -> dict:
     """Prepare the `lang` corpus from `inputs` into `out_dir`; returns its meta.json content.
 
     With `spm_model=` the given SentencePiece model is copied and used (its own size wins over
     `vocab_size`); otherwise one of `vocab_size` pieces (fewer, with a warning, where the corpus cannot
-    support that many) is trained on a sample."""
+    support that many) is trained on a sample. `heldout`: the fraction of lines kept out of training
+    (`is_heldout`), written to heldout.txt."""
     if not lang or "/" in lang:
         raise ValueError(f"--lang {lang!r} must be a language code such as 'de'")
     if shard_tokens < 1:
@@ -254,6 +287,8 @@ def prepare(lang: str, inputs: list[str], out_dir: str, *, vocab_size: int = 500
         raise ValueError(f"--sample-sentences must be positive, got {sample_sentences}")
     if model_type not in MODEL_TYPES:
         raise ValueError(f"--model-type {model_type!r}: choose one of {', '.join(MODEL_TYPES)}")
+    if not 0.0 <= heldout < 1.0:
+        raise ValueError(f"--heldout {heldout} must be a fraction of the lines in [0, 1), e.g. 0.01 (0: none)")
     if spm_model is None and vocab_size <= len(tokens.SPECIAL_IDS):
         raise ValueError(f"--vocab-size {vocab_size} leaves no room beyond the {len(tokens.SPECIAL_IDS)} "
                          "special tokens; pass a larger --vocab-size")
@@ -269,6 +304,8 @@ def prepare(lang: str, inputs: list[str], out_dir: str, *, vocab_size: int = 500
     settings = {"lang": lang, "inputs": [s.describe() for s in sources], "vocab_size": vocab_size,
                 "character_coverage": character_coverage, "sample_sentences": sample_sentences,
                 "seed": seed, "spm_model": spm_model, "shard_tokens": shard_tokens, "model_type": model_type}
+    if heldout:  # only when asked: a corpus prepared before held-out slices existed keeps its settings
+        settings["heldout"] = heldout
     existing = _check_out_dir(out, settings)
     if existing is not None:
         _log(progress, f"{out} already holds this corpus ({existing['num_tokens']} tokens); nothing to do")
@@ -303,7 +340,9 @@ def _prepare_into(tmp: Path, lang: str, sources: list[InputSource], settings: di
         if vocab_src.is_file():
             shutil.copyfile(vocab_src, tmp / SPM_VOCAB_FILE)
     else:
-        sample, seen = reservoir_sample(sources, sample_sentences, seed, progress)
+        heldout = settings.get("heldout", 0.0)
+        sample, seen = reservoir_sample(sources, sample_sentences, seed, progress,
+                                        exclude=(lambda line: is_heldout(line, heldout)) if heldout else None)
         if not sample:
             raise ValueError(f"inputs {settings['inputs']} contain no non-blank UTF-8 line; nothing to "
                              "prepare, check --input")
@@ -318,14 +357,17 @@ def _prepare_into(tmp: Path, lang: str, sources: list[InputSource], settings: di
             vocab_size, dtype = reached, shard_dtype(reached)
 
     writer = _ShardWriter(tmp, dtype, shard_tokens)
-    skipped, new_doc = 0, True
+    skipped, new_doc, held = 0, True, 0
     text, not_text = [0] * len(sources), [0] * len(sources)  # non-blank lines per input
     total = total_bytes(sources)
+    held_path = tmp / HELDOUT_FILE if "heldout" in settings else os.devnull
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"encode {lang}", disable=not progress,
-              file=sys.stderr) as bar:
-        for r, first, i in _encoded_chunks(sources, str(model_path), dtype, workers):
-            text[i] += len(r.lengths)
+              file=sys.stderr) as bar, open(held_path, "w", encoding="utf-8") as held_out:
+        for r, first, i in _encoded_chunks(sources, str(model_path), dtype, workers, settings.get("heldout", 0.0)):
+            text[i] += len(r.lengths) + len(r.heldout)
             not_text[i] += r.skipped
+            held_out.writelines(line + "\n" for line in r.heldout)
+            held += len(r.heldout)
             # A document opens at each input's first line and after blank lines, also across chunks.
             new_doc = new_doc or first
             doc_starts = r.doc_starts
@@ -356,6 +398,8 @@ def _prepare_into(tmp: Path, lang: str, sources: list[InputSource], settings: di
         "sample_sentences_used": sampled, "special_ids": dict(zip(tokens.SPECIAL_PIECES, tokens.SPECIAL_IDS)),
         "settings": settings, "shards": shards,
     }
+    if "heldout" in settings:
+        meta["heldout"] = {"file": HELDOUT_FILE, "fraction": settings["heldout"], "lines": held, "rule": HELDOUT_RULE}
     tmp_meta = tmp / (META_FILE + ".tmp")
     tmp_meta.write_text(json.dumps(meta, indent=1) + "\n")
     os.replace(tmp_meta, tmp / META_FILE)

@@ -32,8 +32,10 @@ MAX_SAMPLE_LINE_BYTES = 8192  # also SentencePiece's max_sentence_length: longer
 MODEL_TYPES = ("unigram", "bpe")
 
 
-def reservoir_sample(sources: list[InputSource], k: int, seed: int, progress: bool) -> tuple[list[str], int]:
-    """Deterministic reservoir sample (Algorithm R, vectorised per chunk) of non-blank lines.
+def reservoir_sample(sources: list[InputSource], k: int, seed: int, progress: bool,
+                     exclude=None) -> tuple[list[str], int]:
+    """Deterministic reservoir sample (Algorithm R, vectorised per chunk) of non-blank lines; `exclude(line)`
+    true leaves a line out (a held-out line: no tokenizer sees it).
 
     Returns (sample in corpus order of acceptance, number of non-blank lines seen)."""
     rng = np.random.default_rng([seed, 0x5A3])
@@ -43,7 +45,8 @@ def reservoir_sample(sources: list[InputSource], k: int, seed: int, progress: bo
     with tqdm(total=total, unit="B", unit_scale=True, desc="sample", disable=not progress,
               file=sys.stderr) as bar:
         for block, _, consumed in chunks(sources):
-            lines = [ln for ln in block.split(b"\n") if ln.strip() and len(ln) <= MAX_SAMPLE_LINE_BYTES]
+            lines = [ln for ln in block.split(b"\n") if ln.strip() and len(ln) <= MAX_SAMPLE_LINE_BYTES
+                     and not (exclude and exclude(ln))]
             fill = min(max(k - len(reservoir), 0), len(lines))
             reservoir.extend(lines[:fill])
             rest = len(lines) - fill

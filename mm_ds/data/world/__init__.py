@@ -21,9 +21,10 @@ Layout (paths match the first pattern of each task in mm_ds/data/tasks.py):
       xquad/xquad.{lang}.json                                   = the QA test split, every language
 
 {lang} is en and every target language; dev/test items (ids, labels) are the same in every language.
-Language presets (languages.PRESETS): t1 renamed words in English order; t2 t1's words, verb-final,
-noun-adjective, postpositions; t3 Cyrillic script, verb-final, only numbers and punctuation shared;
-t4 Greek script, verb-initial, noun-adjective.
+Language presets (languages.PRESETS): t1 renamed words in English order; t2 t1's words, verb-final with
+nominative and accusative particles (Japanese- or Korean-like), postpositions, subordinate clause first, the
+passive's auxiliary second; t3 Cyrillic script, verb-final without case, noun-adjective, only numbers and
+punctuation shared; t4 Greek script, verb-initial, noun-adjective.
 """
 
 from .grammar import LEXICON, NP, Event, Sampler

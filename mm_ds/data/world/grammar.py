@@ -269,7 +269,7 @@ class Sampler:
 
     def relative(self, rng: random.Random, cls: str) -> Event:
         """A subject-gap relative clause on a head of class `cls` (object-gap clauses would be ambiguous in
-        the verb-final languages, which have no case marking)."""
+        verb-final languages without case marking, such as t3)."""
         past_t = rng.random() < 0.5
         can_agent = self.agent_verbs[cls][0]
         r = rng.random()

@@ -19,13 +19,21 @@ class Language:
 
     code: str
     order: str = "SVO"
-    """Clause order: SVO (English), SOV (verb-final; passive aux after the participle) or VSO."""
+    """Clause order: SVO (English), SOV (verb-final; a passive's auxiliary after the participle, unless aux="second")
+    or VSO."""
     adj: str = "pre"
     """Adjective before ("pre") or after ("post") the noun."""
     adpos: str = "pre"
     """Prepositions ("pre") or postpositions ("post")."""
     sub: str = "after"
     """Subordinate clause after the main clause ("after": main conj sub) or before it (sub conj , main)."""
+    case: str = "none"
+    """Role marking (CASES): none (English: word order alone says who acts), or nom-acc: a particle after every
+    subject and another after every active object, as Japanese ga/o or Korean i/eul."""
+    aux: str = "verb"
+    """Where a passive's auxiliary goes: beside the participle ("verb": English "was chased", verb-final
+    "chased was") or right after the subject ("second": a second-position auxiliary, as in Croatian or
+    Warlpiri; the participle stays in the verb's place)."""
     script: str = "latin"
     """Script of generated word forms: latin | cyrillic | greek."""
     lexicon: str = ""
@@ -41,7 +49,8 @@ class Language:
     def check(self) -> None:
         bad = [(k, v) for k, v, ok in (("order", self.order, ("SVO", "SOV", "VSO")),
                                        ("adj", self.adj, ("pre", "post")), ("adpos", self.adpos, ("pre", "post")),
-                                       ("sub", self.sub, ("after", "before")), ("script", self.script, SCRIPTS))
+                                       ("sub", self.sub, ("after", "before")), ("script", self.script, SCRIPTS),
+                                       ("case", self.case, CASES), ("aux", self.aux, ("verb", "second")))
                if v not in ok]
         if bad or not 0.0 <= self.share_words <= 1.0:
             raise ValueError(f"language {self.code!r}: bad setting(s) {bad or ('share_words', self.share_words)}")
@@ -54,8 +63,9 @@ ENGLISH = Language("en", description="source language")
 # Presets from easy to hard. Codes contain a digit so they cannot collide with ISO 639 codes.
 PRESETS = {lang.code: lang for lang in (
     Language("t1", lexicon="a", share_words=0.1, description="renamed words, English order, Latin script"),
-    Language("t2", order="SOV", adj="post", adpos="post", sub="before", lexicon="a", share_words=0.1,
-             description="t1's words; verb-final, noun-adjective, postpositions, subordinate clause first"),
+    Language("t2", order="SOV", adpos="post", sub="before", case="nom-acc", aux="second", lexicon="a",
+             share_words=0.1, description="t1's words; verb-final, nominative and accusative particles, "
+                                          "postpositions, subordinate clause first, passive auxiliary second"),
     Language("t3", order="SOV", adj="post", adpos="post", sub="before", script="cyrillic", lexicon="c",
              share_names=False, description="Cyrillic script, verb-final, only numbers and punctuation shared"),
     Language("t4", order="VSO", adj="post", script="greek", lexicon="g", share_words=0.05,
@@ -72,6 +82,10 @@ def get_language(code: str) -> Language:
 
 
 # ------------------------------------------------------------------------------------------ word forms
+
+CASES = {"none": {}, "nom-acc": {"subject": "<nom>", "object": "<acc>"}}
+"""Role-marking systems: the particle a noun phrase takes by its function (a passive's agent keeps the by-adposition).
+The keys are not English words: the word map, and so lexicon/<lang>.tsv, maps them to the language's particles."""
 
 LATIN_C, LATIN_V = "ptkbdgmnlrsvz", "aeiou"
 SCRIPTS = {
@@ -142,8 +156,11 @@ def build_wordmap(lang: Language, seed: int) -> dict[str, str]:
                 stems[lemma] = gen.word((2, 3), endings.get(pos, ("",)))
             stem = stems[lemma]
             out[form] = stem if pos == "adj" or infl == "sg" else stem + sfx[kind]
+    particles = sorted(CASES[lang.case].values())
+    for key in particles:  # drawn last, so every other form is the same as in a language without case
+        out[key] = gen.word((1, 1))
     if lang.script != "latin":
-        form_kind = {f: kind for f, _, kind in forms}
+        form_kind = {f: kind for f, _, kind in forms} | dict.fromkeys(particles, "function")
         for k, v in out.items():
             if v != k and form_kind[k] != "name":  # names were transliterated above
                 out[k] = transliterate(v, lang.script)
@@ -160,10 +177,13 @@ class Renderer:
         lang.check()
         self.lang = lang
         self.map = build_wordmap(lang, seed)
+        self.cases = CASES[lang.case]
         self.is_source = lang.code == "en"
 
     # -- noun phrases
-    def _np(self, np: NP, out: list[str], spans: dict[int, tuple[int, int]]) -> None:
+    def _np(self, np: NP, out: list[str], spans: dict[int, tuple[int, int]], role: str | None = None) -> None:
+        """`role` ("subject", "object"): its case particle, if the language has one, follows the noun phrase's
+        core, before any relative clause (next to the head noun, like a Turkish case suffix)."""
         start = len(out)
         if np.det in ("name", "pro"):
             out.append(np.noun)
@@ -177,6 +197,8 @@ class Renderer:
             else:
                 out += (noun, np.adj)
         spans[id(np)] = (start, len(out))
+        if role in self.cases:
+            out.append(self.cases[role])
         if np.rel is not None:
             out.append("that")
             self._clause(np.rel, out, spans, head=np)
@@ -193,22 +215,29 @@ class Renderer:
     def _clause(self, ev: Event, out: list[str], spans, head: NP | None = None) -> None:
         subj, obj = (ev.patient, ev.agent) if ev.passive else (ev.agent, ev.patient)
         pl = (head if subj is None else subj).plural
+        aux = None
         if ev.passive:
             aux = ("were" if pl else "was") if ev.past else ("are" if pl else "is")
-            verb = [past(ev.verb), aux] if self.lang.order == "SOV" else [aux, past(ev.verb)]
+            if self.lang.aux == "second":
+                verb = [past(ev.verb)]
+            else:
+                verb = [past(ev.verb), aux] if self.lang.order == "SOV" else [aux, past(ev.verb)]
+                aux = None
         else:
             verb = [past(ev.verb) if ev.past else ev.verb if pl else third_singular(ev.verb)]
 
         def S():
             if subj is not None:
-                self._np(subj, out, spans)
+                self._np(subj, out, spans, "subject")
+            if aux is not None:  # a second-position auxiliary
+                out.append(aux)
 
         def O():  # the object, or the passive's by-phrase
             if obj is not None:
                 if ev.passive:
                     self._pp("by", obj, out, spans)
                 else:
-                    self._np(obj, out, spans)
+                    self._np(obj, out, spans, "object")
 
         def A():
             for prep, np in ev.adjuncts:
