@@ -14,11 +14,11 @@
 set -euo pipefail
 : "${HOSTFILE:?set HOSTFILE to a file of 'HOST slots=N' lines}"
 # Checks the hostfile, the ranks and the master address and port; prints the address the ranks meet at.
-MASTER_ADDR=$("${PYTHON:-python}" -m mm_ds.launch --hostfile "$HOSTFILE" ${NNODES:+--nodes "$NNODES"} \
+MASTER_ADDR=$("${PYTHON:-python}" -m mm_ds.runtime.launch --hostfile "$HOSTFILE" ${NNODES:+--nodes "$NNODES"} \
     ${NPROC_PER_NODE:+--ranks "$NPROC_PER_NODE"} ${NODE_RANK:+--node-rank "$NODE_RANK"} \
     --ds-launcher "${LAUNCHER:-pdsh}" ${MASTER_ADDR:+--master-addr "$MASTER_ADDR"} --master-port "${MASTER_PORT:-29500}")
 # A script path, not `--module mm_ds.cli`: DeepSpeed's slurm runner drops --module.
-ENTRY=$("${PYTHON:-python}" -c 'import mm_ds.launch; print(mm_ds.launch.ENTRY)')
+ENTRY=$("${PYTHON:-python}" -c 'import mm_ds.runtime.launch; print(mm_ds.runtime.launch.ENTRY)')
 exec "${DEEPSPEED:-deepspeed}" --hostfile "$HOSTFILE" ${NNODES:+--num_nodes "$NNODES"} \
     ${NPROC_PER_NODE:+--num_gpus "$NPROC_PER_NODE"} --launcher "${LAUNCHER:-pdsh}" \
     ${MASTER_ADDR:+--master_addr "$MASTER_ADDR"} --master_port "${MASTER_PORT:-29500}" \

@@ -16,7 +16,7 @@ set -euo pipefail
 NP=${NP:-$(( ${NNODES:-1} * ${NPROC_PER_NODE:-1} ))}
 export MASTER_PORT=${MASTER_PORT:-29500}
 # Checks the hostfile, the ranks and the master address and port; prints the address the ranks meet at.
-MASTER_ADDR=$("${PYTHON:-python}" -m mm_ds.launch --launcher mpirun ${HOSTFILE:+--hostfile "$HOSTFILE"} \
+MASTER_ADDR=$("${PYTHON:-python}" -m mm_ds.runtime.launch --launcher mpirun ${HOSTFILE:+--hostfile "$HOSTFILE"} \
     ${NNODES:+--nodes "$NNODES"} ${NPROC_PER_NODE:+--ranks "$NPROC_PER_NODE"} \
     ${MASTER_ADDR:+--master-addr "$MASTER_ADDR"} --master-port "$MASTER_PORT")
 forward=()

@@ -16,10 +16,10 @@ import os
 import sys
 from pathlib import Path
 
-from . import checkpoint as ckpt_io
-from .checkpoint import CheckpointError
+from .runtime import checkpoint as ckpt_io
+from .runtime.checkpoint import CheckpointError
 from .config import ConfigError, did_you_mean
-from .dist import OtherRankFailed
+from .runtime.dist import OtherRankFailed
 
 # command -> (module with build()/preflight(), or module:function taking argv), help
 STAGE_COMMANDS = {
@@ -30,17 +30,17 @@ STAGE_COMMANDS = {
 }
 TOOL_COMMANDS = {
     "prepare": ("mm_ds.cli:prepare_main", "train SentencePiece and encode a corpus into token shards"),
-    "run": ("mm_ds.pipeline:main", "a whole experiment from a recipe ({recipes}; or your YAML file), one "
+    "run": ("mm_ds.pipeline.run:main", "a whole experiment from a recipe ({recipes}; or your YAML file), one "
             "results table"),
-    "transfer": ("mm_ds.stages.transfer:main", "Step 4: zero-shot transfer by swapping target embeddings in"),
-    "extend": ("mm_ds.tools.extend:main", "an English HF model (or mm-ds run) + target text -> a Hugging Face "
+    "transfer": ("mm_ds.eval.transfer:main", "Step 4: zero-shot transfer by swapping target embeddings in"),
+    "extend": ("mm_ds.pipeline.extend:main", "an English HF model (or mm-ds run) + target text -> a Hugging Face "
                "model for the new language: import, Step 1b, prepare, Step 2, export, with resume and --check"),
     "world": ("mm_ds.data.world:main", "generate the synthetic multilingual world (the embedded default data)"),
-    "score": ("mm_ds.score:main", "score a predictions file as the official evaluation scripts would"),
+    "score": ("mm_ds.eval.score:main", "score a predictions file as the official evaluation scripts would"),
     "flops": ("mm_ds.tools.costs:main", "analytic training FLOPs and V100-days of a recipe's stages"),
     "plan": ("mm_ds.tools.plan:main", "time, GPU-hours, communication and disk of a recipe's stages on a GPU cluster"),
-    "report": ("mm_ds.report:main", "tables, curves and speedups from evaluated checkpoints"),
-    "align": ("mm_ds.align:main", "alignment check: held-out target MLM of each Step-2 mini-model and of its "
+    "report": ("mm_ds.report.report:main", "tables, curves and speedups from evaluated checkpoints"),
+    "align": ("mm_ds.eval.align:main", "alignment check: held-out target MLM of each Step-2 mini-model and of its "
               "primary model with those embeddings (no task data)"),
     "import": ("mm_ds.interop:import_main", "an HF/XLM-R, fairseq or DeepSpeed checkpoint as an mm-ds Step-1 run"),
     "export": ("mm_ds.interop:export_main", "a checkpoint of any stage as a Hugging Face model directory"),
@@ -54,10 +54,10 @@ TOOL_COMMANDS = {
 
 # Started by `mm-ds run` for its ranks, not by users: they work but `mm-ds --help` does not list them.
 INTERNAL_COMMANDS = {
-    "run-job": ("mm_ds.pipeline:job_main", "the ranks of `mm-ds run`'s one job: every stage in order"),
-    "run-eval": ("mm_ds.stages.transfer:run_eval_main", "the ranks of `mm-ds run`'s evaluation"),
-    "run-pack": ("mm_ds.pack:main", "the ranks of `mm-ds run`'s Step 3: single-device runs, several at once"),
-    "run-align": ("mm_ds.align_spread:run_align_main", "the ranks of `mm-ds run`'s alignment check"),
+    "run-job": ("mm_ds.pipeline.run:job_main", "the ranks of `mm-ds run`'s one job: every stage in order"),
+    "run-eval": ("mm_ds.eval.transfer:run_eval_main", "the ranks of `mm-ds run`'s evaluation"),
+    "run-pack": ("mm_ds.pipeline.pack:main", "the ranks of `mm-ds run`'s Step 3: single-device runs, several at once"),
+    "run-align": ("mm_ds.eval.align_spread:run_align_main", "the ranks of `mm-ds run`'s alignment check"),
 }
 
 
@@ -126,7 +126,7 @@ def validate(stage_mod, cfg, out: Path, resume: bool, world: int, skipped: list[
 
     `skipped` (`--dry-run`): a parent or corpus that does not exist yet skips the preflight checks that read
     it, described in this list, so that a Step-2 config can be checked before Step 1 ends."""
-    from . import ds_config
+    from .runtime import ds_config
 
     check_run_dir(out, resume=resume)  # first: a run that cannot write its directory reads no data
     missing = [f"{key}={path}" for key, path in (("parent", cfg.parent), ("data.corpus", cfg.data.corpus))
@@ -174,7 +174,8 @@ def preflight_stage(name: str, argv: list[str]):
     """What `mm-ds NAME ARGV` does before any rank starts: `validate`, the launcher's settings, then
     `--dry-run`'s printout or a stage of zero updates, run here (MINIJOINT's extraction). Returns (args, cfg,
     done): done means nothing is left to launch."""
-    from . import config, engine, launch, sums
+    from . import config
+    from .runtime import engine, launch, sums
 
     args, cfg = stage_config(name, argv)
     stage_mod = importlib.import_module(STAGE_COMMANDS[name][0])
@@ -208,7 +209,7 @@ def validated_here(name: str, argv: list[str]) -> bool:
 
 
 def run_stage(name: str, argv: list[str]) -> int:
-    from . import dist, engine, launch
+    from .runtime import dist, engine, launch
 
     if not launch.under_launcher():
         args, cfg = stage_config(name, argv)
@@ -288,7 +289,7 @@ def version() -> str:
 
 
 def _finish(rc: int) -> int:
-    dist = sys.modules.get("mm_ds.dist")  # only a command that started ranks has anything to tear down
+    dist = sys.modules.get("mm_ds.runtime.dist")  # only a command that started ranks has anything to tear down
     return dist.finish(rc) if dist is not None else rc
 
 

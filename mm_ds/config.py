@@ -119,7 +119,7 @@ class TrainConfig:
     run) before training stops with a diagnostic. 0: stop at the first. fp16 loss-scale skips do not count."""
     tf32: bool = True
     """fp32 engine configs on NVIDIA GPUs (fp32_zero1_gpu): matmuls in TF32 (10-bit mantissa, fp32 range; Ampere
-    and newer, ~8x the fp32 rate), the rate mm_ds/peaks.py's fp32 MFU column assumes. false: full fp32.
+    and newer, ~8x the fp32 rate), the rate mm_ds/runtime/peaks.py's fp32 MFU column assumes. false: full fp32.
     No effect in bf16/fp16 or on CPU."""
 
     def is_checkpoint_step(self, step: int) -> bool:
@@ -196,7 +196,7 @@ class LaunchConfig:
     nodes: int = 1
     """Nodes to run on: the first N hosts of `hostfile` (deepspeed, mpirun) or of the allocation (srun)."""
     hostfile: str = ""
-    """`HOST slots=N` per line (mm_ds/hostfile.py), for nodes > 1 under deepspeed or mpirun."""
+    """`HOST slots=N` per line (mm_ds/runtime/hostfile.py), for nodes > 1 under deepspeed or mpirun."""
     ds_launcher: str = "pdsh"
     """How `deepspeed` reaches the other nodes: pdsh | openmpi | mvapich | slurm | mpich | impi."""
     node_rank: int | None = None

@@ -1,4 +1,4 @@
-"""The fault harness: kill tiny runs of each stage kind at seeded random points (mm_ds/faults.py's fault
+"""The fault harness: kill tiny runs of each stage kind at seeded random points (mm_ds/runtime/faults.py's fault
 points), check the run directory after each crash (`latest` names a checkpoint that verifies, the newest
 complete checkpoint loads, half-written ones are never published, no orphan rank or held port is left),
 resume with the same command, and require final weights bitwise equal to an uninterrupted run with the
@@ -25,12 +25,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from mm_ds import checkpoint as ck
-from mm_ds import dist
+from mm_ds.runtime import checkpoint as ck
+from mm_ds.runtime import dist
 from mm_ds.data.corpus import prepare
 from mm_ds.data.world import generate_world
-from mm_ds.dist import free_port
-from mm_ds.faults import SAVE_PHASES
+from mm_ds.runtime.dist import free_port
+from mm_ds.runtime.faults import SAVE_PHASES
 
 STAGE_KINDS = ("pretrain", "build_mini", "adapt", "finetune")
 FAULT_KINDS = ("rank", "launcher", "save")
@@ -314,8 +314,9 @@ def _tiny_stage(corpus: Path, steps: int):
 def _rank0_points(root: Path, corpus: Path) -> dict:
     """point -> (what rank 0 finds in its way, the collective call that meets it). Each point's run directory
     is root/<point>; the universal conversion reads the checkpoint the final weights' run left."""
-    from mm_ds import engine, pipeline, universal
-    from mm_ds.stages import transfer
+    from mm_ds.runtime import engine, resharding as universal
+    from mm_ds.pipeline import run as pipeline
+    from mm_ds.eval import transfer
 
     def build(run: Path, frozen: bool = False):
         stage = _tiny_stage(corpus, 1)
@@ -331,7 +332,7 @@ def _rank0_points(root: Path, corpus: Path) -> dict:
         return pipeline.job_main([str(run / "job.json")])
 
     def evaluation(run: Path):
-        from mm_ds.recipe import load_recipe
+        from mm_ds.pipeline.recipe import load_recipe
         (run / "recipe.json").write_text(json.dumps(asdict(load_recipe("tiny", ["curve=false"]))))
         return transfer.run_eval_main([str(run / "logs" / "eval.json"), str(run / "recipe.json"), str(run)])
 

@@ -1,10 +1,10 @@
 """The GPU suite's checks that need no GPU to run, so that CPU tests (tests/test_gpu_checks.py) prove they can fail:
 tests/gpu/test_gpu.py applies them to what the GPUs produce.
 
-- `frozen_mismatches`: the frozen weights an engine trained beside (MM_DS_DUMP_FROZEN, mm_ds/faults.py: the live
+- `frozen_mismatches`: the frozen weights an engine trained beside (MM_DS_DUMP_FROZEN, mm_ds/runtime/faults.py: the live
   module's, in the training dtype) against the parent's fp32 weights rounded to that dtype.
 - `attention_calls` / `sdpa_backend` / `fused_attention_problems`: what F.scaled_dot_product_attention receives
-  from mm_ds/model.py for a batch, and which kernel torch's default dispatcher picks for it
+  from mm_ds/model/model.py for a batch, and which kernel torch's default dispatcher picks for it
   (`torch._fused_sdp_choice`, the choice F.scaled_dot_product_attention makes when no backend is forced).
 """
 

@@ -85,7 +85,8 @@ def main(argv: list[str]) -> int:
     """CORPUS OUT STAGE DS_CONFIG [key=value ...]: train STAGE (pretrain: MINIJOINT with its secondary head;
     adapt: BL_BASE's Step 2 over its own untrained parent) and print {"steps", "log_every", "checkpoints", "reads":
     [[update, owner, where, what], ...]}."""
-    from mm_ds import config, engine
+    from mm_ds import config
+    from mm_ds.runtime import engine
     from mm_ds.stages import adapt, pretrain
 
     corpus, out, stage_name, ds_config, *overrides = argv
@@ -117,7 +118,7 @@ def main(argv: list[str]) -> int:
                       "checkpoints": [s for s in range(1, t.steps + 1) if t.is_checkpoint_step(s)],
                       "reads": reads.records}))
     sys.stdout.flush()
-    from mm_ds import dist
+    from mm_ds.runtime import dist
     return dist.finish(0)
 
 

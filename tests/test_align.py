@@ -1,4 +1,4 @@
-"""The alignment check (mm_ds/align.py): held-out text that leaves every training file as it was, MLM loss and
+"""The alignment check (mm_ds/eval/align.py): held-out text that leaves every training file as it was, MLM loss and
 accuracy checked by hand and against a direct computation, the per-checkpoint cache, the command's errors, and
 the report's table and curves, on a miniature recipe output written checkpoint by checkpoint (no training)."""
 import hashlib
@@ -14,11 +14,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mm_ds import align, checkpoint, cli, surgery
+from mm_ds.eval import align
+from mm_ds.runtime import checkpoint
+from mm_ds import cli
+from mm_ds.model import surgery
 from mm_ds.config import ModelConfig
 from mm_ds.data.corpus import prepare
 from mm_ds.data.world import generate_world, write_heldout
-from mm_ds.model import RobertaMLM
+from mm_ds.model.model import RobertaMLM
 from mm_ds.tokens import IGNORE_INDEX
 
 TINY_WORLD = dict(seed=0, languages=("t1",), sentences=300, target_sentences=300,
@@ -236,9 +239,9 @@ def test_the_command_writes_the_table_and_curves(fake_out, tmp_path, capsys):
 
 
 def test_the_recipe_checks_its_heldout_files(tmp_path):
-    from mm_ds.check import check
+    from mm_ds.pipeline.check import check
     from mm_ds.config import ConfigError
-    from mm_ds.recipe import load_recipe
+    from mm_ds.pipeline.recipe import load_recipe
 
     with pytest.raises(ConfigError, match="heldout.t9 is not a target language"):
         load_recipe("tiny", ["heldout.t9=x.txt"])
@@ -282,7 +285,7 @@ def test_a_multidepth_checkpoint_is_scored_at_the_depth_step2_was_training(tmp_p
 def test_a_baselines_row_and_the_bias_only_row_equal_direct_computations(fake_out):
     """BL_BASE: the primary with the checkpoint's group is the model Step 2 trained (no mini-model row); bias only:
     the untrained embeddings (transfer.control_group) with the output bias the checkpoint learnt."""
-    from mm_ds.stages.transfer import control_group
+    from mm_ds.eval.transfer import control_group
 
     ckpt = fake_out / "adapt" / "bl_base" / "t1" / "checkpoints" / checkpoint.tag_for(4)
     meta, sd = checkpoint.load_final(ckpt)

@@ -4,7 +4,7 @@ import shutil
 
 import torch
 
-from mm_ds import checkpoint
+from mm_ds.runtime import checkpoint
 
 WEIGHTS = {"w": torch.zeros(2)}
 

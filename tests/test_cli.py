@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from mm_ds import cli, config, ds_config, pipeline
+from mm_ds import cli, config
+from mm_ds.runtime import ds_config
+from mm_ds.pipeline import run as pipeline
 from mm_ds.config import ConfigError
-from mm_ds.recipe import load_recipe, recipe_names
+from mm_ds.pipeline.recipe import load_recipe, recipe_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +64,7 @@ def test_deepspeeds_cpu_accelerator_note_stays_in_the_ranks_output(tmp_path, mon
     import logging
     import subprocess
 
-    from mm_ds import launch
+    from mm_ds.runtime import launch
 
     for var in (*launch.RANK_VARS, *launch.SRUN_STEP_VARS):
         monkeypatch.delenv(var, raising=False)

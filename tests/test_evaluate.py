@@ -6,14 +6,14 @@ import json
 import pytest
 import torch
 
-from mm_ds import checkpoint
+from mm_ds.runtime import checkpoint
 from mm_ds.config import ConfigError, ModelConfig, to_dict
 from mm_ds.data.task_files import load_split
 from mm_ds.data.tasks import TASKS
 from mm_ds.data.world import generate_world
-from mm_ds.evaluate import evaluate, length_batches, predict
-from mm_ds.heads import RobertaForTask
-from mm_ds.stages import transfer
+from mm_ds.eval.evaluate import evaluate, length_batches, predict
+from mm_ds.model.heads import RobertaForTask
+from mm_ds.eval import transfer
 from test_features import train_spm
 
 

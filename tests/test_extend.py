@@ -20,14 +20,16 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from mm_ds import checkpoint, surgery, tokens
+from mm_ds.runtime import checkpoint
+from mm_ds.model import surgery
+from mm_ds import tokens
 from mm_ds.cli import main
 from mm_ds.config import model_config_from_dict
 from mm_ds.data.world import generate_world
-from mm_ds.model import RobertaMLM
-from mm_ds.stages.transfer import control_group
-from mm_ds.tools import extend_card
-from mm_ds.tools.extend import parser
+from mm_ds.model.model import RobertaMLM
+from mm_ds.eval.transfer import control_group
+from mm_ds.pipeline import extend_card
+from mm_ds.pipeline.extend import parser
 
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file  # noqa: E402  (transformers brings it)
@@ -222,7 +224,7 @@ def test_the_model_card(done, src, capsys):
     assert f"| control: Step 2's initial (untrained) embeddings | {c['loss']:.3f} | {100 * c['acc']:.1f}% |" in body
     assert r["targets"] == c["targets"] > 50 and r["loss"] < c["loss"]  # Step 2 learnt something, even in 6 updates
     # the result's loss is the exported model's, as transformers computes it on the same held-out batches
-    from mm_ds.align import Settings, eval_batches
+    from mm_ds.eval.align import Settings, eval_batches
     meta = checkpoint.read_meta(out / "adapt" / "t1" / checkpoint.FINAL)
     (heldout,) = (out / "heldout").glob("t1.*")
     model = transformers.AutoModelForMaskedLM.from_pretrained(str(out / "hf")).eval()
@@ -409,7 +411,7 @@ def test_the_held_out_text_is_the_tail_of_the_text_and_never_trained_on(done, tm
 
 def test_the_default_target_vocabulary_follows_the_source_up_to_the_papers_50k():
     from mm_ds.config import ModelConfig
-    from mm_ds.tools.extend import default_vocab
+    from mm_ds.pipeline.extend import default_vocab
 
     def cfg(v):
         return ModelConfig(vocab_size=v, hidden_size=32, num_layers=1, num_heads=4, ffn_size=64, max_positions=16)

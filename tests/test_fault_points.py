@@ -1,4 +1,4 @@
-"""Fault injection stays out of the product: mm_ds/faults.py is the one module that names the MM_DS_* test
+"""Fault injection stays out of the product: mm_ds/runtime/faults.py is the one module that names the MM_DS_* test
 variables, it imports nothing from the package at load (no cycle), and its points parse and fire as documented."""
 
 import ast
@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_ds import faults
+from mm_ds.runtime import faults
 
-PACKAGE = Path(faults.__file__).resolve().parent
+PACKAGE = Path(faults.__file__).resolve().parents[1]  # mm_ds/
 PRODUCT_SETTINGS = {"MM_DS_LAUNCH_ROOT", "MM_DS_MALLOC", "MM_DS_VALIDATED"}
-"""MM_DS_* variables that configure the product itself (mm_ds/watchdog.py, mm_ds/dist.py; mm_ds/cli.py tells
+"""MM_DS_* variables that configure the product itself (mm_ds/runtime/watchdog.py, mm_ds/runtime/dist.py; mm_ds/cli.py tells
 the ranks it started that their command was validated), not a test."""
 
 
@@ -26,8 +26,8 @@ def env_names(path: Path) -> list[str]:
 
 def test_only_the_fault_module_names_test_variables():
     bad = [f"{p.relative_to(PACKAGE.parent)}: {n}" for p in sorted(PACKAGE.rglob("*.py"))
-           if p != PACKAGE / "faults.py" for n in env_names(p)]
-    assert not bad, ("test variables read outside mm_ds/faults.py (add a named fault point there and call it; a "
+           if p != PACKAGE / "runtime" / "faults.py" for n in env_names(p)]
+    assert not bad, ("test variables read outside mm_ds/runtime/faults.py (add a named fault point there and call it; a "
                      "variable that configures the product belongs in PRODUCT_SETTINGS above): " + "; ".join(bad))
 
 
@@ -45,10 +45,10 @@ def test_the_scan_finds_what_it_forbids(tmp_path):
 
 
 def test_the_fault_module_imports_nothing_from_the_package_at_load():
-    tree = ast.parse((PACKAGE / "faults.py").read_text())
+    tree = ast.parse((PACKAGE / "runtime" / "faults.py").read_text())
     package = [ast.unparse(n) for n in tree.body if isinstance(n, ast.ImportFrom) and (n.level or n.module == "mm_ds")
                or isinstance(n, ast.Import) and any(a.name.startswith("mm_ds") for a in n.names)]
-    assert not package, f"mm_ds/faults.py imports the package at load (an import cycle waits): {package}"
+    assert not package, f"mm_ds/runtime/faults.py imports the package at load (an import cycle waits): {package}"
 
 
 def test_points_parse_once_and_name_a_bad_value():

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from mm_ds import flops as F
-from mm_ds.recipe import load_recipe
+from mm_ds.model import flops as F
+from mm_ds.pipeline.recipe import load_recipe
 from mm_ds.tools import costs
 from mm_ds.tools.costs import recipe_costs
 

@@ -43,7 +43,7 @@ def mlm_stage(corpus):
 def test_real_mlm_batches_reach_sdpa_with_their_padding_mask(mlm_stage):
     """What the GPU test dispatches on: the model's SDPA inputs for a batch the data pipeline makes (on CPU, eval:
     in training the CPU path computes attention itself)."""
-    from mm_ds.ds_config import Geometry
+    from mm_ds.runtime.ds_config import Geometry
 
     batch = mlm_stage.batches(0, 0, 0, Geometry(8, 8, 1, 1))
     assert batch["attention_mask"] is not None and not batch["attention_mask"].all()  # blocks end in padding

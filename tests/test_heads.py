@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mm_ds.heads import ClassificationHead, SpanHead, build_head
+from mm_ds.model.heads import ClassificationHead, SpanHead, build_head
 from mm_ds.tokens import IGNORE_INDEX
 
 

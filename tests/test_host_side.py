@@ -17,10 +17,10 @@ from host_reads import HostReads, summary
 from mm_ds.config import ModelConfig
 from mm_ds.data.mlm import MLMBatches
 from mm_ds.data.shards import TokenCorpus
-from mm_ds.ds_config import Geometry
-from mm_ds.heads import RobertaForTask
-from mm_ds.model import RobertaMLM
-from mm_ds.prefetch import Prefetcher
+from mm_ds.runtime.ds_config import Geometry
+from mm_ds.model.heads import RobertaForTask
+from mm_ds.model.model import RobertaMLM
+from mm_ds.runtime.prefetch import Prefetcher
 from mm_ds.tokens import IGNORE_INDEX
 
 HERE = Path(__file__).resolve().parent
@@ -141,7 +141,8 @@ def test_the_loop_reads_the_device_only_at_log_and_checkpoint_updates(corpus, tm
 RUN_TWICE = textwrap.dedent('''
     import sys, torch
     from pathlib import Path
-    from mm_ds import checkpoint, config, engine
+    from mm_ds.runtime import checkpoint, engine
+    from mm_ds import config
     from mm_ds.stages import pretrain
 
     corpus, root = sys.argv[1], Path(sys.argv[2])
@@ -183,7 +184,7 @@ def test_fused_adamw_skips_on_a_device_flag_without_touching_its_state():
 
 
 def test_tf32_follows_the_precision_and_the_key(monkeypatch):
-    from mm_ds import engine
+    from mm_ds.runtime import engine
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     engine.use_tf32(True)
     assert torch.backends.cuda.matmul.fp32_precision == torch.backends.cudnn.fp32_precision == "tf32"

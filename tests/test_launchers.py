@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_ds import checkpoint as ckpt_io
+from mm_ds.runtime import checkpoint as ckpt_io
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=64",
@@ -300,8 +300,8 @@ def test_loopback_master_refused_on_several_nodes(corpus, tmp_path):
             and "launch.master_addr=node-a (the hostfile's first host)" in proc.stderr, proc.stderr[-2000:]
         assert "launching" not in proc.stdout and not out.exists()  # nothing started, nothing written
     # `mm-ds run RECIPE --check` (and `mm-ds run` before any work) says the same for every training stage.
-    from mm_ds.check import check as check_recipe
-    from mm_ds.recipe import load_recipe
+    from mm_ds.pipeline.check import check as check_recipe
+    from mm_ds.pipeline.recipe import load_recipe
     recipe = load_recipe("tiny", [f"launch.hostfile={hosts}", "launch.nodes=2", "launch.ranks=1",
                                   "launch.master_addr=127.0.0.1"])
     problems = check_recipe(recipe, out, strict=False).format()

@@ -82,8 +82,8 @@ def test_the_cycle_finder_finds_cycles():  # a test that cannot fail is a defect
 
 def test_relative_imports_resolve_to_package_modules():
     g = graph()
-    assert "mm_ds.flops" in g["mm_ds.tools.costs"] and "mm_ds.recipe" in g["mm_ds.tools.costs"]
-    assert "mm_ds.checkpoint" in g["mm_ds.pipeline"]
+    assert "mm_ds.model.flops" in g["mm_ds.tools.costs"] and "mm_ds.pipeline.recipe" in g["mm_ds.tools.costs"]
+    assert "mm_ds.runtime.checkpoint" in g["mm_ds.pipeline.run"]
 
 
 def test_no_module_is_longer_than_a_reader_can_hold():

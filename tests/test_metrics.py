@@ -2,8 +2,8 @@
 
 import pytest
 
-from mm_ds.metrics import (accuracy, exact_match, f1, mlqa_normalize, mlqa_punctuation, normalizer, qa_scores,
-                           squad_normalize)
+from mm_ds.eval.metrics import (accuracy, exact_match, f1, mlqa_normalize, mlqa_punctuation, normalizer, qa_scores,
+                                squad_normalize)
 
 SQUAD = squad_normalize
 

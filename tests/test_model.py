@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from mm_ds.config import ModelConfig
-from mm_ds.model import LANGUAGE_PARAMS, RobertaMLM, param_count, param_groups, param_shapes
+from mm_ds.model.model import LANGUAGE_PARAMS, RobertaMLM, param_count, param_groups, param_shapes
 from mm_ds.tokens import IGNORE_INDEX, MASK, PAD
 
 V = 97
@@ -129,7 +129,7 @@ def test_param_shapes_and_count_match_a_built_model(kw):
 def test_param_count_of_minipost_and_minijoint_mini_models():
     """The mini-models surgery makes: MINIPOST's (N kept + 2 bridge layers), MINIJOINT's (N layers + the
     secondary head promoted); and the paper's BL_BASE size."""
-    from mm_ds.surgery import build_minipost, extract_minijoint
+    from mm_ds.model.surgery import build_minipost, extract_minijoint
 
     base = tiny().cfg
     post_cfg, post_sd = build_minipost(base, tiny().state_dict(), n_layers=2, new_layers=2)

@@ -12,14 +12,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mm_ds import config, flops, surgery
+from mm_ds import config
+from mm_ds.model import flops, surgery
 from mm_ds.cli import stage_config
 from mm_ds.config import ConfigError, ModelConfig
-from mm_ds.model import RobertaMLM, is_language_param, param_shapes
-from mm_ds.phases import DepthSchedule, schedule_for
+from mm_ds.model.model import RobertaMLM, is_language_param, param_shapes
+from mm_ds.runtime.phases import DepthSchedule, schedule_for
 from mm_ds.systems import system_of
 from mm_ds.tools.costs import recipe_costs, step2_phases
-from mm_ds.train_log import Settled
+from mm_ds.runtime.train_log import Settled
 
 TINY = dict(vocab_size=40, hidden_size=16, num_layers=5, num_heads=2, ffn_size=32, max_positions=32)
 
@@ -189,7 +190,7 @@ def test_flops_per_phase_and_per_head():
 
 
 def test_recipe_costs_count_step2_per_depth():
-    from mm_ds.recipe import load_recipe
+    from mm_ds.pipeline.recipe import load_recipe
     recipe = load_recipe("tiny", ["systems=[minijoint,minijoint@1+2]", "seeds=[1]", "tasks=[xnli]", "langs=[t1]",
                                   "overrides.adapt/minijoint@1+2=['mini.depth_shares=[1,3]']"])
     rows = recipe_costs(recipe, vocab=200)
@@ -207,10 +208,10 @@ def test_recipe_costs_count_step2_per_depth():
 STAGE_SCRIPT = textwrap.dedent('''
     import shutil, sys, torch
     from pathlib import Path
-    from mm_ds import checkpoint, engine
+    from mm_ds.runtime import checkpoint, engine
     from mm_ds.config import ModelConfig, RunConfig, TrainConfig, LaunchConfig
-    from mm_ds.model import RobertaMLM, is_language_param
-    from mm_ds.phases import DepthSchedule
+    from mm_ds.model.model import RobertaMLM, is_language_param
+    from mm_ds.runtime.phases import DepthSchedule
     from mm_ds.stages.common import stage_flops
 
     root, mode = Path(sys.argv[1]), sys.argv[2]
@@ -252,7 +253,7 @@ def test_step2_resumes_exactly_across_a_depth_switch(tmp_path, mode):
     proc = subprocess.run([sys.executable, "-c", STAGE_SCRIPT, str(tmp_path), mode], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed from" in proc.stdout and "at step 2" in proc.stdout
-    from mm_ds import checkpoint
+    from mm_ds.runtime import checkpoint
     (meta_a, sd_a), (meta_b, sd_b) = (checkpoint.load_final(tmp_path / r / "final") for r in "ab")
     assert sd_a.keys() == sd_b.keys() and all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
     switch = 6 if mode == "plateau" else 3
@@ -270,8 +271,8 @@ def test_step2_resumes_exactly_across_a_depth_switch(tmp_path, mode):
 
 
 def test_the_recipe_check_passes_a_multidepth_recipe_and_refuses_a_bad_schedule(tmp_path):
-    from mm_ds.check import check
-    from mm_ds.recipe import load_recipe
+    from mm_ds.pipeline.check import check
+    from mm_ds.pipeline.recipe import load_recipe
     base = ["systems=[bl_base,minijoint@1+2]", "seeds=[1]", "tasks=[xnli]", "langs=[t1]"]
     report = check(load_recipe("tiny", [*base, "overrides.adapt/minijoint@1+2=['mini.plateau_window=20']"]),
                    tmp_path / "a", strict=False)
@@ -310,7 +311,7 @@ def test_a_multidepth_run_trains_in_bf16_under_zero_on_two_ranks_launched_per_st
     proc = subprocess.run([sys.executable, "-m", "mm_ds.cli", "run", str(tmp_path / "recipe.yaml"), "--out",
                            str(tmp_path / "run")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    from mm_ds import checkpoint
+    from mm_ds.runtime import checkpoint
     meta, sd = checkpoint.load_final(tmp_path / "run" / "adapt" / "minijoint@1+2" / "t1")
     assert (meta["precision"], meta["zero_stage"], meta["world_size"]) == ("bf16", 2, 2)
     assert meta["depth_phases"] == [[1, 0, 4], [2, 4, 8]]

@@ -1,4 +1,4 @@
-"""Many small runs packed onto a launch's devices (mm_ds/pack.py, mm_ds/jobs.py): each single-device run gets one
+"""Many small runs packed onto a launch's devices (mm_ds/pipeline/pack.py, mm_ds/runtime/jobs.py): each single-device run gets one
 device under every launcher's environment, the ranks share one queue of jobs, and Step 4 builds one model per
 unit and reads each Step-2 checkpoint once for every task. The packed launch itself, with a killed run resumed
 alone, is tests/test_pipeline_resume.py's; the one job's, tests/test_pipeline.py's."""
@@ -9,13 +9,14 @@ from collections import Counter
 import pytest
 import torch
 
-from mm_ds import checkpoint, pack, sums
+from mm_ds.runtime import checkpoint, sums
+from mm_ds.pipeline import pack
 from mm_ds.config import ModelConfig, to_dict
 from mm_ds.data.tasks import TASKS
 from mm_ds.data.world import generate_world
-from mm_ds.heads import RobertaForTask
-from mm_ds.jobs import Queue
-from mm_ds.stages import transfer
+from mm_ds.model.heads import RobertaForTask
+from mm_ds.runtime.jobs import Queue
+from mm_ds.eval import transfer
 from test_features import train_spm
 
 DEEPSPEED = {"RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "16", "LOCAL_SIZE": "8", "CROSS_RANK": "0",
@@ -33,7 +34,7 @@ SRUN = {"SLURM_PROCID": "11", "SLURM_LOCALID": "3", "SLURM_STEP_NUM_TASKS": "16"
     ({**DEEPSPEED, "CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}, 1, 2, "GPU-bb"),  # by UUID
 ])
 def test_a_packed_run_sees_one_device_and_is_no_rank_of_the_launch(env, index, count, device):
-    from mm_ds import launch
+    from mm_ds.runtime import launch
 
     child, where = pack.child_env(env, 4242, index, count)
     assert child["CUDA_VISIBLE_DEVICES"] == device and where == f"GPU {device}"
@@ -121,7 +122,7 @@ def test_a_stage_start_hashes_its_parent_once(models, tmp_path, monkeypatch):
     """A finetuning's checks (`preflight_stage`) and its model (`build`) both load the parent: its sums are read
     once. The side that starts ranks reads none (their rank 0 does, tests/test_pipeline.py)."""
     from mm_ds import cli
-    from mm_ds.model import RobertaMLM
+    from mm_ds.model.model import RobertaMLM
     from mm_ds.stages import finetune
 
     root, runs = models
@@ -136,7 +137,7 @@ def test_a_stage_start_hashes_its_parent_once(models, tmp_path, monkeypatch):
     argv = ["--preset", "tiny/finetune", "--out", str(tmp_path / "ft"), f"parent={parent}", "finetune.task=xnli",
             f"finetune.data_root={root / 'world'}", "launch.ranks=1"]
     weights = str(parent / "final" / "model.safetensors")
-    from mm_ds.dist import free_port
+    from mm_ds.runtime.dist import free_port
     cli.preflight_stage("finetune", [*argv, "launch.launcher=deepspeed", f"launch.master_port={free_port()}"])
     assert hashed[weights] == 0  # its ranks' rank 0 will
     _, cfg, _ = cli.preflight_stage("finetune", [*argv, "launch.launcher=none"])

@@ -18,10 +18,11 @@ import pytest
 import torch
 import yaml
 
-from mm_ds import checkpoint, surgery
+from mm_ds.runtime import checkpoint
+from mm_ds.model import surgery
 from mm_ds.config import ConfigError, model_config_from_dict
-from mm_ds.model import LANGUAGE_PARAMS
-from mm_ds.recipe import load_recipe
+from mm_ds.model.model import LANGUAGE_PARAMS
+from mm_ds.pipeline.recipe import load_recipe
 
 SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.ffn_size=64"]
 MICRO = ["train.micro_batch=8"]  # 32 sequences on 2 ranks: 2 micro-steps, accumulated in fp32
@@ -261,7 +262,7 @@ def test_a_run_tree_moved_elsewhere_skips_and_scores_the_same(finished, tmp_path
 
 
 def test_transfer_refuses_mismatched_inputs(finished):
-    from mm_ds.stages.transfer import transfer
+    from mm_ds.eval.transfer import transfer
 
     _, out, _ = finished
     root = str(out / "world")
@@ -297,7 +298,7 @@ def test_recipe_errors(tmp_path, bad, needle):
 
 
 def test_task_overrides_reach_only_that_tasks_finetuning(tmp_path):
-    from mm_ds.recipe import stage_runs
+    from mm_ds.pipeline.recipe import stage_runs
 
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(RECIPE | {"overrides": {"finetune": ["finetune.lr=1e-4"],

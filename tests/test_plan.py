@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from mm_ds.recipe import load_recipe
+from mm_ds.pipeline.recipe import load_recipe
 from mm_ds.tools import plan
 from mm_ds.tools.costs import recipe_costs
 from mm_ds.config import ModelConfig
-from mm_ds.model import LANGUAGE_PARAMS, RobertaMLM
+from mm_ds.model.model import LANGUAGE_PARAMS, RobertaMLM
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,7 @@ def test_step2_communicates_the_embedding_group_only():
 
 def test_the_reduction_dtype_is_the_configs():
     """The plan's default is what mm-ds resolves for a config of that dtype (the shipped bf16 JSONs say fp32)."""
-    from mm_ds import ds_config
+    from mm_ds.runtime import ds_config
 
     assert plan.Cluster().reduction_dtype == "fp32" and plan.Cluster(dtype="fp16").reduction_dtype == "fp16"
     assert plan.Cluster(comm_dtype="bf16").reduction_dtype == "bf16"
@@ -149,8 +149,8 @@ def test_plan_totals_are_what_mm_ds_run_launches():
     import math
     from collections import Counter
 
-    from mm_ds import flops
-    from mm_ds.recipe import stage_configs, stage_runs
+    from mm_ds.model import flops
+    from mm_ds.pipeline.recipe import stage_configs, stage_runs
     from mm_ds.tools.plan_totals import makespan, recipe_totals, refusals
 
     recipe, c = load_recipe("paper"), plan.Cluster(nodes=4, gpus_per_node=8)

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 import fault_harness as harness
-from mm_ds import checkpoint, pipeline
-from mm_ds.dist import free_port
-from mm_ds.launch import command
+from mm_ds.runtime import checkpoint
+from mm_ds.pipeline import run as pipeline
+from mm_ds.runtime.dist import free_port
+from mm_ds.runtime.launch import command
 from mm_ds.config import LaunchConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from mm_ds import dist, watchdog
+from mm_ds.runtime import dist, watchdog
 
 SRUN_TASK_5_OF_8 = {"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "5",
                     "SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_STEP_NODELIST": "gpu1", "SLURM_STEP_NUM_NODES": "1",

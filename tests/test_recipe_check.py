@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mm_ds import pipeline
-from mm_ds import recipe as recipe_mod
-from mm_ds.check import check
+from mm_ds.pipeline import run as pipeline
+from mm_ds.pipeline import recipe as recipe_mod
+from mm_ds.pipeline.check import check
 from mm_ds.config import ConfigError
-from mm_ds.recipe import load_recipe, recipe_names
+from mm_ds.pipeline.recipe import load_recipe, recipe_names
 
-PACKAGED = Path(pipeline.__file__).parent / "presets" / "recipes"
+PACKAGED = Path(pipeline.__file__).parents[1] / "presets" / "recipes"
 
 
 def run(*argv):
@@ -81,7 +81,7 @@ def test_a_geometry_that_cannot_divide_fails_the_check_naming_the_stage(tmp_path
 def test_the_paper_checkpoints_bl_base_step2_every_1000_updates():
     """Footnote 3: BL_BASE's Step 2 every 1000 updates, the other systems every 5000 (plus 1000-4000)."""
     from mm_ds.cli import stage_config
-    from mm_ds.engine import is_checkpoint_step
+    from mm_ds.runtime.engine import is_checkpoint_step
 
     nodes = {n.name: n for n in recipe_mod.stage_runs(load_recipe("paper"), Path("/tmp/out"))}
     for system, want in (("bl_base", 125), ("minipost", 29)):

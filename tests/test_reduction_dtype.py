@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from gpu_checks import frozen_mismatches
-from mm_ds import checkpoint, ds_config
-from mm_ds.dist import free_port
-from mm_ds.model import is_language_param
+from mm_ds.runtime import checkpoint, ds_config
+from mm_ds.runtime.dist import free_port
+from mm_ds.model.model import is_language_param
 from mm_ds.tools import plan
 
 HERE = Path(__file__).resolve().parent

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from mm_ds import checkpoint
-from mm_ds.recipe import load_recipe, stage_runs
+from mm_ds.runtime import checkpoint
+from mm_ds.pipeline.recipe import load_recipe, stage_runs
 
 pytestmark = pytest.mark.rehearsal
 

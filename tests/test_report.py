@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from mm_ds import records
-from mm_ds import report as R
-from mm_ds.flops import EXA, V100_DAY_FLOPS, stage_flops_per_step
+from mm_ds.report import records
+from mm_ds.report import report as R
+from mm_ds.model.flops import EXA, V100_DAY_FLOPS, stage_flops_per_step
 
 
 def curve(scores, steps=None, system="S", task="xnli", lang="ar", days_per_step=1e-4):
@@ -241,7 +241,7 @@ def test_main_without_usable_records(tmp_path, capsys):
 def test_curves_averaged_over_languages_get_a_target_line_only_when_every_language_has_a_target():
     from matplotlib.figure import Figure
 
-    from mm_ds.plots import target_line
+    from mm_ds.report.plots import target_line
 
     res = curve([60, 90], system="BL_BASE", lang="t1") + curve([30, 38.7], system="BL_BASE", lang="t2")
     controls = {("xnli", "t2", "BL_BASE"): records.Result("BL_BASE", "xnli", "t2", 0, 0.0, 0.0, 52.0)}
@@ -274,8 +274,8 @@ def run_rows(seeds=2):
 
 
 def test_results_md_and_the_reports_tables_show_the_same_captioned_table2(tmp_path):
-    from mm_ds.pipeline import results_table
-    from mm_ds.recipe import Recipe
+    from mm_ds.pipeline.run import results_table
+    from mm_ds.pipeline.recipe import Recipe
 
     recipe = Recipe(systems=["bl_base", "minipost"], langs=["t1", "t2"], tasks=["xnli", "pawsx"], world={"seed": 0})
     text, rep = results_table(recipe, run_rows(), tmp_path)
@@ -319,7 +319,7 @@ def test_captions_give_the_official_or_the_worlds_chance_and_the_seeds(tmp_path,
 # --- figures: the control, the chance level, what stands behind each bar --------------------------------------
 
 def test_curves_start_at_the_control_and_show_the_chance_level():
-    from mm_ds import plots
+    from mm_ds.report import plots
 
     res, _ = records.clean_records(run_rows())
     rep = R.build_report(res, controls=records.control_scores(run_rows()), world=True)
@@ -333,7 +333,7 @@ def test_curves_start_at_the_control_and_show_the_chance_level():
 
 
 def test_speedup_bars_say_how_many_languages_and_seeds_and_mark_the_partial_ones():
-    from mm_ds import plots
+    from mm_ds.report import plots
 
     res = two_lang_results() + curve([0, 95, 100], system="BL_BASE", lang="tr") + \
         curve([10, 20], steps=[5000, 10000], system="MINIJOINT", lang="tr")  # MINIJOINT never reaches tr's target

@@ -7,7 +7,7 @@ import pytest
 
 from mm_ds.data.task_files import load_split, read_squad_json
 from mm_ds.data.tasks import TASKS, TaskDataError
-from mm_ds.score import main, score
+from mm_ds.eval.score import main, score
 
 
 def _gold_predictions(dataset: Path, which: int) -> dict[str, str]:

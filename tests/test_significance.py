@@ -1,4 +1,4 @@
-"""No result from noise (mm_ds/significance.py): a language gets a near-maximal target only where the reference's
+"""No result from noise (mm_ds/report/significance.py): a language gets a near-maximal target only where the reference's
 final score beats its control by a margin its test set's size and the seeds make significant, and the tables show
 that margin. The case that asked for it: real data at CPU scale, XNLI 33.3 against a 33.2 control on 5,010
 examples, from which the report used to print a 2.29x speedup."""
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from mm_ds import records
-from mm_ds import report as R
-from mm_ds.significance import margin_of, needed_margin
+from mm_ds.report import records
+from mm_ds.report import report as R
+from mm_ds.report.significance import margin_of, needed_margin
 
 
 def rows_of(system, lang, scores, per_seed=None, steps=(5000, 10000), n=5010, days_per_step=1e-4):

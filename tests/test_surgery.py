@@ -5,10 +5,10 @@ import torch
 
 from mm_ds.config import ModelConfig
 from mm_ds.interop.hf import HF_TOKEN_TYPE, from_hf_roberta, hf_config, to_hf_roberta
-from mm_ds.model import LANGUAGE_PARAMS, RobertaMLM
-from mm_ds.surgery import (SurgeryError, build_minipost, check_compatible, check_state_dict, check_vocab,
-                           extract_minijoint, init_target_embeddings, language_group, minipost_trainable,
-                           swap_embeddings)
+from mm_ds.model.model import LANGUAGE_PARAMS, RobertaMLM
+from mm_ds.model.surgery import (SurgeryError, build_minipost, check_compatible, check_state_dict, check_vocab,
+                                 extract_minijoint, init_target_embeddings, language_group, minipost_trainable,
+                                 swap_embeddings)
 from mm_ds.tokens import PAD, SPECIAL_PIECES
 
 V = 97

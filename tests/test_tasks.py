@@ -256,7 +256,7 @@ def test_fitted_spec_keeps_windows_in_proportion():
 
 
 def test_mlqa_languages_are_the_ones_the_official_normalisation_knows():
-    from mm_ds.metrics import MLQA_LANGUAGES
+    from mm_ds.eval.metrics import MLQA_LANGUAGES
     assert set(MLQA_LANGUAGES) == set(MLQA.languages)
 
 
@@ -318,10 +318,10 @@ def test_finetuning_and_evaluation_read_the_hub(hub, tmp_path):
     import sentencepiece as spm
     import torch
 
-    from mm_ds import checkpoint
+    from mm_ds.runtime import checkpoint
     from mm_ds.config import ModelConfig, to_dict
-    from mm_ds.heads import RobertaForTask
-    from mm_ds.stages import transfer
+    from mm_ds.model.heads import RobertaForTask
+    from mm_ds.eval import transfer
     from mm_ds.stages.finetune import _train_features
 
     spm.SentencePieceTrainer.train(sentence_iterator=iter(PREMISES * 20), model_prefix=str(tmp_path / "spm"),

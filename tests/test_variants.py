@@ -9,12 +9,13 @@ import sys
 import pytest
 import yaml
 
-from mm_ds import analyses, checkpoint
+from mm_ds.report import analyses
+from mm_ds.runtime import checkpoint
 from mm_ds.cli import stage_config
 from mm_ds.config import ConfigError
-from mm_ds.records import Result
-from mm_ds.recipe import load_recipe, stage_runs
-from mm_ds.report import build_report, table2, table3, write_report
+from mm_ds.report.records import Result
+from mm_ds.pipeline.recipe import load_recipe, stage_runs
+from mm_ds.report.report import build_report, table2, table3, write_report
 from mm_ds.systems import SYSTEMS, SystemNameError, sort_key, system_of
 
 

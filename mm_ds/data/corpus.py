@@ -32,7 +32,7 @@ stripped UTF-8 bytes, `is_heldout`) falls below that fraction of the hash range.
 `heldout.txt` (in corpus order) instead of the shards, and the SentencePiece sample skips them, so no training
 step and no tokenizer sees them; the rule depends on a line's text only (the same text anywhere in the corpus is
 held out everywhere; chunking and workers change nothing). meta.json records it under `heldout`; the alignment
-check (mm_ds/align.py) reads it as the language's held-out text.
+check (mm_ds/eval/align.py) reads it as the language's held-out text.
 
 Everything is written into `<out_dir>.partial/` and renamed to `out_dir` at the end, meta.json last, so
 an interrupted run never leaves a directory that looks complete. Re-running with the same settings

@@ -25,10 +25,11 @@ from pathlib import Path
 
 import torch
 
-from .. import checkpoint, surgery
+from ..runtime import checkpoint
+from ..model import surgery
 from ..config import ModelConfig, model_config_from_dict
 from ..data.tokenizer import check_tokenizer, is_tokenizer_json
-from ..model import param_shapes
+from ..model.model import param_shapes
 from ..tokens import SPECIAL_IDS, SPECIAL_PIECES
 from . import hf, hf_tokenizer
 from .spm import InteropError

@@ -1,6 +1,6 @@
 """Our MLM's state dict <-> Hugging Face `RobertaForMaskedLM`'s (and the task heads'), by one key table.
 
-Pure functions on (config, state dict), like mm_ds.surgery: no files, no engines.
+Pure functions on (config, state dict), like mm_ds.model.surgery: no files, no engines.
 
     HF_KEYS, HF_TASK_KEYS   the key tables (MLM body and head; task heads by task kind)
     hf_rows(cfg)            the table expanded for a config's layers
@@ -19,8 +19,8 @@ from typing import Iterator, Mapping
 import torch
 
 from ..config import ModelConfig
-from ..model import param_shapes
-from ..surgery import TOKENS, StateDict, SurgeryError, check_state_dict, few_keys
+from ..model.model import param_shapes
+from ..model.surgery import TOKENS, StateDict, SurgeryError, check_state_dict, few_keys
 from ..tokens import PAD, SPECIAL_IDS
 
 # The one table between our keys and HF `RobertaForMaskedLM`'s. A tuple on the HF side is concatenated
@@ -50,7 +50,7 @@ HF_KEYS: tuple[tuple[str, str | tuple[str, ...]], ...] = (
     ("head.norm.bias", "lm_head.layer_norm.bias"),
     ("head.bias", "lm_head.bias"),
 )
-# Downstream heads (mm_ds.heads, `task_head.*`) <-> HF RobertaForSequenceClassification / ...ForQuestionAnswering,
+# Downstream heads (mm_ds.model.heads, `task_head.*`) <-> HF RobertaForSequenceClassification / ...ForQuestionAnswering,
 # by task kind (mm_ds.data.tasks); their body is HF_KEYS without the MLM head rows.
 HF_TASK_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     "pair_classification": (("task_head.dense.weight", "classifier.dense.weight"),

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 
-from .. import checkpoint, surgery
+from ..runtime import checkpoint
+from ..model import surgery
 from ..config import ConfigError, ModelConfig, to_dict
 from ..data.tokenizer import has_our_ids
-from ..model import is_language_param, param_shapes
+from ..model.model import is_language_param, param_shapes
 from ..tokens import PAD
 from . import hf
 from . import spm as spm_io

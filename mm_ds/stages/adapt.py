@@ -7,7 +7,7 @@ the output projection, and the output bias). Cost per update: formula A3.
 
 Multi-depth MINIJOINT (§7): the parent holds mini-models of several depths over one embedding table (a
 secondary head after each shallower depth); Step 2 runs over the shallowest first and moves deeper on the
-schedule of mm_ds/phases.py (mini.depth_shares or mini.plateau_window), the embeddings carried over. Each
+schedule of mm_ds/runtime/phases.py (mini.depth_shares or mini.plateau_window), the embeddings carried over. Each
 update costs A3 at its depth.
 """
 
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import surgery
+from ..model import surgery
 from ..config import ConfigError, RunConfig
 from ..data.tokenizer import pieces
-from ..engine import Stage
-from ..model import RobertaMLM, is_language_param
-from ..phases import DepthSchedule, schedule_for
+from ..runtime.engine import Stage
+from ..model.model import RobertaMLM, is_language_param
+from ..runtime.phases import DepthSchedule, schedule_for
 from ..systems import system_of
 from .common import load_parent, mlm_batches, open_corpus, stage_flops
 

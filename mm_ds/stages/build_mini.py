@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import surgery
+from ..model import surgery
 from ..config import ConfigError, RunConfig
-from ..engine import Stage
-from ..model import RobertaMLM
+from ..runtime.engine import Stage
+from ..model.model import RobertaMLM
 from ..systems import MINI_SYSTEMS, system_of
 from .common import load_parent, mlm_batches, open_corpus, stage_flops
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import checkpoint, flops
+from ..runtime import checkpoint
+from ..model import flops
 from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict
 from ..data.mlm import MLMBatches
 from ..data.shards import TokenCorpus
-from ..ds_config import Geometry
+from ..runtime.ds_config import Geometry
 
 
 def load_parent(cfg: RunConfig, want_stage: tuple[str, ...] | None = None) -> tuple[dict, ModelConfig, dict]:
@@ -27,8 +28,8 @@ def load_parent(cfg: RunConfig, want_stage: tuple[str, ...] | None = None) -> tu
 def verify_inputs(parent: str | None, run_dir: Path | None) -> Path | None:
     """Collective, at a stage start: rank 0 checks the sums of the parent's weights and finds the resume point in
     `run_dir` (the newest checkpoint that verifies; None without `run_dir`), reading each once; every other
-    rank takes its verdict (mm_ds/sums.py `trust`) and reads neither to hash it. Returns the resume point."""
-    from .. import dist, sums
+    rank takes its verdict (mm_ds/runtime/sums.py `trust`) and reads neither to hash it. Returns the resume point."""
+    from ..runtime import dist, sums
 
     weights = checkpoint.weights_dir(parent) if parent and Path(parent).exists() else None  # else `validate` says so
 

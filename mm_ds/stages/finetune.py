@@ -15,16 +15,17 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-from .. import ds_config, flops
+from ..runtime import ds_config
+from ..model import flops
 from ..config import ConfigError, RunConfig
 from ..data import features as feats
 from ..data.order import sample_ids
 from ..data.task_files import load_split
 from ..data.tasks import EXTRACTIVE_QA, get_task
 from ..data.tokenizer import is_tokenizer_json
-from ..ds_config import Geometry
-from ..engine import Stage
-from ..heads import RobertaForTask
+from ..runtime.ds_config import Geometry
+from ..runtime.engine import Stage
+from ..model.heads import RobertaForTask
 from .common import load_parent
 
 FROZEN = ("embed.tokens.weight",)  # the language-specific input embeddings (there is no MLM head here)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..config import RunConfig
-from ..engine import Stage
-from ..model import RobertaMLM
+from ..runtime.engine import Stage
+from ..model.model import RobertaMLM
 from .common import mlm_batches, open_corpus, resolve_vocab, stage_flops
 
 

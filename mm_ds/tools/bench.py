@@ -45,9 +45,9 @@ from pathlib import Path
 
 import torch
 
-from .. import engine as eng
+from ..runtime import engine as eng
 from ..config import DataConfig, FinetuneConfig, MiniConfig, ModelConfig, RunConfig, TrainConfig, read_preset
-from ..peaks import measure_matmul_peak
+from ..runtime.peaks import measure_matmul_peak
 from ..systems import SYSTEMS
 from . import bench_host
 from .bench_report import print_report
@@ -178,7 +178,7 @@ class Stages:
 
 def run_engine_stage(stage: eng.Stage, micro_batch: int, warmup: int, steps: int, rank: int, world: int) -> dict:
     """The engine as `engine.train` builds it (`engine.build_engine`), and `engine.train_step` timed."""
-    from .. import ds_config as dsc
+    from ..runtime import ds_config as dsc
 
     built = eng.build_engine(stage, world)
     engine, geo = built.engine, built.geo
@@ -257,7 +257,7 @@ def evaluate_targets(results: dict, peer: dict, encode: dict | None, host: dict 
 # ----------------------------------------------------------------------------------------------- main
 
 def run(args) -> dict:
-    from .. import dist
+    from ..runtime import dist
     from ..data.mlm import MLMBatches
     from ..data.shards import TokenCorpus
 

@@ -4,7 +4,7 @@ On a GPU the host queues kernels ahead of the device and costs time only when it
 read of a device value: the loop has none outside log and checkpoint updates, tests/test_host_side.py) or
 cannot keep up. Per micro-step it must do two things faster than the device runs that micro-step:
 
-  loop     the training thread: take the next batch from the prefetcher (mm_ds/prefetch.py), issue its
+  loop     the training thread: take the next batch from the prefetcher (mm_ds/runtime/prefetch.py), issue its
            copies, the loop's bookkeeping, and the Python and dispatch work of forward, backward and (once per
            update, shared by its micro-steps) DeepSpeed's optimizer step;
   builder  the prefetcher's thread: pack and mask one micro-batch of the paper's shape.
@@ -30,8 +30,8 @@ from dataclasses import replace
 
 import torch
 
-from .. import flops
-from ..prefetch import Prefetcher
+from ..model import flops
+from ..runtime.prefetch import Prefetcher
 from .plan import Cluster
 
 PAPER_MICRO, PAPER_SEQ, PAPER_ACCUM = 32, 512, 8  # 2048 sequences per update on 8 GPUs: 32 x 8 accumulation
@@ -61,7 +61,7 @@ def loop_seconds(builder, name: str, updates: int, rank: int) -> float:
 
 
 def _loop_seconds(builder, name: str, updates: int, rank: int) -> float:
-    from .. import engine as eng
+    from ..runtime import engine as eng
 
     stage = builder.timed(name, updates + 1)
     stage.cfg.train = replace(stage.cfg.train, global_batch=PAPER_ACCUM * builder.micro_batch)

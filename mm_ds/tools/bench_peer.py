@@ -15,7 +15,7 @@ import time
 import torch
 
 from ..config import ModelConfig
-from ..ds_config import Geometry
+from ..runtime.ds_config import Geometry
 from ..tokens import PAD
 
 

@@ -12,8 +12,8 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .. import flops
-from ..phases import DepthSchedule
+from ..model import flops
+from ..runtime.phases import DepthSchedule
 from ..systems import system_of
 
 
@@ -66,7 +66,7 @@ def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = N
     """Steps 1, 1b and 2 of each system (label or config name) of an `mm-ds run` recipe, from its stage configs
     (`recipe.stage_configs`, parsed here unless given; the first target language's Step 2 stands for every
     language's), with `changes` applied to every stage."""
-    from ..recipe import stage_configs
+    from ..pipeline.recipe import stage_configs
 
     bad = [k for k in changes if k not in CHANGES]
     if bad:
@@ -89,7 +89,7 @@ def stage_run_costs(recipe, cfgs: dict, out: Path = Path("OUT")) -> list[tuple[s
     """Every stage run `mm-ds run` would launch (`recipe.stage_runs`: shared stages once, every language, every
     finetuning), with its cost rows: a multi-depth Step 2 has one per depth, MINIJOINT's Step 1b (an extraction)
     none. `cfgs`: `stage_configs(recipe, out)`."""
-    from ..recipe import stage_runs
+    from ..pipeline.recipe import stage_runs
 
     price, step3 = _Prices(recipe, cfgs, {}), finetune_costs(recipe, cfgs, out)
     rows = []
@@ -109,7 +109,7 @@ class _Prices:
         self.vocab = int(recipe.prepare.get("vocab_size", 50_000))
 
     def _row(self, label, primary, stage, kind, cfg, layers, trainable=None) -> StageCost:
-        from ..ds_config import global_batch
+        from ..runtime.ds_config import global_batch
 
         model = self.cfgs[f"pretrain/{primary}"].model
         row = StageCost(label, stage, kind, layers, trainable, cfg.train.steps, global_batch(cfg), cfg.data.seq_len,
@@ -166,10 +166,10 @@ def finetune_costs(recipe, cfgs: dict | None = None, out: Path = Path("OUT")) ->
     import dataclasses
     import math
 
-    from ..check import model_after
+    from ..pipeline.check import model_after
     from ..data.tasks import get_task
-    from ..ds_config import global_batch
-    from ..recipe import stage_configs
+    from ..runtime.ds_config import global_batch
+    from ..pipeline.recipe import stage_configs
 
     cfgs = stage_configs(recipe, out) if cfgs is None else cfgs
     by_dir = {(out / name).resolve(): cfg for name, cfg in cfgs.items()}
@@ -191,7 +191,7 @@ def finetune_costs(recipe, cfgs: dict | None = None, out: Path = Path("OUT")) ->
 
 def step2_phases(cfg, depths: tuple[int, ...], steps: int | None = None) -> list[tuple[int, int, int]]:
     """(depth, updates, checkpoints) of each phase of a Step 2 of `steps` updates (default: its config's), one
-    phase unless multi-depth (mm_ds/phases.py). A plateau schedule's split is known only after the run: it is
+    phase unless multi-depth (mm_ds/runtime/phases.py). A plateau schedule's split is known only after the run: it is
     estimated as equal shares. Checkpoints follow the config's own schedule."""
     steps = cfg.train.steps if steps is None else steps
     if len(depths) == 1:
@@ -224,7 +224,7 @@ def add_recipe_args(ap: argparse.ArgumentParser) -> None:
 
 def costs_from_args(a: argparse.Namespace, **extra) -> tuple[object, dict, list[StageCost]]:
     """(the recipe, its stage configs, their costs) as `add_recipe_args`' arguments ask."""
-    from ..recipe import load_recipe, stage_configs
+    from ..pipeline.recipe import load_recipe, stage_configs
 
     changes = {k: v for k, v in dict(steps=a.steps, global_batch=a.batch, seq_len=a.seq, **extra).items()
                if v is not None}

@@ -21,7 +21,8 @@ import typing
 from importlib import resources
 from pathlib import Path
 
-from .. import config, ds_config
+from .. import config
+from ..runtime import ds_config
 from ..config import ConfigError, did_you_mean
 from ..config import recipe_names
 from ..systems import STAGES

@@ -6,7 +6,7 @@
 
 Per optimizer step of each stage:
 
-compute   the paper's analytic FLOPs (mm_ds.flops: A1, A1 + second head, A3, A4) / (GPUs x peak x MFU).
+compute   the paper's analytic FLOPs (mm_ds.model.flops: A1, A1 + second head, A3, A4) / (GPUs x peak x MFU).
 comm      data-parallel traffic per GPU: the collectives DeepSpeed 0.19.8 makes in one update (read in its source,
           recorded on 2 CPU ranks by tests/test_reduction_dtype.py), T trainable and P parameters, A micro-steps:
           ZeRO-0 all-reduces T gradients; ZeRO-1 (BF16_Optimizer under bf16) too, then all-gathers the T new
@@ -24,7 +24,7 @@ disk      an engine checkpoint holds the weights in the training dtype plus, for
           fp32 master weights and two Adam moments (12 bytes each); final/ holds fp32 weights. The
           checkpoint schedule is each stage's (train.checkpoint_steps, every train.checkpoint_every, the last).
 
-Parameter counts are mm_ds.model's (`param_count`: FFN 4h, positions s+2, tied output projection, a bias of V
+Parameter counts are mm_ds.model.model's (`param_count`: FFN 4h, positions s+2, tied output projection, a bias of V
 per head). The model is mm_ds/tools/plan_model.py's.
 
 The table prices each system's stages once (one language's Step 2). The totals (mm_ds/tools/plan_totals.py) price
@@ -48,7 +48,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .. import flops as F
+from ..model import flops as F
 from .costs import add_recipe_args, costs_from_args
 from .plan_model import (BYTES, PERSISTENCE, RING, Cluster, ParamCount, StagePlan, collectives_per_step,  # noqa: F401
                          comm_bytes_per_step, plan_stages, stage_params)
@@ -69,13 +69,13 @@ class EvalPlan:
 
 
 def plan_evaluation(recipe, cluster: Cluster, cfgs: dict | None = None) -> EvalPlan:
-    """Step 4 of a pipeline recipe (`mm-ds run`'s units, mm_ds/stages/transfer.py) on the cluster: per task, the
+    """Step 4 of a pipeline recipe (`mm-ds run`'s units, mm_ds/eval/transfer.py) on the cluster: per task, the
     languages it covers, every Step-2 checkpoint of each system when the recipe draws curves (the adapt stage's
     checkpoint schedule) plus a control, and the source language once per primary model, each scored by every
     seed's finetuned model on the official test set's size (mm_ds/data/tasks.py) at the task's full sequence
     length (an upper bound: evaluation batches by length). Forward passes only, at the plan's MFU."""
     from ..data.tasks import get_task
-    from ..recipe import primaries, stage_configs
+    from ..pipeline.recipe import primaries, stage_configs
     from ..systems import system_of
 
     cfgs = stage_configs(recipe) if cfgs is None else cfgs

@@ -8,15 +8,15 @@ import math
 from dataclasses import dataclass
 
 from ..config import ModelConfig
-from ..ds_config import reduction_dtype
-from ..model import LANGUAGE_PARAMS, param_count, param_shapes
-from ..surgery import minipost_trainable
+from ..runtime.ds_config import reduction_dtype
+from ..model.model import LANGUAGE_PARAMS, param_count, param_shapes
+from ..model.surgery import minipost_trainable
 from .costs import StageCost
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
-# ---------------------------------------------------------------- parameter counts (mm_ds.model's layout)
+# ---------------------------------------------------------------- parameter counts (mm_ds.model.model's layout)
 
 PERSISTENCE = 100_000  # ZeRO-3 keeps smaller parameters whole (DeepSpeed's stage3_param_persistence_threshold)
 

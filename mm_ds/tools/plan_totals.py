@@ -4,7 +4,7 @@ Every stage run of `recipe.stage_runs` is priced once (the pretraining MINIPOST 
 every target language's Step 2; every finetuning), as it will run:
 
     Steps 1, 1b, 2   one after another, each data-parallel on every GPU (mm_ds/tools/plan_model.py `plan_stages`)
-    Step 3           single-GPU runs, as many at once as there are GPUs, longest first (mm_ds/pack.py): its
+    Step 3           single-GPU runs, as many at once as there are GPUs, longest first (mm_ds/pipeline/pack.py): its
                      time is that schedule's makespan, at the plan's MFU on one GPU with no communication
     Step 4           the evaluation units over every GPU (`plan_evaluation`)
     alignment check  two forward passes (mini-model, primary model) of the held-out sequences per Step-2
@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from .. import flops as F
+from ..model import flops as F
 
 STEPS = {"pretrain": "Step 1", "build_mini": "Step 1b", "adapt": "Step 2", "finetune": "Step 3"}
 
@@ -83,7 +83,7 @@ def recipe_totals(recipe, cfgs: dict, cluster, evaluation) -> list[StepTotal]:
 
 
 def plan_alignment(recipe, cfgs: dict, cluster) -> StepTotal | None:
-    """The alignment check `mm-ds run` ends with (mm_ds/align.py): each mini-model system's Step-2 checkpoints of
+    """The alignment check `mm-ds run` ends with (mm_ds/eval/align.py): each mini-model system's Step-2 checkpoints of
     every target language with held-out text (the recipe's `heldout`, or a generated world's), and their
     initialisation, each scored as the mini-model and as the primary model over `align_sequences` sequences."""
     from ..systems import system_of
@@ -109,8 +109,8 @@ def refusals(recipe, cfgs: dict, gpus: int) -> list[str]:
     """What `mm-ds run --check` would refuse about the cluster's size: each stage run's batch geometry on `gpus`
     ranks (one for the single-device runs of Step 3), grouped by message."""
     from ..config import ConfigError
-    from ..ds_config import geometry
-    from ..recipe import PACKED
+    from ..runtime.ds_config import geometry
+    from ..pipeline.recipe import PACKED
 
     grouped: dict[str, list[str]] = {}
     for name, cfg in cfgs.items():

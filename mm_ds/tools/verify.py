@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import checkpoint
+from ..runtime import checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,8 +25,8 @@ import torch
 import yaml
 
 from gpu_checks import attention_calls, frozen_mismatches, fused_attention_problems, sdpa_backend
-from mm_ds import checkpoint
-from mm_ds.model import LANGUAGE_PARAMS, is_language_param
+from mm_ds.runtime import checkpoint
+from mm_ds.model.model import LANGUAGE_PARAMS, is_language_param
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs CUDA GPUs: run `make test-gpu` on a GPU machine")]
@@ -65,19 +65,19 @@ def test_base_pretraining_with_fused_adam_over_nccl(corpus, tmp_path, precision,
     assert (meta["precision"], meta["world_size"]) == (precision, NGPU)
     name = torch.cuda.get_device_name()
     if rows[-1]["mfu"] != rows[-1]["mfu"]:  # last: everything above holds whatever the GPU
-        pytest.skip(f"MFU is NaN: {name!r} is not in mm_ds/peaks.py's GPU_PEAK_TFLOPS (set peak_tflops=...)")
+        pytest.skip(f"MFU is NaN: {name!r} is not in mm_ds/runtime/peaks.py's GPU_PEAK_TFLOPS (set peak_tflops=...)")
     assert 0.0 < rows[-1]["mfu"] < 1.0, rows[-1]
 
 
 def test_sdpa_default_dispatch_on_real_mlm_batches(corpus):
-    """mm_ds/model.py's CUDA path is F.scaled_dot_product_attention with the batch's padding mask (key_mask, bool
+    """mm_ds/model/model.py's CUDA path is F.scaled_dot_product_attention with the batch's padding mask (key_mask, bool
     (B, 1, 1, T)) and dropout 0.1 in training. Flash attention takes no mask and cuDNN's dropout must be a multiple
     of 1/16, so real batches should get memory-efficient attention, a batch without padding flash attention:
     whatever torch picks, it must not be the math fallback, and the fused kernels must run forward and backward."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from mm_ds import config
-    from mm_ds.ds_config import Geometry
+    from mm_ds.runtime.ds_config import Geometry
     from mm_ds.stages import pretrain
 
     cfg = config.load("paper/bl_base", overrides=[f"data.corpus={corpus}", "model.vocab_size=null", "data.seq_len=128",

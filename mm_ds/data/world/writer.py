@@ -176,7 +176,7 @@ def generate_world(out_dir: str | Path, *, seed: int = 0, languages: Sequence[st
 
 
 HELDOUT = "heldout"
-"""world/heldout/<lang>.txt: held-out raw text (the alignment check, mm_ds/align.py); not in world.json's files."""
+"""world/heldout/<lang>.txt: held-out raw text (the alignment check, mm_ds/eval/align.py); not in world.json's files."""
 
 
 def write_heldout(world_dir: str | Path, lang: str, sentences: int = 2000) -> Path:

@@ -1,0 +1,269 @@
+"""`mm-ds run RECIPE --check`: what a launch would validate, for every stage of the plan, before any of it runs.
+
+Without data, parents, ports or training: each stage's preset and override keys (the stage's own parser and
+config checks), its batch geometry at the recipe's world size, its engine config through DeepSpeed's parser,
+the architecture it inherits (a mini-model shallower than its primary, a second head for MINIJOINT, sequence
+length within the parent's positions), the launcher settings, which task is evaluated in which language (and
+the gaps), the task and text files when they are there, and that the output directory can be written.
+`mm-ds run` runs the same check, strictly (the data must be there), before its first stage: a recipe never
+fails after days of training for a reason knowable at the start.
+"""
+
+from __future__ import annotations
+
+import glob
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import ConfigError, ModelConfig, RunConfig
+from ..runtime.phases import schedule_for
+from ..systems import MINI_SYSTEMS, system_of
+
+PREPARED = "meta.json"  # `mm-ds prepare` writes it last: a prepared corpus needs no text inputs
+
+
+@dataclass
+class Report:
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    """(where: a stage run, an evaluation or the recipe, what is wrong and how to fix it)."""
+    gaps: dict[str, list[str]] = field(default_factory=dict)
+    """task -> languages of the recipe it is not evaluated in (the results show a gap)."""
+    notes: list[str] = field(default_factory=list)
+    stages: int = 0
+
+    def add(self, where: str, message: str) -> None:
+        if (where, message) not in self.problems:
+            self.problems.append((where, message))
+
+    def format(self) -> str:
+        lines = []
+        # The same message for many runs (e.g. every finetuning run of a preset) is printed once.
+        grouped: dict[str, list[str]] = {}
+        for where, msg in self.problems:
+            grouped.setdefault(msg, []).append(where)
+        for msg, wheres in grouped.items():
+            more = f" (and {len(wheres) - 1} more like it)" if len(wheres) > 1 else ""
+            lines.append(f"  {wheres[0]}{more}: {msg}")
+        head = (f"{len(self.problems)} problem(s) in {len(grouped)} kind(s):" if self.problems
+                else f"ok: {self.stages} stage runs can start")
+        out = [head, *lines]
+        if self.gaps:
+            out.append("gaps (no such task data in that language; its Table 2 has no column for it): " +
+                       "; ".join(f"{t}: {' '.join(ls)}" for t, ls in self.gaps.items()))
+        out += [f"note: {n}" for n in self.notes]
+        return "\n".join(out)
+
+
+def check(recipe, out: Path, strict: bool) -> Report:
+    """Every problem of running `recipe` into `out`. strict (`mm-ds run`): data must be present; otherwise
+    (`--check`) data that is absent here is a note, data that is partly there a problem."""
+    from .recipe import stage_runs
+
+    report = Report()
+    _check_out(out, report)
+    _check_coverage(recipe, report)
+    _check_data(recipe, out, strict, report)
+    try:
+        nodes = stage_runs(recipe, out)
+    except ConfigError as e:
+        report.add("recipe", str(e))
+        return report
+    configs = check_stages(nodes, report)
+    vocab = int(recipe.prepare.get("vocab_size", 50_000))  # `mm-ds prepare`'s default
+    for node in nodes:
+        cfg = configs.get(node.out.resolve())
+        if cfg is not None and cfg.stage == "pretrain" and cfg.model.vocab_size not in (None, vocab):
+            report.add(node.name.split("/", 1)[1], f"model.vocab_size={cfg.model.vocab_size} but the recipe "
+                       f"prepares {vocab}-piece tokenizers (prepare.vocab_size); set model.vocab_size=null to "
+                       f"take it from the tokenizer")
+    return report
+
+
+def check_stages(nodes, report: Report, known: dict[Path, RunConfig] | None = None) -> dict[Path, RunConfig]:
+    """Each stage run of a plan, in order, statically (`_stage`); returns their configs by resolved run
+    directory. `known`: configs of parents that are no stage of the plan (an imported model), so that what a
+    stage inherits is checked against them too."""
+    report.stages += len(nodes)
+    configs: dict[Path, RunConfig] = dict(known or {})
+    for node in nodes:
+        cfg = _stage(node, configs, report)
+        if cfg is not None:
+            configs[node.out.resolve()] = cfg
+    return configs
+
+
+# ---------------------------------------------------------------- the output directory
+
+def _check_out(out: Path, report: Report) -> None:
+    from ..runtime.checkpoint import unwritable
+
+    problem = unwritable(out)
+    if problem:
+        report.add("--out", problem)
+
+
+# ---------------------------------------------------------------- tasks x languages
+
+def _check_coverage(recipe, report: Report) -> None:
+    langs = [recipe.source_lang, *recipe.langs]
+    for task in recipe.tasks:
+        missing = [lang for lang in langs if lang not in recipe.evaluated(task)]
+        if missing:
+            report.gaps[task] = missing
+    for lang in recipe.langs if recipe.tasks else []:  # no tasks: measured at the MLM level only
+        if not any(lang in recipe.evaluated(t) for t in recipe.tasks):
+            report.add("recipe", f"no task of the recipe is evaluated in {lang!r} ({', '.join(recipe.tasks)}); "
+                                 f"add a task that covers it, or list it under coverage: if you have its files")
+
+
+def _check_data(recipe, out: Path, strict: bool, report: Report) -> None:
+    from ..data.tasks import HUB, TaskDataError, find_local, get_task, hub_source, is_hub
+    from .recipe import data_path, task_root, text_inputs
+
+    for lang, file in recipe.heldout.items():  # read at the very end of a run: a missing one must fail now
+        if not data_path(recipe, file).is_file():
+            if strict:
+                report.add(f"align/{lang}", f"held-out text {data_path(recipe, file)} does not exist; fix heldout.{lang} "
+                                            f"in the recipe, or remove it (then {lang} gets no alignment check)")
+            else:
+                report.notes.append(f"held-out text {data_path(recipe, file)} is not here (`mm-ds run` checks it)")
+    if recipe.world is not None:
+        report.notes.append("data is generated by the run (world:), so there are no files to check")
+        return
+    relative = [p for p in [*(i for v in recipe.text.values() for i in v), recipe.task_root, *recipe.heldout.values()]
+                if p and not p.startswith("hf:") and not is_hub(p) and not Path(p).is_absolute()]
+    if relative or recipe.rehearsal:  # resolved here exactly as the run resolves them (recipe.data_path)
+        report.notes.append(f"relative paths of the recipe (text, task_root, heldout) start at data_root="
+                            f"{recipe.data_root or Path.cwd()}")
+    if recipe.rehearsal:  # the evaluation files are linked from data_root; the English ones are made from it
+        from ..data import rehearsal
+        root = data_path(recipe, "")
+        missing = rehearsal.missing_sources(root) if root.is_dir() else []
+        for m in missing:
+            report.add("rehearsal", f"{m} is missing; the rehearsal's task files are made from it")
+    else:
+        root = task_root(recipe, out)
+    hub = is_hub(root)
+    if hub:  # the dataset, config and split each (task, language) reads are known here; whether they download is not
+        import importlib.util
+        if importlib.util.find_spec("datasets") is None:
+            report.add("recipe", f"task_root: {HUB} loads the task data through the `datasets` package, which is "
+                                 f"not installed (pip install datasets), or point task_root at the task files")
+        report.notes.append(f"task_root: {HUB}: task data is read from the Hugging Face hub through datasets at run "
+                            f"time (needs a network or a populated datasets cache); the splits' names are checked, "
+                            f"not that they can be fetched")
+    if not hub and not root.is_dir() and not strict:
+        report.notes.append(f"task files not checked: {root} is not here (`mm-ds run` checks them before it starts)")
+    else:
+        for task in recipe.tasks:
+            spec = get_task(task)
+            split = recipe.split(task)
+            if split not in spec.eval_splits:
+                report.add(f"evaluate/{task}", f"{task} has no {split!r} split (it has {', '.join(spec.eval_splits)});"
+                                               f" set eval_splits: {{{task}: {spec.eval_splits[-1]}}}")
+                continue
+            wanted = [] if recipe.rehearsal else [("train", "en", f"finetune/{task}")]
+            wanted += [(split, lang, f"evaluate/{task}/{lang}") for lang in recipe.evaluated(task)]
+            for sp, lang, where in wanted:
+                try:
+                    if hub:
+                        hub_source(spec, sp, lang)
+                    else:
+                        find_local(spec, sp, lang, root)
+                except TaskDataError as e:
+                    report.add(where, f"{e}; or leave {lang} out of coverage.{task}" if sp != "train" else str(e))
+    absent, inputs = [], 0
+    for lang in [recipe.source_lang, *recipe.langs]:
+        if (out / "data" / lang / PREPARED).is_file():
+            continue
+        for pattern in text_inputs(recipe, lang):
+            inputs += 1
+            if not pattern.startswith("hf:") and not glob.glob(pattern):
+                absent.append((lang, pattern))
+    if absent and not strict and len(absent) == inputs:
+        report.notes.append(f"text inputs not checked: none of them is here (e.g. {absent[0][1]}); `mm-ds run` "
+                            f"refuses to start without them")
+    else:
+        for lang, pattern in absent:
+            report.add(f"prepare/{lang}", f"text input {pattern!r} matches no file; fix text.{lang} in the recipe"
+                                          f"{' (or data_root)' if recipe.data_root else ''}")
+
+
+# ---------------------------------------------------------------- one stage run, statically
+
+def _stage(node, configs: dict[Path, RunConfig], report: Report) -> RunConfig | None:
+    from ..runtime import ds_config, launch
+    from ..cli import stage_config
+
+    where = node.name.split("/", 1)[1]  # the run directory under --out
+    try:
+        _, cfg = stage_config(node.argv[0], node.argv[1:])
+    except ConfigError as e:
+        report.add(where, str(e))
+        return None
+    except SystemExit:
+        report.add(where, f"`mm-ds {' '.join(node.argv[:2])} ...` does not parse its arguments")
+        return None
+    for what, fn in (("engine config", lambda: ds_config.resolve(cfg, cfg.launch.world_size, on_this_machine=False)),
+                     ("launch", lambda: _launcher(cfg, launch)),
+                     ("model", lambda: _inherited(cfg, configs))):
+        try:
+            fn()
+        except ConfigError as e:
+            report.add(where, str(e))
+    return cfg
+
+
+def _launcher(cfg: RunConfig, launch) -> None:
+    """Launcher settings as `launch.preflight` checks them, but no port is bound and no address resolved:
+    the check may run on a login node."""
+    lc = cfg.launch
+    if lc.launcher == "none":
+        if lc.ranks != 1:
+            raise ConfigError("launch.launcher=none runs a single process; set launch.ranks=1")
+        return
+    launch.check_hosts(lc)  # the hostfile, and no loopback master address on several nodes
+    launch.command(lc, ["noop"])  # the executable exists; several nodes have a hostfile
+
+
+def _inherited(cfg: RunConfig, configs: dict[Path, RunConfig]) -> None:
+    """What a stage takes from its parent, from the parent stage's config in the same plan."""
+    if cfg.stage == "pretrain" or not cfg.parent:
+        return
+    parent = configs.get(Path(cfg.parent).resolve())
+    if parent is None:
+        return  # an existing run given as parent: its checkpoint is checked at launch
+    pm = model_after(parent, configs)
+    if cfg.stage == "build_mini":
+        kind = system_of(cfg.system).mini
+        if kind is None:
+            raise ConfigError(f"build-mini is for {' or '.join(MINI_SYSTEMS)}, not system={cfg.system!r}")
+        if kind == "extract" and pm.secondary_head_layer is None:
+            raise ConfigError(f"the parent ({parent.system} pretraining) has no second head; MINIJOINT's mini-model "
+                              f"is cut from a model pretrained with model.secondary_head_layer=N")
+        if kind == "build" and not 0 < cfg.mini.layers < pm.num_layers:
+            raise ConfigError(f"mini.layers={cfg.mini.layers} must lie in [1, {pm.num_layers}) (the parent's layers)")
+    if cfg.stage in ("build_mini", "adapt") and cfg.data.seq_len > pm.max_positions:
+        raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the parent's model.max_positions="
+                          f"{pm.max_positions}")
+    if cfg.stage == "adapt":
+        want = system_of(cfg.system).adapts_over
+        if parent.stage != want:
+            raise ConfigError(f"{cfg.system} adapts over a {want} run, but its parent is a {parent.stage} run")
+        try:
+            schedule_for((*pm.secondary_depths, pm.num_layers), cfg.train.steps, cfg.mini)
+        except ValueError as e:
+            raise ConfigError(f"adapt/{cfg.system}: {e}") from None
+
+
+def model_after(cfg: RunConfig, configs: dict[Path, RunConfig]) -> ModelConfig:
+    """The model a stage hands on (its final/), from the configs alone. Later stages take their architecture
+    from their parent, not from their own preset."""
+    if cfg.stage == "pretrain" or Path(cfg.parent).resolve() not in configs:
+        return cfg.model
+    m = model_after(configs[Path(cfg.parent).resolve()], configs)
+    if cfg.stage != "build_mini":
+        return m
+    depths = system_of(cfg.system).adapted_depths(m, cfg.mini) or (m.num_layers,)
+    # a multi-depth mini-model keeps a secondary head after each shallower depth (surgery.extract_minijoint)
+    return ModelConfig(**{**m.__dict__, "num_layers": depths[-1], "secondary_head_layer": list(depths[:-1]) or None})

@@ -1,0 +1,333 @@
+"""A recipe: what `mm-ds run` runs (systems, target languages, tasks, seeds, data, a preset per stage), and the
+stage runs it makes, in dependency order.
+
+A recipe is a packaged `presets/recipes/NAME.yaml` or a YAML file. Its stage runs are `mm-ds <stage>` command
+lines; `stage_configs` parses them exactly as the stages would, so the recipe check, `mm-ds flops` and
+`mm-ds plan` see what a run would run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from ..config import ConfigError, check_numbers, did_you_mean, from_dict, recipe_names
+from ..data.tasks import HUB, TASKS, is_hub
+from ..systems import STAGES, SYSTEMS, SystemNameError, sort_key, system_of
+
+
+@dataclass
+class Recipe:
+    """What to run. Stage presets may use {system}; overrides are key=value lists per stage."""
+
+    systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
+    langs: list[str] = field(default_factory=list)
+    """Target languages."""
+    tasks: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [1])
+    """Finetuning seeds (paper: 5); scores are averaged over them."""
+    source_lang: str = "en"
+    world: dict | None = None
+    """Generate the synthetic world first (keyword arguments of mm_ds.data.world.generate_world)."""
+    text: dict = field(default_factory=dict)
+    """lang -> list of input files/globs for `mm-ds prepare` (real data). The world provides its own."""
+    task_root: str = ""
+    """Directory with the task files in the official layout (the world's, when generated), or `hub`: every
+    split from the Hugging Face hub through `datasets` (needs a network or a populated datasets cache)."""
+    data_root: str = ""
+    """Where relative `text` inputs, `task_root` and `heldout` files start. Default: the recipe file's folder (a
+    packaged recipe's: the working directory, e.g. the rehearsal's ../shared/data beside the checkout); a relative
+    data_root starts there too, also from `--set`. `load_recipe` makes it absolute, so that `--check`, the run and
+    every rank resolve each path alike."""
+    rehearsal: bool = False
+    """Make the task files from the public data under data_root (../shared/data's layout), English training
+    sets included (mm_ds/data/rehearsal.py): the real-data rehearsal of the paper recipe."""
+    eval_examples: int | None = None
+    """Evaluate on the first N examples of each evaluation file only (quick runs; the paper: all)."""
+    prepare: dict = field(default_factory=dict)
+    """Options of `mm-ds prepare` (vocab_size, model_type, sample_sentences, heldout). Real text gets a held-out
+    slice by default (heldout: HELDOUT, for the alignment check; a generated world brings its own held-out text)."""
+    presets: dict = field(default_factory=dict)
+    """stage -> preset name: pretrain, build_mini, adapt, finetune."""
+    overrides: dict = field(default_factory=dict)
+    """stage -> list of key=value applied after the preset. `<stage>/<system>` keys apply to one system's runs
+    of that stage after the stage's (e.g. adapt/bl_base: the paper checkpoints BL_BASE's Step 2 more often);
+    `finetune/<task>` keys to one task's finetuning, last (tasks differ in how many updates they need)."""
+    launch: dict = field(default_factory=dict)
+    """launch.* overrides for every data-parallel stage (ranks, launcher, master_port), and the launch whose ranks
+    run Step 3's single-device runs several at once (mm_ds/pipeline/pack.py)."""
+    mode: str = "per_stage"
+    """per_stage: each stage its own launch (clusters: per-stage resources, logs, retries); one_job: a
+    single launch whose ranks run every stage in order (small runs, where start-up would dominate)."""
+    curve: bool = False
+    """Score every Step-2 checkpoint (training curves), not only the final one."""
+    english_minis: bool = False
+    """Also finetune each mini-model (Step 1b's final/) on the English tasks and score it in English, beside the
+    primary models (§5.3, Table 5: does dual-head pretraining hurt either?)."""
+    align_sequences: int = 64
+    """Held-out target sequences per Step-2 checkpoint for the alignment check and the MLM-level measure
+    (mm_ds/eval/align.py: MLM of the primary model with each checkpoint's embeddings, and of the mini-model;
+    report/align.md, report/mlm/); 0: no check. A recipe without tasks is measured at the MLM level only."""
+    heldout: dict = field(default_factory=dict)
+    """lang -> held-out target text (a file Step 2 does not train on) for the alignment check, over the prepared
+    corpus's held-out slice (`prepare.heldout`) or the generated world's (world/heldout/<lang>.txt)."""
+    eval_split: str = "test"
+    eval_splits: dict = field(default_factory=dict)
+    """task -> evaluation split, over eval_split (e.g. {mlqa: dev} where only MLQA's dev files are at hand)."""
+    coverage: dict = field(default_factory=dict)
+    """task -> the languages it is evaluated in (source language included). Default: the languages the task
+    table gives the official data set (mm_ds/data/tasks.py), or every language of a generated world. A task
+    is not evaluated in a recipe language it does not cover: the results show a gap, not an error."""
+
+    def evaluated(self, task: str) -> list[str]:
+        """The recipe's languages (source first) that `task` is evaluated in."""
+        langs = [self.source_lang, *self.langs]
+        if task in self.coverage:
+            return [lang for lang in langs if lang in self.coverage[task]]
+        if self.world is not None:
+            return langs
+        return [lang for lang in langs if lang in TASKS[task].languages]
+
+    def split(self, task: str) -> str:
+        return self.eval_splits.get(task, self.eval_split)
+
+    def check(self, where: str) -> None:
+        for s in self.systems:
+            try:
+                system_of(s)
+            except SystemNameError as e:
+                raise ConfigError(f"{where}: systems: {e}") from None
+        self.systems = [system_of(s).name for s in self.systems]  # minijoint@02 -> minijoint@2: one run dir
+        if len(set(self.systems)) < len(self.systems):
+            raise ConfigError(f"{where}: systems lists a system twice: {self.systems}")
+        bad = [t for t in self.tasks if t not in TASKS]
+        if bad:
+            raise ConfigError(f"{where}: unknown task(s) {bad}{did_you_mean(bad[0], TASKS)}; choose from "
+                              f"{', '.join(TASKS)}")
+        if not self.langs:
+            raise ConfigError(f"{where}: a recipe needs at least one target language (langs)")
+        if not self.tasks and not self.align_sequences:
+            raise ConfigError(f"{where}: a recipe needs a task (tasks), or the MLM-level measure (align_sequences > 0) "
+                              f"to measure its target languages by")
+        if self.world is None:
+            missing = [lang for lang in [self.source_lang, *self.langs] if lang not in self.text]
+            if missing:
+                raise ConfigError(f"{where}: no text inputs for language(s) {missing}; add them under text:")
+            if self.tasks and not self.task_root and not self.rehearsal:
+                raise ConfigError(f"{where}: task_root is unset (the directory with the task files)")
+        else:
+            from ..data.world import PRESETS
+            bad = [lang for lang in self.langs if lang not in PRESETS]
+            if bad:
+                raise ConfigError(f"{where}: language(s) {bad} are not generated-world languages "
+                                  f"({', '.join(PRESETS)})")
+            if self.rehearsal:
+                raise ConfigError(f"{where}: world (generated data) and rehearsal (real data) exclude each other")
+        try:  # prepare: and world: are passed on as they are; typed here only to be checked
+            check_numbers(vars(self) | {"prepare": from_dict(PrepareKeys, self.prepare, prefix="prepare."),
+                                        "world": from_dict(WorldKeys, self.world or {}, prefix="world.")}, RANGES)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        bad = [lang for lang in self.heldout if lang not in self.langs]
+        if bad:
+            raise ConfigError(f"{where}: heldout.{bad[0]} is not a target language of the recipe ({', '.join(self.langs)})")
+        for key in ("coverage", "eval_splits"):
+            bad = [t for t in getattr(self, key) if t not in TASKS]
+            if bad:
+                raise ConfigError(f"{where}: {key}.{bad[0]} is not a task; choose from {', '.join(TASKS)}")
+        for task, langs in self.coverage.items():
+            if not isinstance(langs, list):
+                raise ConfigError(f"{where}: coverage.{task} must be a list of languages, got {langs!r}")
+        from ..config import LaunchConfig
+        launch = from_dict(LaunchConfig, self.launch, prefix="launch.")  # types, before any data work
+        launch.check()
+        self.launch = {k: getattr(launch, k) for k in self.launch}
+        if self.mode not in ("per_stage", "one_job"):
+            raise ConfigError(f"{where}: mode={self.mode!r}; use per_stage or one_job")
+        for stage in ("pretrain", "adapt", *(["finetune"] if self.tasks else [])):  # no tasks, no Step 3
+            if stage not in self.presets:
+                raise ConfigError(f"{where}: presets.{stage} is unset")
+        for k in self.overrides:
+            stage, _, which = k.partition("/")
+            named = which in SYSTEMS or which in self.systems or stage == "finetune" and which in TASKS
+            if stage not in STAGES or which and not named:
+                raise ConfigError(f"{where}: overrides.{k} names no stage; use {', '.join(STAGES)}, "
+                                  f"<stage>/<system> with a system of {', '.join(SYSTEMS)} or of the recipe, or "
+                                  f"finetune/<task> with a task of {', '.join(TASKS)}")
+            if not isinstance(self.overrides[k], list):
+                raise ConfigError(f"{where}: overrides.{k} must be a list of key=value strings")
+
+
+@dataclass
+class PrepareKeys:
+    """A recipe's `prepare:`: options of `mm-ds prepare` for every language (unset: prepare's defaults)."""
+    vocab_size: int | None = None
+    character_coverage: float | None = None
+    sample_sentences: int | None = None
+    model_type: str | None = None
+    seed: int | None = None
+    workers: int | None = None
+    spm_model: str | None = None
+    heldout: float | None = None
+
+
+@dataclass
+class WorldKeys:
+    """A recipe's `world:`: keyword arguments of mm_ds.data.world.generate_world (unset: its defaults)."""
+    seed: int | None = None
+    sentences: int | None = None
+    target_sentences: int | None = None
+    task_sizes: dict[str, int] | None = None
+    compress: bool | None = None
+
+
+RANGES = {
+    # key: the interval its values lie in (each item, for a list; each entry, for a mapping); every number is also
+    # finite (mm_ds.config.check_numbers). launch.* are LaunchConfig's (mm_ds.config.RANGES); the stages' keys are
+    # checked where each stage's config is read.
+    "seeds": "[0, inf)", "eval_examples": "[1, inf)", "align_sequences": "[0, inf)",
+    "world.seed": "[0, inf)", "world.sentences": "[1, inf)", "world.target_sentences": "[1, inf)",
+    "world.task_sizes": "[1, inf)",
+    "prepare.vocab_size": "[6, inf)", "prepare.character_coverage": "(0, 1]", "prepare.sample_sentences": "[1, inf)",
+    "prepare.seed": "[0, inf)", "prepare.workers": "[1, inf)", "prepare.heldout": "[0, 1)",
+}
+
+
+HELDOUT = 0.02
+"""The share of each language's lines a real-text recipe holds out of training by default (`prepare.heldout`)."""
+
+
+def prepare_options(recipe: Recipe) -> dict:
+    """`mm-ds prepare`'s options for every language of the recipe: its `prepare`, with a held-out slice for real
+    text unless it says otherwise (a generated world writes its own held-out text; its shards stay as they were)."""
+    return ({} if recipe.world is not None else {"heldout": HELDOUT}) | recipe.prepare
+
+
+
+def load_recipe(name: str, sets: list[str] = ()) -> Recipe:
+    """A packaged recipe or a YAML file, with `key=value` changes (`mm-ds run --set`, `--launch`) applied."""
+    from ..config import apply_overrides
+
+    path, base = Path(name), Path(name).absolute().parent  # where the recipe's relative paths start
+    if not path.is_file():
+        packaged = resources.files("mm_ds") / "presets" / "recipes" / f"{name}.yaml"
+        if not packaged.is_file():
+            raise ConfigError(f"recipe {name!r} is neither a file nor a packaged recipe "
+                              f"({', '.join(recipe_names())}){did_you_mean(name, recipe_names())}")
+        path, base = Path(str(packaged)), Path.cwd()
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {path} must hold a mapping of keys, got {type(data).__name__}")
+    recipe = from_dict(Recipe, apply_overrides(data, list(sets)))
+    recipe.check(str(path) + (f" with {' '.join(sets)}" if sets else ""))
+    recipe.data_root = os.path.abspath(base / recipe.data_root)
+    return recipe
+
+
+@dataclass
+class StageRun:
+    """One run of a training stage: its name (`stage/run dir under OUT`), run directory and command line."""
+    name: str
+    out: Path
+    argv: list[str]
+    """mm-ds arguments; run as `python -m mm_ds.cli ARGV`."""
+    packed: bool = False
+    """A single-device run, packed with others onto the launch's devices (`PACKED`), not data-parallel."""
+
+
+PACKED = ("finetune",)
+"""Stages of many small independent runs (Step 3: every primary model x task x seed, 60 in the paper recipe): each
+runs on one device with the paper's batch, several at once on the launch's devices (mm_ds/pipeline/pack.py)."""
+ONE_DEVICE = ["launch.launcher=none", "launch.ranks=1", "launch.nodes=1"]
+
+
+def stage_runs(recipe: Recipe, out: Path) -> list[StageRun]:
+    """Every training stage in dependency order (each node's parents come before it)."""
+    data = out / "data"
+    launch = [f"launch.{k}={v}" for k, v in recipe.launch.items()]
+    runs: list[StageRun] = []
+
+    def stage(kind: str, run: Path, system: str, lang: str, parent: Path | None, extra: list[str]) -> None:
+        row = system_of(system)  # a variant takes its row's presets and overrides, then its own, then its depth
+        preset = recipe.presets.get(kind, "").format(system=row.base)
+        own = [*recipe.overrides.get(f"{kind}/{row.base}", [])] + (
+            recipe.overrides.get(f"{kind}/{system}", []) if system != row.base else [])
+        argv = [kind.replace("_", "-"), "--preset", preset, "--out", str(run), f"system={system}", f"lang={lang}",
+                *(ONE_DEVICE if kind in PACKED else launch), *recipe.overrides.get(kind, []), *own,
+                *row.overrides(kind), *extra]
+        if parent is not None:
+            argv.append(f"parent={parent}")
+        runs.append(StageRun(f"{kind}/{run.relative_to(out)}", run, argv, kind in PACKED))
+
+    for p in primaries(recipe):
+        stage("pretrain", out / "pretrain" / p, p, recipe.source_lang, None, [f"data.corpus={data / recipe.source_lang}"])
+    for s in recipe.systems:
+        if system_of(s).mini:
+            stage("build_mini", out / "build_mini" / s, s, recipe.source_lang, out / "pretrain" / system_of(s).primary,
+                  [f"data.corpus={data / recipe.source_lang}"])
+    for s in recipe.systems:
+        parent = out / "build_mini" / s if system_of(s).mini else out / "pretrain" / system_of(s).primary
+        for lang in recipe.langs:
+            stage("adapt", out / "adapt" / s / lang, s, lang, parent, [f"data.corpus={data / lang}"])
+    def finetune(model: str, system: str, parent: Path) -> None:
+        for task in recipe.tasks:
+            for seed in recipe.seeds:
+                stage("finetune", out / "finetune" / model / task / f"seed{seed}", system, recipe.source_lang,
+                      parent, [f"finetune.task={task}", f"train.seed={seed}",
+                               f"finetune.data_root={task_root(recipe, out)}",
+                               *recipe.overrides.get(f"finetune/{task}", [])])
+
+    for p in primaries(recipe):
+        finetune(p, p, out / "pretrain" / p)
+    for s in minis_in_english(recipe):
+        finetune(f"{MINI_DIR}/{s}", s, out / "build_mini" / s)
+    return runs
+
+
+MINI_DIR = "mini"
+"""OUT/finetune/mini/<system>/: the finetuned mini-models (english_minis); no primary model is called mini."""
+
+
+def minis_in_english(recipe: Recipe) -> list[str]:
+    """The systems whose mini-model is finetuned and scored in English (Table 5)."""
+    return [s for s in recipe.systems if system_of(s).mini] if recipe.english_minis else []
+
+
+def primaries(recipe: Recipe) -> list[str]:
+    return sorted({system_of(s).primary for s in recipe.systems}, key=sort_key)
+
+
+def task_root(recipe: Recipe, out: Path) -> Path:
+    """Where the stages read task data: a directory, or Path(HUB) for the hub (`is_hub`)."""
+    if recipe.world is not None:
+        return out / "world"
+    if recipe.rehearsal:
+        return out / "tasks"
+    if is_hub(recipe.task_root):
+        return Path(HUB)
+    root = data_path(recipe, recipe.task_root)
+    return root.absolute() if is_hub(root) else root  # a directory called hub (task_root: ./hub) stays one
+
+
+def data_path(recipe: Recipe, path: str) -> Path:
+    """A path of the recipe's data: relative ones start at data_root."""
+    return Path(recipe.data_root or ".") / path if not Path(path).is_absolute() else Path(path)
+
+
+def text_inputs(recipe: Recipe, lang: str) -> list[str]:
+    return [i if i.startswith("hf:") else str(data_path(recipe, i)) for i in recipe.text.get(lang, [])]
+
+
+def stage_configs(recipe: Recipe, out: Path = Path("OUT")) -> dict[str, object]:
+    """Each planned stage run's effective RunConfig (preset, stage, system and task overrides), parsed from the
+    very command line `mm-ds run` would launch, keyed by the run directory under `out`."""
+    from ..cli import stage_config
+
+    return {n.name.split("/", 1)[1]: stage_config(n.argv[0], n.argv[1:])[1] for n in stage_runs(recipe, out)}

@@ -1,0 +1,353 @@
+"""`mm-ds run RECIPE`: a whole experiment, stage by stage, with one results table at the end.
+
+A recipe (packaged `recipes/NAME.yaml` or a file) names the systems, target languages, tasks, seeds, the
+data, and a preset per stage (mm_ds/pipeline/recipe.py). It makes a list of stage runs; each is launched as its own `mm-ds
+<stage>` process (which starts its ranks under the recipe's launcher), skipped when its `final/`
+verifies, and resumed from its newest complete checkpoint when it was interrupted. MINIPOST shares
+BL_BASE's pretrained model and its finetuned models (same primary model, paper §2.2).
+
+    OUT/world/                      generated data (tiny recipe)
+    OUT/data/{lang}/                prepared corpora
+    OUT/pretrain/{bl_base,bl_small,minijoint}/
+    OUT/build_mini/{minijoint,minipost}/
+    OUT/adapt/{system}/{lang}/
+    OUT/finetune/{primary}/{task}/seed{n}/
+    OUT/results.jsonl, OUT/results.md
+    OUT/align/, OUT/align.jsonl     the alignment check of the mini-model systems (mm_ds/eval/align.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from ..runtime import checkpoint
+from ..config import ConfigError, from_dict
+from .pack import complete
+from .progress import Follow, StageFailed, Watched, say
+from .progress import run_logged as _run_logged
+from .recipe import (Recipe, StageRun, load_recipe, minis_in_english, prepare_options, recipe_names, stage_runs,
+                     task_root, text_inputs)
+from ..systems import REFERENCE, system_of
+
+
+def _mm_ds(argv: list[str], log: Path) -> None:
+    say(f"$ mm-ds {' '.join(argv)}")
+    _run_logged([sys.executable, "-m", "mm_ds.cli", *argv], log)
+
+
+def _launch_stage(name: str, argv: list[str], log: Path, follow: Follow | None = None) -> None:
+    """One stage as `mm-ds STAGE ARGV` would run it, with its checks done here (one process fewer per stage:
+    start-up, not training, dominates small stages) and its ranks started by the launcher, output to `log`."""
+    import contextlib
+
+    from ..cli import preflight_stage, validated_env
+    from ..runtime.launch import command, launch_env
+
+    say(f"$ mm-ds {' '.join(argv)}")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f, contextlib.redirect_stdout(f):
+        try:
+            _, cfg, done = preflight_stage(argv[0], argv[1:])
+        except (ConfigError, checkpoint.CheckpointError, FileNotFoundError, ValueError) as e:
+            raise ConfigError(f"stage {name}: {e}") from e
+    if not done:
+        _run_logged(command(cfg.launch, argv) if cfg.launch.launcher != "none"
+                    else [sys.executable, "-m", "mm_ds.cli", *argv], log, follow,
+                    launch_env(cfg.launch) | validated_env(argv))
+
+
+def run_stages(todo: list[StageRun], logs: Path) -> None:
+    """Each stage run in order, one launch each, its output in `logs`, progress shown meanwhile; an
+    interrupted one resumes from its newest checkpoint. The caller has left out the complete ones."""
+    for i, n in enumerate(todo):
+        resume = ["--resume"] if checkpoint.list_checkpoints(n.out) else []
+        if resume:
+            found = checkpoint.find_resume_point(n.out, checksums=False)  # its rank 0 hashes it
+            say(f"resume {n.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}")
+        log = logs / f"{n.name.replace('/', '_')}.log"
+        _launch_stage(n.name, n.argv + ["--no-progress"] + resume, log, Follow([_watched(n, i, len(todo), log)]))
+
+
+def _watched(run: StageRun, i: int, n: int, log: Path) -> Watched:
+    return Watched(run.name.partition("/")[2], run.out, log, i, n)  # its run directory under OUT: adapt/minipost/t1
+
+
+def _state(run_dir: Path) -> tuple[bool, bool]:
+    """(complete, has checkpoints) of a stage's run directory."""
+    try:
+        return complete(run_dir), bool(checkpoint.list_checkpoints(run_dir))
+    except OSError as e:
+        raise checkpoint.CheckpointError(f"cannot read {run_dir} ({type(e).__name__}: {e}); make the run tree "
+                                         f"readable on rank 0's node, then re-run the same command") from e
+
+
+def job_main(argv: list[str]) -> int:
+    """Inside `mm-ds run`'s one job (every rank): run each listed stage that is not complete, in order."""
+    import gc
+
+    from ..runtime import dist
+    from ..cli import run_stage
+
+    rank, _, _ = dist.init()
+    # The stage list decides every collective that follows: rank 0 reads it for all (no node's own look).
+    for stage_argv in dist.broadcast_object(json.loads(Path(argv[0]).read_text()) if rank == 0 else None):
+        if stage_argv[0] == "run-eval":
+            from ..eval.transfer import run_eval_main
+            run_eval_main(stage_argv[1:])
+            continue
+        if stage_argv[0] == "run-pack":  # Step 3: every rank takes single-device runs until none is left
+            from .pack import run_pack
+            run_pack(Path(stage_argv[1]))
+            continue
+        if stage_argv[0] == "run-align":  # the alignment check, after Step 4, the same way
+            from ..eval.align_spread import run_align_main
+            run_align_main(stage_argv[1:])
+            continue
+        run_dir = Path(stage_argv[stage_argv.index("--out") + 1])
+        # Rank 0 decides for all: a rank that looked for itself could see a stage that rank 0 has just
+        # finished alone (an extraction) as complete, skip its barrier, and deadlock the job.
+        done, has_checkpoints = dist.on_rank0(lambda: _state(run_dir), f"looking at {run_dir}")
+        if done:
+            continue
+        resume = ["--resume"] if has_checkpoints else []
+        print(f"[mm-ds run] stage: mm-ds {' '.join(stage_argv + resume)}", flush=True)
+        run_stage(stage_argv[0], stage_argv[1:] + resume)
+        gc.collect()
+    return 0
+
+
+def world_complete(world: Path) -> bool:
+    """world.json is written last and lists every file: trust a world only when it parses and they exist."""
+    try:
+        manifest = json.loads((world / "world.json").read_text())
+        return all((world / f).is_file() for f in manifest["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def prepare_data(recipe: Recipe, out: Path) -> None:
+    if recipe.world is not None and not world_complete(out / "world"):
+        from ..data.world import generate_world
+        generate_world(out / "world", languages=tuple(recipe.langs), **recipe.world)
+    if recipe.rehearsal:
+        from ..data import rehearsal
+        if not rehearsal.complete(out / "tasks"):
+            rehearsal.build(recipe.data_root or ".", out / "tasks")
+    opts = []
+    for k, v in prepare_options(recipe).items():
+        opts += [f"--{k.replace('_', '-')}", str(v)]
+    for lang in [recipe.source_lang, *recipe.langs]:
+        if (out / "data" / lang / "meta.json").is_file():  # prepare publishes the directory whole, meta.json last
+            print(f"[mm-ds run] skip prepare {lang}: complete", flush=True)
+            continue
+        inputs = [str(out / "world" / "text" / f"{lang}.txt")] if recipe.world is not None else text_inputs(recipe, lang)
+        args = ["prepare", "--lang", lang, "--out", str(out / "data" / lang)]
+        for i in inputs:
+            args += ["--input", i]
+        _mm_ds(args + opts, out / "logs" / f"prepare_{lang}.log")
+
+
+def evaluate(recipe: Recipe, out: Path, job_ran_it: bool = False) -> list[dict]:
+    """Step 4 for the whole recipe: the units without a current result run on the recipe's launcher (every
+    rank takes its share, on its device), or in this process when it has one rank; then every row."""
+    import torch
+
+    from ..config import LaunchConfig
+    from ..runtime.launch import command, launch_env
+    from ..eval.transfer import cached, collect, eval_units, run_units, scored_with, write_eval_spec
+
+    units, root, results = eval_units(recipe, out), str(task_root(recipe, out)), out / "eval"
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the ranks' kind of device: this machine's
+    todo = [u for u in units if cached(results, u, root, scored_with(device)) is None]
+    if todo and not job_ran_it:
+        cfg = from_dict(LaunchConfig, recipe.launch)
+        say(f"evaluation: {len(todo)} of {len(units)} units to run on {cfg.world_size} rank(s); its log: "
+            f"{out / 'logs' / 'eval.log'}")
+        if cfg.world_size == 1 or cfg.launcher == "none":
+            run_units(units, root, results, device=device, say=lambda m: say(m.removeprefix("[mm-ds] ")))
+        else:
+            spec = write_eval_spec(recipe, out)
+            _run_logged(command(cfg, ["run-eval", str(spec)]), out / "logs" / "eval.log", Follow([], spec),
+                        launch_env(cfg))
+    return collect(units, root, results)
+
+
+def spread_alignment(recipe: Recipe, out: Path, job_ran_it: bool) -> None:
+    """The alignment check's scoring on the recipe's launch, every rank taking Step-2 runs (mm_ds/eval/align_spread.py),
+    before `align_recipe` writes its report here; a one-job run's ranks did it, and one rank leaves it to here."""
+    from ..eval.align_spread import write_spec
+    from ..config import LaunchConfig
+    from ..runtime.launch import command, launch_env
+
+    cfg = from_dict(LaunchConfig, recipe.launch)
+    if job_ran_it or cfg.world_size == 1 or cfg.launcher == "none" or (spec := write_spec(recipe, out)) is None:
+        return
+    say(f"alignment check: {len(json.loads(spec.read_text())['jobs'])} language(s) on {cfg.world_size} rank(s); "
+        f"its log: {out / 'logs' / 'align.log'}")
+    _run_logged(command(cfg, ["run-align", str(spec)]), out / "logs" / "align.log", None, launch_env(cfg))
+
+
+def results_table(recipe: Recipe, rows: list[dict], out: Path):
+    """Table 2 per task, captioned, into OUT/results.md, and the report it comes from: the same renderer
+    (mm_ds/report/table2.py) writes report/tables.md's Table 2."""
+    from ..report import report
+    from ..report.records import clean_records, control_scores, recorded, source_scores
+    from ..report.table2 import format_table2s
+
+    results, warnings = clean_records(rows, str(out / "results.jsonl"))
+    rep = report.build_report(results, warnings=warnings, controls=control_scores(rows), sources=source_scores(rows),
+                              seeds=recorded(rows, "seeds"), world=recipe.world is not None)
+    text = format_table2s(rep)
+    (out / "results.md").write_text(text + "\n")
+    return text, rep
+
+
+STEP_NAMES = {"pretrain": "Step 1 (pretrain)", "build_mini": "Step 1b (build-mini)", "adapt": "Step 2 (adapt)",
+              "finetune": "Step 3 (finetune)"}
+
+
+def plan_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, bool], out: Path) -> str:
+    """`mm-ds run --plan`'s head: the stage runs per step, how they run, and what is already done."""
+    from ..config import LaunchConfig
+
+    world = from_dict(LaunchConfig, recipe.launch).world_size
+    lines = [f"# {len(runs)} stage runs into {out}, {sum(done.values())} done (final/ verifies):"]
+    for kind, title in STEP_NAMES.items():
+        mine = [n for n in runs if n.name.startswith(kind + "/")]
+        if mine:
+            how = (f"single-device runs, {min(world, len(mine))} at once" if mine[0].packed
+                   else f"each data-parallel on {world} rank(s), one after another")
+            lines.append(f"#   {title:<21} {len(mine):>4} runs, {sum(done[n.name] for n in mine):>4} done; {how}")
+    results = len(list((out / "eval").glob("*.json"))) if (out / "eval").is_dir() else 0
+    lines.append(f"#   Step 4 (evaluation)   units over every Step-2 checkpoint, task and language (`mm-ds plan` "
+                 f"counts them): {results} results in {out / 'eval'}")
+    return "\n".join(lines + ["# the stage commands, in order:"])
+
+
+def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
+    runs = stage_runs(recipe, out)
+    if list_only:
+        done = {n.name: complete(n.out) for n in runs}
+        print(plan_summary(recipe, runs, done, out))
+        for n in runs:
+            print(f"{'done' if done[n.name] else 'todo'}  mm-ds {' '.join(n.argv)}")
+        return 0
+    from .check import check
+    report = check(recipe, out, strict=True)
+    if report.problems:  # before any data work: nothing is written
+        raise ConfigError(f"the recipe cannot run:\n{report.format()}\n(`mm-ds run RECIPE --check --out DIR` "
+                          f"finds the same without running, but takes data that is absent altogether for data still "
+                          f"to come: a note there)")
+    t0 = time.time()
+    os.environ.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # stage ranks exit if this process dies
+    out.mkdir(parents=True, exist_ok=True)
+    prepare_data(recipe, out)
+    todo = [n for n in runs if not complete(n.out)]
+    for n in runs:
+        if n not in todo:
+            print(f"[mm-ds run] skip {n.name}: complete", flush=True)
+    packed, todo = [n for n in todo if n.packed], [n for n in todo if not n.packed]
+    job_ran_eval = False
+    if recipe.mode == "one_job" and (todo or packed):
+        # One launch for every stage: the ranks walk the data-parallel stage runs in-process (a new engine per
+        # stage), take Step 3's single-device runs from a queue, then share the evaluation (its units are listed
+        # by rank 0 once Step 2 has written its checkpoints).
+        from ..config import LaunchConfig
+        from ..runtime.launch import command, launch_env
+        from .pack import Watch, step3_failed, step3_spec
+        job_file = out / "logs" / "job.json"
+        job_file.parent.mkdir(parents=True, exist_ok=True)
+        (out / "logs" / "recipe.json").write_text(json.dumps(asdict(recipe), indent=1))
+        entries = [n.argv + ["--no-progress"] for n in todo]
+        spec = step3_spec(packed, recipe, out) if packed else None
+        entries += [["run-pack", str(spec)]] if spec else []
+        entries.append(["run-eval", str(out / "logs" / "eval.json"), str(out / "logs" / "recipe.json"), str(out)])
+        from ..eval.align_spread import write_spec as align_spec
+        entries += [["run-align", str(a)]] if (a := align_spec(recipe, out)) else []  # after Step 4, on every rank
+        job_file.write_text(json.dumps(entries, indent=1))
+        cfg = from_dict(LaunchConfig, recipe.launch)
+        say(f"{len(todo)} stages, {len(packed)} single-device Step-3 runs and the evaluation in one job of "
+            f"{cfg.world_size} ranks; its log: {out / 'logs' / 'job.log'}")
+        try:
+            _run_logged(command(cfg, ["run-job", str(job_file)]) if cfg.launcher != "none"
+                        else [sys.executable, "-m", "mm_ds.cli", "run-job", str(job_file)], out / "logs" / "job.log",
+                        Follow([_watched(n, i, len(todo), out / "logs" / "job.log") for i, n in enumerate(todo)],
+                               out / "logs" / "eval.json", others=[Watch(spec, "Step 3")] if spec else []),
+                        launch_env(cfg))
+        except StageFailed as e:
+            raise step3_failed(spec, e) if spec else e from None
+        todo, packed, job_ran_eval = [], [], True
+    run_stages(todo, out / "logs")
+    from .pack import run_step3
+    run_step3(packed, recipe, out)
+    rows = evaluate(recipe, out, job_ran_it=job_ran_eval)
+    spread_alignment(recipe, out, job_ran_it=job_ran_eval)
+    with open(out / "results.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    rep = None
+    if recipe.tasks:
+        table, rep = results_table(recipe, rows, out)
+        print(table)
+    if minis_in_english(recipe):  # Table 5: the mini-models' own English scores beside the primary models'
+        from ..report.analyses import english_table
+        english = english_table(recipe, rows)
+        (out / "english.md").write_text(english + "\n")
+        print("\nEnglish performance of the primary models and their mini-models (Table 5):\n" + english)
+    if REFERENCE in recipe.systems and recipe.tasks:  # near-maximal performance is defined against BL_BASE (§4.2)
+        from ..report import report
+        written = report.write_report(rep, out / "report")
+        print("\n" + report.format_tables(rep, table2s=False))  # Table 2 is results.md, printed above
+        say("report: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
+    from ..report.report import MLM_DIR
+    if recipe.align_sequences:  # the alignment check and the MLM level: no task data needed
+        import torch
+
+        from ..eval.align import align_recipe
+        written = align_recipe(recipe, out, "cuda" if torch.cuda.is_available() else "cpu",
+                               say=lambda m: say(m.removeprefix("[mm-ds] ")))
+        if (out / "report" / MLM_DIR / "tables.md").is_file():
+            print("\nAt the MLM level (held-out target MLM accuracy of the primary model with the Step-2 "
+                  "embeddings):\n\n" + (out / "report" / MLM_DIR / "tables.md").read_text())
+        say("alignment check and MLM level: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
+    say(f"{len(runs)} stages, {time.time() - t0:.0f} s; "
+        + (f"results: {out / 'results.md'} (rows: {out / 'results.jsonl'})" if recipe.tasks
+           else f"MLM-level results: {out / 'report' / MLM_DIR / 'tables.md'} (rows: {out / 'align.jsonl'})"))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mm-ds run", description="run a whole experiment from a recipe")
+    p.add_argument("recipe", help=f"packaged recipe ({', '.join(recipe_names())}; `mm-ds presets` describes them) "
+                   f"or a YAML file, whose relative paths start at its folder")
+    p.add_argument("--out", required=True)
+    p.add_argument("--plan", action="store_true", help="print the stage commands and their state; run nothing")
+    p.add_argument("--check", action="store_true", help="validate every stage run (configs, engine "
+                   "configs, batch geometry, launcher, task coverage, files that are here); run nothing")
+    p.add_argument("--launch", action="append", default=[], metavar="KEY=VALUE",
+                   help="launch.* setting for every training stage, over the recipe's (repeatable), e.g. "
+                        "--launch launcher=mpirun --launch hostfile=hosts --launch nodes=2")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a recipe key (repeatable), e.g. --set seeds=[1] --set task_root=/data/tasks")
+    a = p.parse_args(argv)
+    sets = list(a.set)
+    for item in a.launch:
+        if "=" not in item:
+            raise ConfigError(f"--launch {item!r} must look like KEY=VALUE, e.g. --launch ranks=8")
+        sets.append("launch." + item.removeprefix("launch."))
+    recipe = load_recipe(a.recipe, sets)
+    if a.check:
+        from .check import check
+        report = check(recipe, Path(a.out), strict=False)
+        print(f"mm-ds run {a.recipe} --check: {report.format()}")
+        return 1 if report.problems else 0
+    try:
+        return run(recipe, Path(a.out), a.plan)
+    except StageFailed as e:  # the stage's own traceback is in its log; ours would bury the message
+        print(f"mm-ds run: error: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,163 @@
+"""The alignment check and the MLM-level measure in the report (mm_ds/eval/align.py computes the rows).
+
+- align.md: per system and language, held-out target MLM of the primary model with each Step-2 checkpoint's
+  embeddings, of the mini-model, and of the primary with the untrained embeddings but the learnt output bias (bias
+  only), first vs last checkpoint and every checkpoint; what the gain is made of (control → bias only → final); the
+  source-language MLM of every primary model and mini-model beside a unigram predictor's. align.csv: the rows.
+- align_<lang>.png: MLM loss and accuracy vs Step-2 updates, one column per system: primary model with the swap
+  solid, mini-model dashed, bias only dotted.
+The MLM level's Tables 2 and 3, Figure 3 and speedups (mlm/) are the report's own (report.mlm_report).
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from .mdtable import md
+from ..systems import sort_key, system_of
+
+COLUMNS = ("system", "lang", "step", "flops", "v100_days", "sequences", "targets", "mini_loss", "mini_acc",
+           "primary_loss", "primary_acc", "bias_only_loss", "bias_only_acc", "mini_layers", "primary_layers")
+SOURCE_COLUMNS = ("system", "model", "lang", "layers", "sequences", "targets", "loss", "acc", "unigram_loss",
+                  "unigram_acc")
+
+
+def _targets(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r.get("kind", "target") == "target"]
+
+
+def curves(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """(system, lang) -> target-language rows by step, systems in the paper's table order."""
+    out: dict[tuple[str, str], list[dict]] = {}
+    for r in sorted(_targets(rows), key=lambda r: (sort_key(r["system"]), r["lang"], r["step"])):
+        out.setdefault((r["system"], r["lang"]), []).append(r)
+    return out
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def _loss(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def align_table(rows: list[dict]) -> str:
+    """Markdown: a summary per system and language, what the gain is made of, every checkpoint's row, and the
+    source-language rows."""
+    groups = curves(rows)
+    summary, gain = [], []
+    for (s, lang), c in groups.items():
+        best = min(c, key=lambda r: (r["primary_loss"], r["step"]))
+        first, last = c[0], c[-1]
+        summary.append([system_of(s).label, lang, f"{_loss(first['mini_loss'])} → {_loss(last['mini_loss'])}",
+                        f"{first['primary_loss']:.3f} → {last['primary_loss']:.3f}", _pct(last["primary_acc"]),
+                        f"{best['step']}" + (" (last)" if best is last else "")])
+        total = last["primary_acc"] - first["primary_acc"]
+        body = last["primary_acc"] - last.get("bias_only_acc", first["primary_acc"])
+        gain.append([system_of(s).label, lang, _pct(first["primary_acc"]), _pct(last.get("bias_only_acc")),
+                     _pct(last["primary_acc"]), f"{100 * body / total:.0f}%" if total > 0 else "-"])
+    parts = ["## Alignment check: target MLM on held-out text, primary model with the Step-2 embeddings vs the "
+             "mini-model Step 2 trained over",
+             md(["system", "lang", "mini loss (step 0 → last)", "primary loss (step 0 → last)", "primary acc % (last)",
+                 "lowest primary loss at step"], summary),
+             "## What the gain is made of: held-out target MLM accuracy % of the primary model",
+             md(["system", "lang", "control (step 0)", "bias only (last)", "last", "body's share of the gain"], gain),
+             "Control: the untrained target embeddings (overlapping pieces copied from English, the rest random) and "
+             "their initial output bias. Bias only: those embeddings with the output bias Step 2 learnt (it encodes "
+             "the target's piece frequencies). Body's share: (last - bias only) / (last - control)."]
+    body_rows = [[system_of(s).label, lang, str(r["step"]), f"{r['v100_days']:.3g}", _loss(r["mini_loss"]),
+                  _pct(r["mini_acc"]), f"{r['primary_loss']:.3f}", _pct(r["primary_acc"]), _pct(r.get("bias_only_acc"))]
+                 for (s, lang), c in groups.items() for r in c]
+    parts += ["## Every checkpoint", md(["system", "lang", "step", "V100-days", "mini loss", "mini acc %",
+                                         "primary loss", "primary acc %", "bias only acc %"], body_rows)]
+    n = {r["lang"]: (r["sequences"], r["targets"]) for r in _targets(rows)}
+    parts.append(f"Step 0: the initial embeddings. Mini: - where Step 2 trains the primary model itself (BL_BASE, "
+                 f"BL_SMALL). Every checkpoint is scored on the same held-out sequences and masks, every masked token "
+                 f"<mask>: " + "; ".join(f"{lang} {a} sequences, {b} masked tokens" for lang, (a, b) in sorted(n.items()))
+                 + ".")
+    source = source_table(rows)
+    return "\n\n".join(parts + ([source] if source else []))
+
+
+def source_table(rows: list[dict]) -> str:
+    """The source-language rows: each model's held-out MLM beside a unigram predictor's ("" without them)."""
+    src = sorted((r for r in rows if r.get("kind") == "source"),
+                 key=lambda r: (r["model"] != "primary", sort_key(r["system"])))
+    if not src:
+        return ""
+    body = [[system_of(r["system"]).label, r["model"], str(r["layers"]), _loss(r["loss"]), _pct(r["acc"]),
+             _loss(r["unigram_loss"]), _pct(r["unigram_acc"])] for r in src]
+    return "\n\n".join([
+        f"## Source language ({src[0]['lang']}): held-out MLM of every model beside a unigram predictor",
+        md(["system", "model", "layers", "loss", "acc %", "unigram loss", "unigram acc %"], body),
+        f"Unigram: the training shards' piece frequencies at every masked position (it always predicts the most "
+        f"frequent piece); {src[0]['sequences']} held-out sequences, {src[0]['targets']} masked tokens. A model above "
+        f"it has learnt more than word frequencies."])
+
+
+def _layers(*ns: int) -> str:
+    """"4 layers"; a multi-depth mini-model's curve runs through its depths: "1→4 layers"."""
+    lo, hi = min(ns), max(ns)
+    return (f"{lo}→{hi}" if lo != hi else f"{hi}") + " layer" + ("s" if hi != 1 else "")
+
+
+def write_plots(rows: list[dict], out: Path) -> list[Path]:
+    """align_<lang>.png: MLM loss (top) and accuracy (bottom) vs Step-2 updates, one column per system."""
+    from matplotlib.figure import Figure
+
+    groups = curves(rows)
+    written = []
+    for lang in sorted({lang for _, lang in groups}):
+        systems = [s for s, lg in groups if lg == lang]
+        fig = Figure(figsize=(4 * len(systems), 5.5))
+        axes = fig.subplots(2, len(systems), squeeze=False, sharex="col")
+        for col, s in enumerate(systems):
+            c = groups[(s, lang)]
+            steps = [r["step"] for r in c]
+            for ax, metric, scale, name in ((axes[0, col], "loss", 1, "held-out MLM loss"),
+                                             (axes[1, col], "acc", 100, "held-out MLM accuracy %")):
+                ax.plot(steps, [scale * r[f"primary_{metric}"] for r in c], marker=".", c="C1",
+                        label=f"primary + its embeddings ({_layers(c[0]['primary_layers'])})")
+                if c[0]["mini_layers"] is not None:
+                    ax.plot(steps, [scale * r[f"mini_{metric}"] for r in c], marker=".", ls="--", c="C0",
+                            label=f"mini-model ({_layers(*(r['mini_layers'] for r in c))})")
+                if all(f"bias_only_{metric}" in r for r in c):
+                    ax.plot(steps, [scale * r[f"bias_only_{metric}"] for r in c], ls=":", c="grey",
+                            label="primary, untrained embeddings + learnt bias")
+                ax.set(ylabel=name)
+            axes[0, col].set(title=f"{system_of(s).label} {lang}")
+            axes[1, col].set(xlabel="Step-2 updates")
+            axes[0, col].legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"align_{lang}.png"
+        fig.savefig(path, dpi=120)
+        written.append(path)
+    return written
+
+
+def write_align(rows: list[dict], out: Path, plots: bool = True) -> list[Path]:
+    """align.md, align.csv, align_source.csv and (with matplotlib) align_<lang>.png in `out`; [] without rows."""
+    if not rows:
+        return []
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "align.md").write_text(align_table(rows) + "\n")
+    with open(out / "align.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(COLUMNS), extrasaction="ignore")
+        w.writeheader()
+        w.writerows(r for c in curves(rows).values() for r in c)
+    written = [out / "align.md", out / "align.csv"]
+    src = [r for r in rows if r.get("kind") == "source"]
+    if src:
+        with open(out / "align_source.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(SOURCE_COLUMNS), extrasaction="ignore")
+            w.writeheader()
+            w.writerows(src)
+        written.append(out / "align_source.csv")
+    if plots:
+        try:
+            written += write_plots(rows, out)
+        except ImportError as e:  # matplotlib is optional: the numbers are in align.md
+            print(f"[mm-ds] alignment plots not written: {e}")
+    return written

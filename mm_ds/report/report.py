@@ -1,0 +1,401 @@
+"""Evaluated Step-2 checkpoints -> the paper's tables, speedups and curves (§4.1, §4.2, §5.1, A.4).
+
+Input: one record per evaluated checkpoint, {system, task, lang, step, flops, v100_days, score}, the score
+already averaged over finetuning seeds, from CSV, JSON (a list, or {"results": [...]}) or JSONL.
+
+- Near-maximal performance (§4.2, fn. 5): 95% of the reference system's (BL_BASE) score at its LAST checkpoint
+  for that task and language; the same target for every system. At the MLM level (`over_control`, `mlm_report`):
+  the control + 95% of the reference's final improvement over it (an MLM accuracy has no zero to scale from).
+- No target from noise (significance.py): with a control, a language gets a target only when the reference's
+  final score beats it by a margin significant for the test set's size and the seeds; tables show the margin.
+- Time to target (§3, Table A4): curves.time_to_target, linear interpolation between the bracketing checkpoints.
+- Speedup (fn. 6): reference days / system days, per language; the headline is the MEAN OF THESE RATIOS over
+  languages (not the ratio of mean days), then the mean over tasks (Figure 1). Languages where either side
+  never reaches the target are left out and listed.
+
+Bad input never stops the report: what is wrong is collected in `Report.warnings` and the rest is produced.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import mean
+from typing import Iterable, Sequence
+
+from . import captions
+from .analyses import write_sweeps
+from .curves import Crossing, Key, group_curves, time_to_target
+from ..model.flops import EXA
+from .mdtable import cost, days_cell, fmt, md
+from .records import Result, load_results, mlm_results, read_records, recorded, source_scores
+from .significance import TEST, Margin, margin_of, margin_table
+from ..systems import REFERENCE, SYSTEMS, SystemNameError, sort_key
+from .table2 import format_table2, table2
+
+
+# --- The report ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Report:
+    reference: str
+    fraction: float
+    tasks: list[str]
+    langs: dict[str, list[str]]  # task -> languages
+    systems: list[str]
+    curves: dict[Key, list[Result]]
+    targets: dict[tuple[str, str], float]  # (task, lang) -> target score
+    crossings: dict[Key, Crossing]
+    speedup_rows: list[dict]  # per task, system, language
+    speedup_summary: list[dict]  # per task (and task "avg"), system
+    warnings: list[str] = field(default_factory=list)
+    controls: dict[Key, Result] = field(default_factory=dict)  # the untrained-embedding control's result
+    sources: dict[Key, float] = field(default_factory=dict)  # (task, source language, system) -> its score
+    seeds: dict[str, list[int]] = field(default_factory=dict)  # task -> how many finetuning seeds a score averages
+    world: bool = False  # scored on the generated world's files (their chance levels)
+    margins: dict[tuple[str, str], Margin] = field(default_factory=dict)  # (task, lang) -> reference vs control
+    over_control: bool = False  # targets are a fraction of the improvement over the control (MLM level)
+
+    @property
+    def target_phrase(self) -> str:
+        return (f"{self.fraction:.0%} of {self.reference}'s final improvement over its control" if self.over_control
+                else f"{self.fraction:.0%} of {self.reference}'s final score")
+
+    def control_score(self, key: Key) -> float | None:
+        c = self.controls.get(key)
+        return None if c is None else c.score
+
+    def final(self, key: Key) -> Result | None:
+        c = self.curves.get(key)
+        return c[-1] if c else None
+
+
+def _system_order(systems: Iterable[str], reference: str) -> list[str]:
+    """The reference first, then the paper's rows, each followed by its variants by depth, then any other."""
+    def key(label: str):
+        try:
+            return (label != reference, 0, sort_key(label.lower()), label)
+        except SystemNameError:
+            return (label != reference, 1, (), label)
+    return sorted(set(systems), key=key)
+
+
+def build_report(results: Iterable[Result], reference: str = SYSTEMS[REFERENCE].label, fraction: float = 0.95,
+                 warnings: Sequence[str] = (), controls: dict[tuple[str, str, str], Result] | None = None,
+                 sources: dict[Key, float] | None = None, seeds: dict[str, list[int]] | None = None,
+                 world: bool = False, over_control: bool = False) -> Report:
+    """`controls`: (task, lang, SYSTEM) -> control result (records.control_scores, records.mlm_results). Where the
+    reference's final score does not beat its control significantly (significance.py) it learned nothing to be
+    near to: that language gets no target. `over_control`: the target is `fraction` of the reference's final
+    improvement over its control (needs the control), not of its score. `sources` (records.source_scores),
+    `seeds` (records.recorded) and `world` are for Table 2 and the captions."""
+    warnings, controls, margins = list(warnings), controls or {}, {}
+    curves = group_curves(results, warnings)
+    tasks = sorted({t for t, _, _ in curves})
+    langs = {t: sorted({l for tt, l, _ in curves if tt == t}) for t in tasks}
+    systems = _system_order((s for _, _, s in curves), reference)
+    if curves and reference not in systems:
+        warnings.append(f"no results for the reference system {reference!r} (systems found: {', '.join(systems)}); "
+                        "no targets, times to target or speedups")
+
+    targets, crossings = {}, {}
+    for t in tasks:
+        for l in langs[t]:
+            ref = curves.get((t, l, reference))
+            if not ref:
+                if reference in systems:
+                    warnings.append(f"{t}/{l}: no {reference} results, so no target; its times to target and "
+                                    "speedups are left out")
+                continue
+            control = controls.get((t, l, reference))
+            if control is None and over_control:
+                warnings.append(f"{t}/{l}: no control for {reference}, so no improvement over it to take "
+                                f"{fraction:.0%} of; no target")
+                continue
+            if control is not None:
+                m = margins[(t, l)] = margin_of(ref[-1], control)
+                warnings += m.warnings(f"{t}/{l}", reference)
+                if not m.significant:
+                    continue
+            floor = control.score if over_control else 0.0
+            targets[(t, l)] = floor + fraction * (ref[-1].score - floor)
+            for s in systems:
+                if (t, l, s) in curves:
+                    crossings[(t, l, s)] = time_to_target(curves[(t, l, s)], targets[(t, l)])
+
+    warnings += _coverage_warnings(tasks, langs, systems, curves)
+    rows, summary = _speedups(tasks, langs, systems, reference, targets, crossings, curves, warnings)
+    return Report(reference, fraction, tasks, langs, systems, curves, targets, crossings, rows, summary, warnings,
+                  controls, sources or {}, seeds or {}, world, margins, over_control)
+
+
+def _coverage_warnings(tasks, langs, systems, curves) -> list[str]:
+    out = []
+    for t in tasks:
+        for s in systems:
+            finals = [curves[(t, l, s)][-1] for l in langs[t] if (t, l, s) in curves]
+            if not finals:
+                continue
+            missing = [l for l in langs[t] if (t, l, s) not in curves]
+            if missing:
+                out.append(f"{t}/{s}: no results for {', '.join(missing)}; its averages cover "
+                           f"{len(finals)} of {len(langs[t])} languages (marked *)")
+            steps = {f.step for f in finals}
+            if len(steps) > 1:
+                out.append(f"{t}/{s}: last checkpoints differ across languages (steps {min(steps)}..{max(steps)}); "
+                           "Table 2's cost columns show the largest")
+    return out
+
+
+def _speedups(tasks, langs, systems, reference, targets, crossings, curves, warnings):
+    rows, summary = [], []
+    if reference not in systems:  # already warned once; per-language "no reference" lines would only repeat it
+        return rows, summary
+    per_system_task_means: dict[str, list[float]] = defaultdict(list)
+    for t in tasks:
+        for s in systems:
+            if s == reference:
+                continue
+            used, excluded = [], {}
+            for l in langs[t]:
+                if (t, l, s) not in curves:
+                    continue
+                if (t, l) not in targets:
+                    excluded[l] = (f"no target: {reference} did not beat its control significantly"
+                                   if (t, l, reference) in curves else f"no {reference} results")
+                    continue
+                ref, sys_ = crossings[(t, l, reference)], crossings[(t, l, s)]
+                if not sys_.reached:
+                    excluded[l] = f"{s} never reaches the target"
+                elif not ref.reached:
+                    excluded[l] = f"{reference} never reaches the target"
+                elif sys_.estimate.v100_days <= 0:
+                    excluded[l] = f"{s} reaches the target at 0 days (speedup undefined)"
+                else:
+                    ratio = ref.estimate.v100_days / sys_.estimate.v100_days
+                    used.append((l, ref.estimate.v100_days, sys_.estimate.v100_days))
+                    rows.append(dict(task=t, system=s, lang=l, reference_days=ref.estimate.v100_days,
+                                     system_days=sys_.estimate.v100_days, speedup=ratio))
+            if not used and not excluded:
+                continue
+            mean_ratio = mean(r / d for _, r, d in used) if used else None
+            if mean_ratio is not None:
+                per_system_task_means[s].append(mean_ratio)
+            if excluded:
+                warnings.append(f"{t}/{s}: speedup leaves out {len(excluded)} language(s): "
+                                + "; ".join(f"{l} ({why})" for l, why in excluded.items()))
+            summary.append(dict(
+                task=t, system=s, mean_speedup=mean_ratio, n_langs=len(used), n_tasks=None, excluded=excluded,
+                # Footnote 6's contrast, kept for the reader: NOT the headline.
+                ratio_of_mean_days=(mean(r for _, r, _ in used) / mean(d for _, _, d in used)) if used else None))
+    for s, means in per_system_task_means.items():
+        summary.append(dict(task="avg", system=s, mean_speedup=mean(means), n_langs=None, n_tasks=len(means),
+                            excluded={}, ratio_of_mean_days=None))
+    return rows, summary
+
+
+# --- Tables ----------------------------------------------------------------------------------------------------
+
+def table3(report: Report) -> dict[str, list[dict]]:
+    """Per task: V100-days to near-maximal performance per system and language (None: never; absent: n/a)."""
+    out = {}
+    for t in report.tasks:
+        rows = []
+        for s in report.systems:
+            cells, bounds, reached = {}, {}, []
+            for l in report.langs[t]:
+                c = report.crossings.get((t, l, s))
+                if c is None:
+                    cells[l] = "n/a"
+                elif c.reached:
+                    cells[l] = c.estimate.v100_days
+                    bounds[l] = (c.lower.v100_days, c.upper.v100_days)
+                    reached.append(c.estimate.v100_days)
+                else:
+                    cells[l] = None
+            if all(v == "n/a" for v in cells.values()):
+                continue
+            rows.append(dict(system=s, days=cells, bounds=bounds, avg=mean(reached) if reached else None,
+                             avg_partial=len(reached) < len(cells)))
+        out[t] = rows
+    return out
+
+
+def format_tables(report: Report, bounds: bool = False, table2s: bool = True) -> str:
+    """Markdown tables; with bounds, Table 3 cells carry Table A4's (lower-upper) checkpoint bracket; without
+    table2s, Tables 3 and the speedups only (`mm-ds run` prints Table 2 before them, from results.md)."""
+    parts = []
+    t2, t3 = table2(report), table3(report)
+    for t in report.tasks:
+        L = report.langs[t]
+        if table2s:
+            parts.append(format_table2(report, t, t2[t]))
+        margins = {l: m for (tt, l), m in report.margins.items() if tt == t}
+        if margins:
+            parts.append(f"## {t}: does {report.reference} beat its control? ({TEST}; a target only where it does)")
+            parts.append(margin_table(L, margins, {l: v for (tt, l), v in report.targets.items() if tt == t}))
+        if t3[t]:
+            parts.append(f"## {t}: V100-days to {report.target_phrase} (Table 3)")
+            parts.append(captions.days(t, report.seeds.get(t, ()), report.world, report.target_phrase)
+                         + (" In brackets: those checkpoints (Table A4)." if bounds else ""))
+            parts.append(md(["system"] + L + ["avg"], [
+                [r["system"]] + [days_cell(r["days"][l], bounds and r["bounds"].get(l)) for l in L]
+                + ["∞" if r["avg"] is None else cost(r["avg"]) + ("*" if r["avg_partial"] else "")]
+                for r in t3[t]]))
+    if report.speedup_summary:
+        parts.append(f"## Speedup over {report.reference} (Figure 1: mean of per-language ratios of V100-days)")
+        parts.append(f"Per task: the mean over its languages of {report.reference}'s V100-days to {report.target_phrase} divided "
+                     f"by the system's; used: the languages of the task behind it (of those the task has), and the "
+                     f"finetuning seeds behind each score; avg: the mean over tasks.")
+        body, every_seed = [], [c for t in report.tasks for c in report.seeds.get(t, ())]
+        for r in report.speedup_summary:
+            n = (f"{r['n_langs']}/{len(report.langs[r['task']])} langs, "
+                 f"{captions.seed_count(report.seeds.get(r['task'], ()))}" if r["n_tasks"] is None
+                 else f"{r['n_tasks']}/{len(report.tasks)} tasks, {captions.seed_count(every_seed)}")
+            sp = "—" if r["mean_speedup"] is None else f"{r['mean_speedup']:.2f}x"
+            body.append([r["task"], r["system"], sp, n, ", ".join(r.get("excluded", {})),
+                         fmt(r.get("ratio_of_mean_days"), 2)])
+        parts.append(md(["task", "system", "speedup", "used", "left out", "ratio of mean days"], body))
+    parts.append("* = averaged over fewer languages than the task has (missing results, or never reached); "
+                 "∞ = never reached; n/a = no results, or no target (no reference results, or the reference did not "
+                 "beat its control significantly).")
+    return "\n\n".join(parts)
+
+
+# --- Files -----------------------------------------------------------------------------------------------------
+
+def _write_csv(path: Path, rows: list[dict]):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        if rows:
+            w.writeheader()
+            w.writerows(rows)
+
+
+def _crossing_rows(report: Report) -> list[dict]:
+    rows = []
+    for (t, l, s), c in sorted(report.crossings.items()):
+        e, lo, up = c.estimate, c.lower, c.upper
+        rows.append(dict(task=t, lang=l, system=s, target=c.target, reached=c.reached,
+                         step=e and e.step, eflops=e and e.flops / EXA, v100_days=e and e.v100_days,
+                         lower_step=lo and lo.step, lower_v100_days=lo and lo.v100_days,
+                         upper_step=up and up.step, upper_v100_days=up and up.v100_days))
+    return rows
+
+
+def write_report(report: Report, out_dir: str | Path, plots: bool = True, xmax_days: float | None = None
+                 ) -> list[Path]:
+    """Writes tables.md, *.csv, report.json and (with matplotlib) PNGs; returns the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t2, t3 = table2(report), table3(report)
+
+    curve_rows = [dict(task=r.task, lang=r.lang, system=r.system, step=r.step, eflops=r.flops / EXA,
+                       v100_days=r.v100_days, score=r.score) for k in sorted(report.curves) for r in report.curves[k]]
+    final_rows = [dict(task=t, system=r["system"], lang=l, score=v, eflops=r["eflops"], v100_days=r["v100_days"])
+                  for t, rows in t2.items() for r in rows for l, v in r["scores"].items()]
+    summary_rows = [dict(r, excluded="; ".join(f"{k}: {v}" for k, v in r.get("excluded", {}).items()))
+                    for r in report.speedup_summary]
+    files = {"curves.csv": curve_rows, "final_scores.csv": final_rows, "time_to_target.csv": _crossing_rows(report),
+             "speedups.csv": report.speedup_rows, "speedup_summary.csv": summary_rows}
+    written = []
+    for name, rows in files.items():
+        _write_csv(out / name, rows)
+        written.append(out / name)
+
+    (out / "tables.md").write_text(format_tables(report, bounds=True) + "\n")
+    doc = dict(reference=report.reference, fraction=report.fraction, seeds=report.seeds, world=report.world,
+               over_control=report.over_control,
+               margins=[dict(task=t, lang=l, **asdict(m), difference=m.difference, significant=m.significant)
+                        for (t, l), m in sorted(report.margins.items())],
+               targets=[dict(task=t, lang=l, target=v) for (t, l), v in sorted(report.targets.items())],
+               table2=t2, table3=t3, time_to_target=_crossing_rows(report), speedups=report.speedup_rows,
+               speedup_summary=report.speedup_summary, curves=curve_rows)
+    if plots:
+        try:
+            from .plots import write_plots
+            written += write_plots(report, out, xmax_days)
+        except Exception as e:  # a plot failure must not cost the numbers
+            report.warnings.append(f"plots not written: {type(e).__name__}: {e}")
+    written += write_sweeps(report, out, t2, t3, plots)  # depth sweeps (§5.2): Tables 4, A3 and Figure 4
+    doc["warnings"] = report.warnings
+    (out / "report.json").write_text(json.dumps(doc, indent=2, default=asdict) + "\n")
+    (out / "warnings.txt").write_text("".join(w + "\n" for w in report.warnings))
+    return written + [out / "tables.md", out / "report.json", out / "warnings.txt"]
+
+
+MLM_DIR = "mlm"
+
+
+def mlm_report(align_rows: list[dict], out: Path, plots: bool = True) -> tuple[Report | None, list[Path]]:
+    """The MLM level (the alignment check's rows, records.mlm_results) in out/mlm/: Tables 2 and 3, Figure 3,
+    speedups, margins, targets at 95% of BL_BASE's final improvement over its control; (None, []) without rows."""
+    results, controls = mlm_results(align_rows)
+    if not results:
+        return None, []
+    report = build_report(results, controls=controls, over_control=True)
+    return report, write_report(report, Path(out) / MLM_DIR, plots=plots)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mm-ds report", description="Tables 2/3, speedups (Figure 1) and training "
+                                 "curves (Figure 3) from evaluated Step-2 checkpoints, and at the MLM level from the "
+                                 "alignment check's rows (align.jsonl), task data or not.")
+    ap.add_argument("results", nargs="*", help="CSV/JSON/JSONL with system,task,lang,step,flops,v100_days,score "
+                    "(none: --align only)")
+    ap.add_argument("--out", required=True, help="directory for tables.md, *.csv, report.json, *.png")
+    ap.add_argument("--reference", default=SYSTEMS[REFERENCE].label, help="system whose final score sets the target")
+    ap.add_argument("--fraction", type=float, default=0.95, help="target = fraction × reference final score")
+    ap.add_argument("--xmax-days", type=float, help="clip curve plots at this many V100-days (paper: 7)")
+    ap.add_argument("--bounds", action="store_true", help="print Table A4's (lower-upper) days in Table 3")
+    ap.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    ap.add_argument("--world", action="store_true", help="scored on the generated world's task files: captions and "
+                    "curves give their chance levels (default: when a world/world.json is beside a results file, as "
+                    "`mm-ds run` leaves it)")
+    ap.add_argument("--align", help="align.jsonl of `mm-ds align` or `mm-ds run` (default: one beside a results "
+                    "file): align.md, align_<lang>.png and the MLM level's tables and curves in OUT/mlm/ too")
+    args = ap.parse_args(argv)
+
+    align = args.align or next((str(p) for p in (Path(r).with_name("align.jsonl") for r in args.results)
+                                if p.is_file()), None)
+    if not args.results and not align:
+        print("mm-ds report: give results files (results.jsonl of `mm-ds run`, or your CSV/JSON), --align FILE "
+              "(align.jsonl of `mm-ds run` or `mm-ds align`), or both", file=sys.stderr)
+        return 2
+    written = []
+    if args.results:
+        controls, rows = {}, []
+        results, warnings = load_results(args.results, controls, rows)
+        if not results:
+            for w in warnings:
+                print(f"warning: {w}", file=sys.stderr)
+            print(f"mm-ds report: no usable records in {', '.join(args.results)}", file=sys.stderr)
+            return 2
+        world = args.world or any((Path(r).parent / "world" / "world.json").is_file() for r in args.results)
+        report = build_report(results, args.reference, args.fraction, warnings, controls, source_scores(rows),
+                              recorded(rows, "seeds"), world)
+        written += write_report(report, args.out, plots=not args.no_plots, xmax_days=args.xmax_days)
+        print(format_tables(report, bounds=args.bounds))
+        for w in report.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+    if align:  # the alignment check (mm_ds/eval/align.py) and the MLM level, beside the tables
+        from .align_report import write_align
+        rows, problems = read_records(align)
+        if problems:
+            print(f"mm-ds report: {'; '.join(problems)}", file=sys.stderr)
+            return 2
+        written += write_align(rows, Path(args.out), plots=not args.no_plots)
+        mlm, files = mlm_report(rows, Path(args.out), plots=not args.no_plots)
+        written += files
+        if mlm is not None:
+            print(f"\n# MLM level ({align})\n\n{format_tables(mlm, bounds=args.bounds)}")
+    print(f"wrote {len(written)} files to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""The one training loop every stage uses.
+
+A stage hands over a `Stage`: the model after surgery, which parameters train, a deterministic batch
+function and its FLOPs per update. `build_engine` turns it into a DeepSpeed engine (resolves the DeepSpeed
+config, freezes parameters *before* `deepspeed.initialize` so ZeRO keeps no optimizer state for them, finds
+the resume point); `train` resumes, trains, logs, checkpoints, and finally writes consolidated weights for
+the next stage. `mm-ds bench` builds its engines with the same `build_engine` and times `train_step`.
+
+Resume is exact: batches and dropout masks are pure functions of (seed, step, micro-step, rank), and the
+engine restores model, optimizer and LR-scheduler state, so a resumed run retraces the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import checkpoint as ckpt_io
+from . import dist, faults
+from . import ds_config as dsc
+from ..config import RunConfig, dump_yaml, to_dict
+from .ds_config import Geometry
+from .peaks import device_peak_flops
+from .phases import DepthSchedule
+from .prefetch import Prefetcher
+from .train_log import LogWindow, nonfinite_skips
+
+
+@dataclass
+class Stage:
+    cfg: RunConfig
+    """`cfg.train.steps` = 0: a stage of no updates (MINIJOINT's extraction): final/ is the model as built."""
+    model: torch.nn.Module
+    trainable: Callable[[str], bool]
+    batches: Callable[[int, int, int, Geometry], dict]
+    """(step, micro_step, rank, geometry) -> keyword arguments of model.forward (tensors on CPU)."""
+    flops_per_step: Callable[..., float]
+    """(global batch, depth=None) -> analytic FLOPs of one update (mm_ds.model.flops); `depth` with a `schedule`."""
+    tokens_per_sample: int
+    parent: str | None = None
+    parent_flops: float = 0.0
+    meta: dict = field(default_factory=dict)
+    schedule: DepthSchedule | None = None
+    """Multi-depth Step 2: the depth of each update (its batches carry it); its state is checkpointed."""
+
+    def flops_until(self, step: int, global_batch: int) -> float:
+        """Analytic FLOPs of updates [0, step): per phase at its depth when there is a schedule."""
+        if self.schedule is None:
+            return self.flops_per_step(global_batch) * step
+        return self.schedule.flops_until(step, lambda d: self.flops_per_step(global_batch, d))
+
+
+@dataclass
+class Engine:
+    """A `Stage` made ready to step: the DeepSpeed engine and what the loop reads beside it."""
+    engine: object
+    ds_cfg: dict
+    geo: Geometry
+    n_train: int
+    n_total: int
+    found: Path | None = None
+    """--resume: the newest complete checkpoint of the run directory (None: start from step 0)."""
+    load_from: Path | None = None
+    """What to load for `found`: it, or its universal conversion when the world size changed."""
+
+
+# ---------------------------------------------------------------- checkpoint schedule
+
+def is_checkpoint_step(step: int, cfg: RunConfig) -> bool:
+    return cfg.train.is_checkpoint_step(step)
+
+
+def _dropout_seed(seed: int, step: int, micro: int, rank: int) -> int:
+    # Dropout masks become a function of position in training, not of history: resume is bitwise exact.
+    return (seed * 1_000_003 + step * 10_007 + micro * 101 + rank) % (2 ** 63 - 1)
+
+
+# ---------------------------------------------------------------- the engine
+
+def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: bool = False,
+                 reshard: bool = False) -> Engine:
+    """The DeepSpeed engine of `stage` on `world` ranks: the effective DeepSpeed config, the stage's frozen
+    parameters frozen before `deepspeed.initialize` (which then sees only the trainable parameter groups),
+    and with `run_dir` the run's files (its configs, the frozen fp32 weights) and, with `resume`, the
+    checkpoint to load. Collective when `run_dir` is given. `train` and `mm-ds bench` build theirs here."""
+    import deepspeed
+
+    from ..model.model import param_groups, set_trainable
+
+    cfg, model = stage.cfg, stage.model
+    rank = dist.rank()
+    ds_cfg, geo = dsc.resolve(cfg, world, run_dir)
+    n_train, n_total = set_trainable(model, stage.trainable)
+    if run_dir is not None:
+        dist.on_rank0(lambda: _write_run_files(run_dir, cfg, ds_cfg, model), f"writing the run files of {run_dir}")
+        if ds_cfg.get("wandb", {}).get("enabled"):
+            os.environ.setdefault("WANDB_DIR", str(run_dir / "logs"))  # W&B's block has no output path
+            (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    use_tf32(cfg.train.tf32 and dsc.precision(ds_cfg) == "fp32")
+    if not ds_cfg.get("compile", {}).get("enabled"):
+        # mm-ds compiles nothing, but DeepSpeed's optimizer set-up imports torch's compiler stack (dynamo,
+        # inductor: ~2.5 s of every rank's start-up, most of a small stage's). Not when the config asks for
+        # DeepSpeed's compile, or the user set the variable.
+        os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    wd = ds_cfg["optimizer"].get("params", {}).get("weight_decay", 0.0)
+    if dsc.zero_stage(ds_cfg) == 3 and hasattr(model, "heads"):
+        for head in model.heads().values():  # the tied projection lives in another module
+            deepspeed.zero.register_external_parameter(head, model.embed.tokens.weight)
+    found = None
+    if resume and run_dir is not None:  # rank 0 looks for all: what it finds decides the collectives that load it
+        found = dist.broadcast_object(ckpt_io.find_resume_point(run_dir) if rank == 0 else None)
+    load_from = None
+    if found is not None:
+        from . import resharding as universal  # another world size: reshard through a universal checkpoint
+        load_from = universal.prepare(found, world, ds_cfg, rank, force=reshard)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model, wd),
+                                           config=copy.deepcopy(ds_cfg))
+    return Engine(engine, ds_cfg, geo, n_train, n_total, found, load_from)
+
+
+def _write_run_files(run_dir: Path, cfg: RunConfig, ds_cfg: dict, model: torch.nn.Module) -> None:
+    """Rank 0: the effective configs and the frozen fp32 weights, into `run_dir`."""
+    with ckpt_io.writing(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt_io.write_text_atomic(run_dir / "run_config.yaml", dump_yaml(cfg))
+        ckpt_io.write_json_atomic(run_dir / "ds_config.json", ds_cfg)
+    # Under bf16/fp16 DeepSpeed casts every parameter, frozen ones too, to the training dtype, and keeps fp32
+    # masters only of what trains. The frozen fp32 weights (the parent's, after surgery) are kept once per run
+    # and laid over every consolidation, so that final/ holds them bit for bit.
+    ckpt_io.write_frozen(run_dir, {n: p.detach().float().clone() for n, p in model.named_parameters()
+                                   if not p.requires_grad})
+    dsc.warn_if_slow(ds_cfg)
+
+
+def use_tf32(on: bool) -> None:
+    """TF32 matmuls (and cuDNN convolutions) on CUDA for fp32 training (train.tf32); torch's default is full
+    fp32 ("ieee"). torch 2.13's per-backend API (allow_tf32 is its legacy, not to be mixed with it)."""
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.fp32_precision = "tf32" if on else "ieee"
+
+
+# ---------------------------------------------------------------- the loop
+
+def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: bool = True,
+          reshard: bool = False) -> Path:
+    """Train `stage` into `run_dir` (its checks, `cli.validate`, are done before) and return final/."""
+    cfg = stage.cfg
+    run_dir = Path(run_dir)
+    if cfg.train.steps == 0:
+        return _publish_as_built(stage, run_dir)
+    from deepspeed.utils import logger as ds_logger
+
+    import logging
+    ds_logger.setLevel(logging.WARNING)
+    rank, local_rank, world = dist.init()
+    built = build_engine(stage, world, run_dir, resume, reshard)
+    engine, ds_cfg, geo, found = built.engine, built.ds_cfg, built.geo, built.found
+    n_train, n_total = built.n_train, built.n_total
+    frozen_dir = str(run_dir / ckpt_io.FROZEN) if n_train < n_total else None
+
+    start_step, tokens, nonfinite = 0, 0, 0
+    if resume:
+        if found is not None:
+            client = ckpt_io.load_into_engine(engine, built.load_from)
+            if built.load_from != found:
+                from . import resharding as universal
+                universal.restore_frozen(engine, built.load_from)
+            start_step, tokens = client["step"], client["tokens"]
+            nonfinite = client.get("nonfinite_steps", 0)
+            if stage.schedule is not None:
+                stage.schedule.load_state_dict(client["schedule"])
+            if rank == 0:
+                print(f"[mm-ds] resumed from {found} at step {start_step}", flush=True)
+        elif rank == 0:
+            print(f"[mm-ds] --resume: no complete checkpoint in {run_dir}, starting from step 0", flush=True)
+
+    schedule = stage.schedule
+    # FLOPs (stage.flops_until) count the whole global batch; the peak is one rank's device (GPU, or CPU threads).
+    peak = device_peak_flops(cfg.peak_tflops, half=dsc.precision(ds_cfg) != "fp32") * world
+    tokens_per_step = geo.global_batch * stage.tokens_per_sample
+    if rank == 0:
+        print(f"[mm-ds] {cfg.system}/{cfg.stage} lang={cfg.lang}: {n_train:,} of {n_total:,} parameters train; "
+              f"world={world} micro={geo.micro_batch} accum={geo.grad_accum} global={geo.global_batch}; "
+              f"steps {start_step}->{cfg.train.steps}; zero={dsc.zero_stage(ds_cfg)} {dsc.precision(ds_cfg)}; "
+              f"optimizer {type(engine.optimizer).__name__} over {type(engine.basic_optimizer).__name__}; "
+              f"backend {dist.backend()}", flush=True)
+
+    def meta(step: int) -> dict:
+        return (_meta(stage, step, tokens, stage.flops_until(step, geo.global_batch), ds_cfg, world)
+                | ({"frozen": frozen_dir} if frozen_dir else {}))
+
+    bar = None
+    if progress and rank == 0:
+        from tqdm import tqdm
+        bar = tqdm(total=cfg.train.steps, initial=start_step, desc=f"{cfg.system}/{cfg.stage}",
+                   dynamic_ncols=True, mininterval=2.0)
+    engine.train()
+    window = LogWindow(geo.grad_accum)
+    last_checkpoint = ckpt_io.latest_tag(run_dir)
+    ahead = Prefetcher(stage.batches, rank, geo, start_step, cfg.train.steps, ahead=cfg.data.prefetch,
+                       pin=engine.device.type == "cuda")
+    try:
+        for step in range(start_step, cfg.train.steps):
+            depth = schedule.depth_for(step) if schedule else None
+            sums, data_time, skipped = train_step(engine, stage, step, rank, geo, ahead.get)
+            window.add(step, sums, skipped, data_time)
+            tokens += tokens_per_step
+            done = step + 1
+            phase_ends = schedule is not None and done < cfg.train.steps and schedule.depth_for(done) != depth
+            row = done % cfg.train.log_every == 0 or done == cfg.train.steps or phase_ends  # never spans phases
+            checkpoint = is_checkpoint_step(done, cfg)
+            if row or checkpoint:  # the one host read of these updates (mm_ds/runtime/train_log.py)
+                settled = window.read(row)
+                nonfinite = nonfinite_skips(settled, nonfinite, cfg.train.max_nonfinite_steps,
+                                            engine.fp16_enabled(), last_checkpoint,
+                                            say=lambda m: rank == 0 and print(m, flush=True))
+                if schedule is not None and schedule.plateau:  # every rank sees the same losses
+                    schedule.observe(settled, done)
+            if row:
+                logs = settled.logs | ({"nonfinite_steps": nonfinite} if nonfinite else {})
+                seconds, n = window.seconds(), window.updates
+                window_flops = stage.flops_until(done, geo.global_batch) - stage.flops_until(done - n,
+                                                                                                geo.global_batch)
+                logs.update(lr=engine.get_lr()[0], tokens_per_s=tokens_per_step * n / seconds,
+                            step_time_s=seconds / n, data_share=window.data_time / seconds,
+                            tflops=window_flops / seconds / 1e12, flops=stage.flops_until(done, geo.global_batch))
+                if schedule is not None:
+                    logs.update(phase=schedule.depths.index(depth), depth=depth)
+                logs["mfu"] = logs["tflops"] * 1e12 / peak if peak == peak else float("nan")
+                gn = engine.get_global_grad_norm()
+                if gn is not None:
+                    logs["grad_norm"] = float(gn)
+                line = {"step": done, "total_steps": cfg.train.steps, "tokens": tokens} | logs
+                dist.on_rank0(lambda: _log_row(engine, run_dir, line), f"writing {run_dir / 'logs'}")
+                if bar is not None:
+                    bar.set_postfix({k: f"{v:.3g}" for k, v in logs.items()
+                                     if k in ("loss", "loss_main", "loss_secondary", "tokens_per_s", "mfu")},
+                                    refresh=False)
+                window.reset()
+            if bar is not None:
+                bar.update(1)
+            if checkpoint:
+                client = {"step": done, "tokens": tokens, "rng_cpu": torch.get_rng_state(),
+                          "seed": cfg.train.seed, "nonfinite_steps": nonfinite}
+                ckpt_io.save(engine, run_dir, done, client | ({"schedule": schedule.state_dict()} if schedule else {}),
+                             meta(done))
+                last_checkpoint = ckpt_io.tag_for(done)
+            faults.after_step(done, rank, cfg.stage)  # a test's fault point (MM_DS_KILL_AT); inert otherwise
+    finally:
+        ahead.close()
+    if bar is not None:
+        bar.close()
+    if faults.ARMED:  # a test's look at the live frozen weights (MM_DS_DUMP_FROZEN); never in a production run
+        faults.after_training(engine, f"{cfg.stage}.{cfg.system}.{cfg.lang}")
+
+    final_tag = ckpt_io.tag_for(cfg.train.steps)
+    final_dir = run_dir / ckpt_io.FINAL
+
+    def publish():
+        sd = ckpt_io.consolidate(ckpt_io.checkpoints_dir(run_dir) / final_tag)
+        want = set(stage.model.state_dict())
+        if set(sd) != want:  # never publish weights the next stage could not load
+            raise ckpt_io.CheckpointError(f"consolidated weights of {final_tag} do not match the model: missing "
+                                          f"{sorted(want - set(sd))[:4]}, unexpected {sorted(set(sd) - want)[:4]}")
+        ckpt_io.write_final(final_dir, sd, meta(cfg.train.steps))
+        print(f"[mm-ds] wrote {final_dir}", flush=True)
+
+    dist.on_rank0(publish, f"writing {final_dir}")
+    return final_dir
+
+
+def train_step(engine, stage: Stage, step: int, rank: int, geo: Geometry, batch_for=None
+               ) -> tuple[dict[str, torch.Tensor], float, bool | torch.Tensor]:
+    """One optimizer update (geo.grad_accum micro steps). Returns the summed per-micro-step logs, left on the
+    device (mm_ds/runtime/train_log.py reads them when a row is due), the seconds spent waiting for batches, and
+    whether the update was skipped as non-finite (`skip_nonfinite`). `batch_for(step, micro)` gives the
+    batches (the loop's `Prefetcher`); by default they are built here. `mm-ds bench` times this function."""
+    batch_for = batch_for or (lambda s, m: stage.batches(s, m, rank, geo))
+    # Multi-depth Step 2: the depth is the schedule's when the update runs (a plateau may just have moved it).
+    depth = {"depth": stage.schedule.depth_for(step)} if stage.schedule is not None else {}
+    sums: dict[str, torch.Tensor] = {}
+    data_time, skipped = 0.0, False
+    for micro in range(geo.grad_accum):
+        td = time.perf_counter()
+        batch = batch_for(step, micro)
+        batch = {k: (v.to(engine.device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+        data_time += time.perf_counter() - td
+        torch.manual_seed(_dropout_seed(stage.cfg.train.seed, step, micro, rank))
+        out = engine(**batch, **depth)
+        if faults.ARMED:  # a test's fault point (MM_DS_NAN_AT); never in a production run
+            out = faults.poison(out, step + 1, rank)
+        engine.backward(out["loss"])
+        if micro == geo.grad_accum - 1:
+            skipped = skip_nonfinite(engine)
+        engine.step()
+        for k, v in out.items():
+            if k.startswith(("loss", "correct", "masked", "examples")):
+                v = v.detach().double()
+                sums[k] = sums[k] + v if k in sums else v
+    if skipped is False:  # DeepSpeed's own optimizers decided (their own host read); free to ask
+        skipped = not engine.was_step_applied()
+    return sums, data_time, skipped
+
+
+def _meta(stage: Stage, step: int, tokens: int, flops: float, ds_cfg: dict | None = None,
+          world: int | None = None) -> dict:
+    """final/'s and every checkpoint's meta (`flops`: of this stage's `step` updates); without an engine
+    (`ds_cfg` None) no engine settings. Multi-depth Step 2 adds its phases: [[depth, first, end step], ...]."""
+    cfg = stage.cfg
+    engine = {} if ds_cfg is None else {"run_config": to_dict(cfg), "zero_stage": dsc.zero_stage(ds_cfg),
+                                        "precision": dsc.precision(ds_cfg), "world_size": world}
+    if stage.schedule is not None:
+        engine["depth_phases"] = [list(p) for p in stage.schedule.phases_until(step)]
+    return stage.meta | {
+        "stage": cfg.stage, "system": cfg.system, "lang": cfg.lang, "step": step, "tokens": tokens,
+        "flops": flops, "flops_cumulative": stage.parent_flops + flops, "parent": stage.parent,
+        "model": to_dict(cfg.model), **engine, "time": ckpt_io.now(),
+    }
+
+
+def _publish_as_built(stage: Stage, run_dir: Path) -> Path:
+    """A stage of zero updates (MINIJOINT's extraction: its mini-model costs no FLOPs beyond Step 1): no
+    engine; final/ holds the model exactly as the stage built it. Rank 0 writes, the others wait."""
+    final_dir = run_dir / ckpt_io.FINAL
+
+    def publish():
+        ckpt_io.write_final(final_dir, stage.model.state_dict(), _meta(stage, 0, 0, 0.0))
+        print(f"[mm-ds] {stage.cfg.system}/{stage.cfg.stage}: no updates; wrote the "
+              f"{stage.cfg.model.num_layers}-layer model as built into {final_dir}", flush=True)
+
+    dist.on_rank0(publish, f"writing {final_dir}")
+    return final_dir
+
+
+def _log_row(engine, run_dir: Path, row: dict) -> None:
+    """Rank 0: one row of logs/train.jsonl, and the same metrics to DeepSpeed's monitors."""
+    if engine.monitor is not None and engine.monitor.enabled:
+        engine.monitor.write_events([(f"train/{k}", v, row["step"]) for k, v in row.items()
+                                     if k not in ("step", "total_steps", "tokens")])
+    path = run_dir / "logs" / "train.jsonl"
+    with ckpt_io.writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def skip_nonfinite(engine) -> bool | torch.Tensor:
+    """Give a plain optimizer DeepSpeed's skip of a non-finite update. The ZeRO 1-3 optimizers (and the
+    fp16/bf16 wrappers) skip an update whose gradient norm is not finite by themselves: no parameter or
+    optimizer-state change, no LR-scheduler step, `engine.skipped_steps` + 1; this returns False for them (the
+    loop asks `engine.was_step_applied()`). Under ZeRO 0 in fp32, DeepSpeed hands the update to the torch
+    optimizer, which would apply NaN. Called after the last micro-step's backward (the gradients are
+    all-reduced by then, so every rank sees the same), for torch's fused Adam/AdamW (what mm-ds configures) it
+    hands the optimizer a device flag, `found_inf`, that makes its kernel leave parameters, moments and step
+    count untouched, with no host read; the flag is returned. The LR schedule still advances over such an
+    update (DeepSpeed cannot know of it without a read). Any other optimizer costs one host read per update:
+    non-finite gradients are dropped and DeepSpeed's `overflow` flag raised, as for its own optimizers."""
+    opt = engine.optimizer
+    if type(opt).__module__.startswith("deepspeed.runtime"):
+        return False  # a DeepSpeed optimizer: it checks (and skips) itself
+    params = [p for p in engine.module.parameters() if p.grad is not None]
+    if not params:
+        return False
+    bad = ~torch.isfinite(torch.stack(torch._foreach_norm([p.grad for p in params])).sum())
+    if isinstance(opt, torch.optim.Adam | torch.optim.AdamW) and opt.defaults.get("fused"):
+        opt.found_inf = bad.float()
+        return opt.found_inf
+    opt.overflow = dist.any_rank(bool(bad))
+    if opt.overflow:
+        for p in params:
+            p.grad = None  # the optimizer leaves parameters without gradients (and their state) untouched
+    return opt.overflow

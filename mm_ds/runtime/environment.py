@@ -1,0 +1,76 @@
+"""Every environment variable mm-ds reads, who sets it, and whether it reaches every rank.
+
+A launcher hands a remote node's ranks only part of the launching shell's environment: DeepSpeed's pdsh
+runner the variables with a few prefixes (NCCL, PYTHON, UCX, MV2, MLFLOW) and those in `.deepspeed_env`,
+mpirun the names given with `-x`, srun all of the submitting shell's. A variable set by the launcher on each
+rank reaches every rank; one set by the `mm-ds` process that starts the launcher, or by the user, may be
+missing (or different) on another node.
+
+The rule: none that may differ between ranks decides which collectives a rank calls. Such a decision is
+taken on rank 0 and broadcast (`dist.broadcast_object`, as `cli.run_stage` does with MM_DS_VALIDATED).
+tests/test_environment.py keeps this table complete and the rule kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LAUNCHER, MM_DS, USER = "launcher", "mm-ds", "user"
+
+
+@dataclass(frozen=True)
+class Variable:
+    set_by: str
+    """launcher (on every rank, by the launcher or the scheduler) | mm-ds (by the process that starts the
+    launcher: only ranks that inherit its environment see it) | user (the user's shell: a remote rank sees it
+    only where the launcher forwards it)."""
+    what: str
+
+    @property
+    def reaches_every_rank(self) -> bool:
+        return self.set_by == LAUNCHER
+
+
+_SLURM = "SLURM, in every task of the job step"
+VARIABLES = {
+    # the rank's place: what the launchers set on every rank (mm_ds/runtime/dist.py adopts srun's and mpirun's own)
+    "RANK": Variable(LAUNCHER, "global rank (deepspeed, torchrun; from SLURM_PROCID / mpi4py otherwise)"),
+    "WORLD_SIZE": Variable(LAUNCHER, "number of ranks"),
+    "LOCAL_RANK": Variable(LAUNCHER, "rank on its node; made the device index when a task sees fewer devices"),
+    "LOCAL_WORLD_SIZE": Variable(LAUNCHER, "ranks on this node (torchrun; mm-ds sets it under srun and mpirun)"),
+    "LOCAL_SIZE": Variable(LAUNCHER, "ranks on this node (DeepSpeed's launcher)"),
+    "MASTER_ADDR": Variable(LAUNCHER, "rank 0's rendezvous address (deepspeed, `-x` under mpirun, exported under srun)"),
+    "MASTER_PORT": Variable(LAUNCHER, "rank 0's rendezvous port"),
+    "OMPI_COMM_WORLD_RANK": Variable(LAUNCHER, "OpenMPI: global rank"),
+    "OMPI_COMM_WORLD_LOCAL_RANK": Variable(LAUNCHER, "OpenMPI: rank on its node"),
+    "OMPI_COMM_WORLD_LOCAL_SIZE": Variable(LAUNCHER, "OpenMPI: ranks on this node"),
+    "PMI_RANK": Variable(LAUNCHER, "MPICH / Intel MPI: global rank"),
+    "MPI_LOCALNRANKS": Variable(LAUNCHER, "MPICH: ranks on this node"),
+    "SLURM_PROCID": Variable(LAUNCHER, f"global rank ({_SLURM})"),
+    "SLURM_STEP_NUM_TASKS": Variable(LAUNCHER, f"number of tasks ({_SLURM}; not in the batch script itself)"),
+    "SLURM_LOCALID": Variable(LAUNCHER, f"task on its node ({_SLURM})"),
+    "SLURM_STEP_TASKS_PER_NODE": Variable(LAUNCHER, f"tasks per node, e.g. 8(x4) ({_SLURM})"),
+    "SLURM_NTASKS_PER_NODE": Variable(LAUNCHER, "tasks per node as the job asked"),
+    "SLURM_STEP_NODELIST": Variable(LAUNCHER, f"the step's nodes; the first is rank 0's ({_SLURM})"),
+    "SLURM_JOB_NODELIST": Variable(LAUNCHER, "the job's nodes"),
+    "SLURM_STEP_NUM_NODES": Variable(LAUNCHER, f"the step's node count ({_SLURM})"),
+    "SLURM_NNODES": Variable(LAUNCHER, "the job's node count"),
+    "SLURM_CPUS_PER_TASK": Variable(LAUNCHER, "CPUs of each task (srun -c): a rank's thread pool"),
+    "SLURM_CPUS_ON_NODE": Variable(LAUNCHER, "the allocation's CPUs on this node: srun's --cpus-per-task"),
+    "CUDA_VISIBLE_DEVICES": Variable(LAUNCHER, "the GPUs a rank sees (deepspeed: the node's; srun --gpus-per-task: "
+                                               "its one); a packed single-device run gets its rank's (mm_ds/pipeline/pack.py)"),
+    # set by the mm-ds process that starts the launcher
+    "MM_DS_VALIDATED": Variable(MM_DS, "fingerprint of the command it validated; rank 0's copy tells every rank"),
+    "MM_DS_LAUNCH_ROOT": Variable(MM_DS, "pid of that process: the watchdog ends a rank when it dies"),
+    "OMPI_ALLOW_RUN_AS_ROOT": Variable(MM_DS, "lets mpirun run as root (containers); the user's value wins"),
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": Variable(MM_DS, "the same, confirmed"),
+    # the user's
+    "OMP_NUM_THREADS": Variable(USER, "a rank's thread pool size, over mm-ds's share of the node"),
+    "GLOO_SOCKET_IFNAME": Variable(USER, "gloo's network interface (forwarded by mpirun's -x); chosen by mm-ds "
+                                         "when unset and the host name resolves to loopback"),
+    "MM_DS_MALLOC": Variable(USER, "`system`: give freed memory back to the kernel (CPU ranks)"),
+    "WANDB_DIR": Variable(USER, "where W&B writes; defaults to RUN/logs"),
+    "TORCHDYNAMO_DISABLE": Variable(USER, "defaults to 1: torch's compiler stack is not imported"),
+}
+FAULT_POINTS = Variable(USER, "a test's fault point: read in mm_ds/runtime/faults.py, the one module that names them")
+"""What the variables mm_ds/runtime/faults.py reads are (tests/test_fault_points.py keeps them out of other modules)."""

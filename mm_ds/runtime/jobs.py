@@ -1,0 +1,93 @@
+"""The queue of independent jobs that the ranks of a launch share: Step 3's single-device runs (mm_ds/pipeline/pack.py),
+Step 4's units (mm_ds/eval/transfer.py), the alignment check's checkpoints.
+
+Ranks take jobs one at a time from counters in rank 0's rendezvous store (`dist.shared_add`): no collective, so a
+rank that finishes early takes the next job and none waits for another in a collective (NCCL's times out after 30
+minutes, while one finetuning takes hours). Which job a rank runs comes from the store, one source for all ranks;
+what a job does decides no collective.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+from .dist import OtherRankFailed
+
+
+class RankLost(OtherRankFailed):
+    """A rank stopped answering while the others waited for it to finish its jobs."""
+
+
+BEAT_S = 30.0
+"""How often a rank that holds a queue tells the others it is alive (a thread: its work may hold it for long)."""
+SILENT_S = 600.0
+"""A rank that has not done so for this long is gone (its node lost): the ranks waiting for it stop waiting."""
+
+
+class Queue:
+    """Jobs 0..n-1, taken one at a time by the ranks of a launch from counters in rank 0's store
+    (`dist.shared_add`, no collective): a rank that finishes early takes the next job, and no rank waits in a
+    collective while another works. `stop`: no rank takes another (a failure that dooms the rest). Outside a
+    process group (a world of one in the driver) the counters are this object's own."""
+
+    made = itertools.count()  # every rank makes the same queues in the same order: their keys agree
+
+    def __init__(self, name: str, n: int):
+        self.key, self.n, self.own = f"mm_ds/queue/{name}.{next(Queue.made)}", n, {}
+        self.beating: threading.Event | None = None
+
+    def _add(self, what: str, amount: int = 1) -> int:
+        from . import dist
+
+        if dist.is_initialized():
+            return dist.shared_add(f"{self.key}/{what}", amount)
+        self.own[what] = self.own.get(what, 0) + amount
+        return self.own[what]
+
+    def claim(self) -> int | None:
+        from . import dist
+
+        if self.beating is None and dist.is_initialized():
+            self.beating = threading.Event()
+            threading.Thread(target=self._beat, args=(dist.rank(),), daemon=True, name="mm-ds queue").start()
+        if self._add("stop", 0):
+            return None
+        i = self._add("next") - 1
+        return i if i < self.n else None
+
+    def _beat(self, rank: int) -> None:
+        try:
+            while not self.beating.wait(BEAT_S):
+                self._add(f"beat{rank}")
+        except Exception:  # noqa: BLE001  the store is gone: the launch is ending
+            return
+
+    def stop(self) -> None:
+        self._add("stop")
+
+    def drain(self, every_s: float = 1.0) -> None:
+        """After this rank's last job: wait until every rank has left the queue, polling the store (a collective
+        here could wait hours for the last long run and time out); a rank silent for SILENT_S is taken for lost."""
+        from . import dist
+
+        rank, world = dist.rank(), dist.world_size()
+        if self.beating is not None:
+            self.beating.set()
+        self._add(f"left{rank}")
+        self._add("left")
+        heard: dict[int, tuple[int, float]] = {}
+        checked = time.monotonic()
+        while self._add("left", 0) < world:
+            time.sleep(every_s)
+            if time.monotonic() - checked < BEAT_S:
+                continue
+            checked = time.monotonic()
+            for r in (r for r in range(world) if not self._add(f"left{r}", 0)):
+                beat = self._add(f"beat{r}", 0)
+                if heard.get(r, (None,))[0] != beat:
+                    heard[r] = (beat, checked)
+                elif checked - heard[r][1] > SILENT_S:
+                    raise RankLost(f"rank {r} has not been heard of for {SILENT_S:.0f} s (its node lost?); the "
+                                     f"runs it had are resumed by the next `mm-ds run`")

@@ -1,0 +1,132 @@
+"""What the training loop learns about its updates, kept on the device and read back only at log and checkpoint
+updates.
+
+On a GPU every read of a device value on the host (`.item()`, `.tolist()`, a collective whose result is read)
+waits for the device to finish everything queued before it. Reading the loss, the non-finite flags and the
+plateau signal after every update would stall the device once per update. So each update only *adds* to
+device tensors here, and `read` brings everything back in one collective and one host read, at the updates
+where the loop needs it anyway: a log row, a checkpoint (never saved with an unnoticed non-finite update in
+it), the last update. What happened in between is then handled update by update, exactly as if it had been
+read at once: skips are counted, a non-finite update that was applied anyway stops the run naming its step,
+and the plateau schedule (mm_ds/runtime/phases.py) sees each update's loss; its switch takes effect after the read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import dist
+
+
+@dataclass
+class Settled:
+    """One read of the window: per pending update its step, the loss keys that were non-finite on some rank,
+    whether it was skipped, and its mean loss over ranks and micro-steps; with `logs`, the row's means."""
+
+    steps: list[int]
+    bad_heads: list[list[str]]
+    skipped: list[bool]
+    losses: list[float]
+    logs: dict[str, float] = field(default_factory=dict)
+
+
+class LogWindow:
+    """Device-side sums of the per-update logs since the last row, and per-update flags since the last read."""
+
+    def __init__(self, grad_accum: int):
+        self.grad_accum = grad_accum
+        self.sums: dict[str, torch.Tensor] = {}
+        self.kept: torch.Tensor | int = 0  # updates whose logs count (not skipped, finite), on the device
+        self.pending: list[tuple[int, list[str], torch.Tensor]] = []  # (step, loss keys, flags + loss)
+        self.updates, self.data_time = 0, 0.0
+        self.started = time.perf_counter()
+
+    def add(self, step: int, sums: dict[str, torch.Tensor], skipped: bool | torch.Tensor, data_time: float) -> None:
+        """Update `step` ran: its summed micro-step logs (device tensors) and whether it was skipped (a host
+        bool from DeepSpeed's own optimizers, or a device flag from `engine.skip_nonfinite`)."""
+        keys = sorted(k for k in sums if k.startswith("loss"))
+        ref = sums[keys[0]] if keys else torch.zeros((), dtype=torch.float64)
+        bad = torch.stack([~torch.isfinite(sums[k]) for k in keys]).double() if keys else ref.new_zeros(0)
+        # Never a tensor made from a host value here: that copy would wait for the device.
+        skip = (skipped.double().reshape(1) if torch.is_tensor(skipped) else ref.new_zeros(1) + float(skipped))
+        loss = sums.get("loss", ref.new_zeros(())).detach().double().reshape(1)
+        self.pending.append((step, keys, torch.cat([bad, skip, loss])))
+        if skipped is not True:  # a host True: nothing of this update counts, and nothing need be computed
+            ok = (bad.sum() + skip.sum()).eq(0)
+            for k, v in sums.items():
+                v = torch.where(ok, v.detach().double(), 0.0)
+                self.sums[k] = self.sums[k] + v if k in self.sums else v
+            self.kept = self.kept + ok.double()
+        self.updates += 1
+        self.data_time += data_time
+
+    def read(self, row: bool) -> Settled:
+        """Collective (every rank, at the same updates): the pending updates' flags, and with `row` the log
+        row's means (losses per micro-step; accuracies over masked tokens or examples), in one all-reduce."""
+        sizes = [len(t) for _, _, t in self.pending]
+        keys = sorted(self.sums) if row else []
+        parts = [t for _, _, t in self.pending]
+        if row:
+            kept = torch.as_tensor(self.kept, dtype=torch.float64)
+            parts += [torch.stack([self.sums[k] for k in keys] + [kept.to(self.sums[keys[0]].device) if keys
+                                                                   else kept]).reshape(-1)]
+        flat = dist.all_reduce_tensor(torch.cat(parts)) if parts else []  # sums over ranks: flags count ranks
+        settled, at = Settled([], [], [], []), 0
+        world = dist.world_size()
+        for (step, lkeys, _), n in zip(self.pending, sizes):
+            vals = flat[at:at + n]
+            at += n
+            settled.steps.append(step)
+            settled.bad_heads.append([k for k, f in zip(lkeys, vals[:-2]) if f > 0])
+            settled.skipped.append(vals[-2] > 0)
+            settled.losses.append(vals[-1] / (world * self.grad_accum))
+        self.pending = []
+        if row:
+            vals = dict(zip(keys, flat[at:at + len(keys)]))
+            n_micro = max(1.0, flat[at + len(keys)]) * self.grad_accum  # kept updates, over every rank
+            settled.logs = {k: v / n_micro for k, v in vals.items() if k.startswith("loss")}
+            denom = vals.get("masked_tokens", vals.get("examples"))
+            for k, v in vals.items():
+                if k.startswith("correct") and denom:
+                    settled.logs["acc" + k[len("correct"):]] = v / denom
+        return settled
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    def reset(self) -> None:
+        """A row was written: the next window starts now (pending flags are kept: `read` clears them)."""
+        self.sums, self.kept, self.updates, self.data_time = {}, 0, 0, 0.0
+        self.started = time.perf_counter()
+
+
+def nonfinite_skips(settled: Settled, count: int, budget: int, fp16: bool, last_checkpoint: str | None,
+                    say) -> int:
+    """Handle the read updates in order, as the loop once did after each: returns the new count of skipped
+    non-finite updates. Raises FloatingPointError when one was applied anyway (nothing can undo it) or when the
+    skips exceed train.max_nonfinite_steps."""
+    for step, bad_heads, skipped in zip(settled.steps, settled.bad_heads, settled.skipped):
+        if not bad_heads and (not skipped or fp16):
+            continue  # fp16 loss scaling skips overflowing updates while it calibrates: not a fault
+        heads = ", ".join(h for h in bad_heads if h != "loss") or ("loss" if bad_heads else "none (the loss is "
+                                                                   "finite; the gradients are not)")
+        if not skipped:
+            raise FloatingPointError(f"non-finite loss at step {step + 1} (head(s): {heads}) and DeepSpeed applied "
+                                     f"the update anyway (no gradient-norm check: zero_optimization."
+                                     f"compute_grad_norm is off?); the weights are garbage from there. Stopped. "
+                                     f"Last good checkpoint: {last_checkpoint or 'none'}; resume from it with "
+                                     f"--resume.")
+        count += 1
+        where = (f"step {step + 1} (head(s): {heads}); {count} non-finite update(s) so far, budget "
+                 f"train.max_nonfinite_steps={budget}")
+        if count > budget:
+            raise FloatingPointError(f"non-finite loss or gradients at {where}: stopped instead of training on "
+                                     f"garbage. Last good checkpoint: {last_checkpoint or 'none'}. Lower train.lr, "
+                                     f"enable gradient_clipping in the DeepSpeed config or check the data, then "
+                                     f"--resume (or raise train.max_nonfinite_steps).")
+        say(f"[mm-ds] skipped the update of {where}")
+    return count
+
