@@ -1,33 +1,27 @@
-"""`mm-ds <command>`: dispatch from one table. Training stages share one argument set and one runner.
+"""`mm-ds <command>`: dispatch from one table. Training stages share one argument set and one runner
+(mm_ds/stages/runner.py); this module is only the entry point: nothing in the package imports it.
 
     mm-ds prepare  --lang en --input 'corpus/en/*.txt.xz' --out data/en
-    mm-ds pretrain --preset tiny/minijoint --out runs/tiny-mj [key=value ...] [--resume] [--dry-run]
+    mm-ds pretrain --preset tiny/minijoint --out runs/tiny-mj [key=value ...] [--resume] [--check]
     deepspeed --num_gpus 8 --module mm_ds.cli pretrain --preset paper/minijoint --ds-config bf16_zero1.json --out runs/mj
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
-import inspect
 import json
 import os
 import sys
-from pathlib import Path
 
-from .runtime import checkpoint as ckpt_io
-from .runtime.checkpoint import CheckpointError
 from .config import ConfigError, did_you_mean
+from .runtime.checkpoint import CheckpointError
 from .runtime.dist import OtherRankFailed
+from .stages.runner import STAGES, run_stage
 
-# command -> (module with build()/preflight(), or module:function taking argv), help
-STAGE_COMMANDS = {
-    "pretrain": ("mm_ds.stages.pretrain", "Step 1: pretrain an MLM (BL_BASE, BL_SMALL, MINIJOINT)"),
-    "build-mini": ("mm_ds.stages.build_mini", "Step 1b: extract (MINIJOINT) or build (MINIPOST) the mini-model"),
-    "adapt": ("mm_ds.stages.adapt", "Step 2: learn target-language embeddings over a frozen body"),
-    "finetune": ("mm_ds.stages.finetune", "Step 3: finetune the primary model on an English task"),
-}
+# command -> (module with build()/preflight(), help): the stage runner's table (mm_ds/stages/runner.py)
+STAGE_COMMANDS = STAGES
+# command -> (module:function taking argv, help)
 TOOL_COMMANDS = {
     "prepare": ("mm_ds.cli:prepare_main", "train SentencePiece and encode a corpus into token shards"),
     "run": ("mm_ds.pipeline.run:main", "a whole experiment from a recipe ({recipes}; or your YAML file), one "
@@ -59,180 +53,6 @@ INTERNAL_COMMANDS = {
     "run-pack": ("mm_ds.pipeline.pack:main", "the ranks of `mm-ds run`'s Step 3: single-device runs, several at once"),
     "run-align": ("mm_ds.eval.align_spread:run_align_main", "the ranks of `mm-ds run`'s alignment check"),
 }
-
-
-def stage_parser(name: str, help_text: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"mm-ds {name}", description=help_text)
-    p.add_argument("--preset", help="packaged preset, e.g. tiny/minijoint (see `mm-ds presets`)")
-    p.add_argument("--config", help="your own YAML/JSON config file (applied after the preset)")
-    p.add_argument("--ds-config", help="DeepSpeed engine JSON: a path or a name in ds_configs/ (fp32_zero{0,1,2,3} "
-                   "for CPU; bf16_zero{1,2,3} for GPUs, slow on CPU; fp16_zero1 for GPUs only)")
-    p.add_argument("--out", required=True, help="run directory (checkpoints, logs, final weights)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
-    p.add_argument("--ranks", type=int, help="local ranks to start when not under a launcher (launch.ranks)")
-    p.add_argument("--launcher", choices=["deepspeed", "mpirun", "srun", "none"], help="launch.launcher")
-    p.add_argument("--reshard", action="store_true", help="with --resume: convert the checkpoint to DeepSpeed's "
-                   "universal format first (automatic when the world size changed)")
-    p.add_argument("--dry-run", action="store_true", help="validate and print the effective configs; train nothing")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=3e-4")
-    return p
-
-
-def stage_config(name: str, argv: list[str]):
-    """(parsed arguments, effective RunConfig) of `mm-ds NAME ARGV`; `mm-ds run --check` reads its plan so."""
-    from . import config
-
-    args = stage_parser(name, STAGE_COMMANDS[name][1]).parse_intermixed_args(argv)  # key=value may follow flags
-    overrides = list(args.overrides)
-    if args.ds_config:
-        overrides.append(f"ds_config={args.ds_config}")
-    if args.ranks:
-        overrides.append(f"launch.ranks={args.ranks}")
-    if args.launcher:
-        overrides.append(f"launch.launcher={args.launcher}")
-    cfg = config.load(args.preset, args.config, overrides)
-    if cfg.stage != name.replace("-", "_"):
-        raise ConfigError(f"the config is for stage {cfg.stage!r}, not {name!r}; use `mm-ds {cfg.stage}` "
-                          f"or a {name} preset")
-    return args, cfg
-
-
-VALIDATED = "MM_DS_VALIDATED"
-"""Set by the mm-ds launcher side for the ranks it starts: the fingerprint of the command it validated. A
-launcher may hand it to some ranks only (mpirun: those on its own node), so rank 0's tells every rank."""
-
-
-def fingerprint(name: str, argv: list[str]) -> str:
-    """Of `mm-ds NAME ARGV` run from this directory: ranks skip `validate` only for exactly that command."""
-    return hashlib.sha256(json.dumps([os.getcwd(), name, *argv]).encode()).hexdigest()[:16]
-
-
-def validated_env(argv: list[str]) -> dict[str, str]:
-    """The environment that tells the ranks of `mm-ds ARGV` that it was validated (`preflight_stage`)."""
-    return {VALIDATED: fingerprint(argv[0], argv[1:])}
-
-
-LOOK = object()
-"""`validate`'s `found` default: find the resume point here (the ranks of a launch pass rank 0's)."""
-
-
-def validate(stage_mod, cfg, out: Path, resume: bool, world: int, skipped: list[str] | None = None, found=LOOK):
-    """Every check of a stage run that can fail on bad input, before any engine exists: the stage's data and
-    parent (`preflight`, which leaves `cfg` as `build` makes it), the engine config through DeepSpeed's
-    parser on `world` ranks, the run directory (first), and the checkpoint a resume would load. Run once per
-    process: by the launcher side, and by ranks that no mm-ds launcher validated for. Returns the engine
-    config and geometry (None for a stage of zero updates: it has no engine).
-
-    `skipped` (`--dry-run`): a parent or corpus that does not exist yet skips the preflight checks that read
-    it, described in this list, so that a Step-2 config can be checked before Step 1 ends."""
-    from .runtime import ds_config
-
-    check_run_dir(out, resume=resume)  # first: a run that cannot write its directory reads no data
-    missing = [f"{key}={path}" for key, path in (("parent", cfg.parent), ("data.corpus", cfg.data.corpus))
-               if path and not Path(path).exists()] if skipped is not None else []
-    if missing:
-        checks = " ".join(inspect.getdoc(stage_mod.preflight).split())
-        skipped.append(f"({' and '.join(missing)} not there yet) {checks}")
-    else:
-        stage_mod.preflight(cfg)
-    resolved = ds_config.resolve(cfg, world, out) if cfg.train.steps else (None, None)
-    found = ckpt_io.find_resume_point(out) if resume and found is LOOK else found
-    if resume and found is not None:
-        check_resumable(found, cfg)
-    return resolved
-
-
-def check_run_dir(run_dir: Path, resume: bool) -> None:
-    """A new run never overwrites another's checkpoints or final weights, and its directory can be written."""
-    problem = ckpt_io.unwritable(run_dir)
-    if problem:
-        raise ConfigError(problem)
-    if resume or not run_dir.exists():
-        return
-    if ckpt_io.list_checkpoints(run_dir) or (run_dir / ckpt_io.FINAL).exists():
-        raise ConfigError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or "
-                          f"choose a new --out (nothing was overwritten)")
-
-
-def check_resumable(found: Path, cfg) -> None:
-    """The checkpoint --resume would load was written by this stage, system and architecture."""
-    from .config import to_dict
-
-    meta = ckpt_io.read_meta(found)
-    mine = to_dict(cfg.model)
-    if meta.get("model") != mine:
-        diff = {k: (meta.get("model", {}).get(k), v) for k, v in mine.items() if meta.get("model", {}).get(k) != v}
-        raise ConfigError(f"--resume: {found} was trained with a different architecture "
-                          f"(checkpoint vs. now: {diff}); resume with the same model config or use a new --out")
-    for key in ("stage", "system"):
-        if meta.get(key) != getattr(cfg, key):
-            raise ConfigError(f"--resume: {found} is {key}={meta.get(key)!r}, this run is {getattr(cfg, key)!r}")
-
-
-def preflight_stage(name: str, argv: list[str]):
-    """What `mm-ds NAME ARGV` does before any rank starts: `validate`, the launcher's settings, then
-    `--dry-run`'s printout or a stage of zero updates, run here (MINIJOINT's extraction). Returns (args, cfg,
-    done): done means nothing is left to launch."""
-    from . import config
-    from .runtime import engine, launch, sums
-
-    args, cfg = stage_config(name, argv)
-    stage_mod = importlib.import_module(STAGE_COMMANDS[name][0])
-    out = Path(args.out)
-    skipped = [] if args.dry_run else None
-    # Ranks to start: their rank 0 hashes what they load (stages/common.py verify_inputs); here sizes suffice.
-    with sums.deferred(cfg.launch.launcher != "none" and not args.dry_run):
-        ds_cfg, geo = validate(stage_mod, cfg, out, args.resume, cfg.launch.world_size, skipped)
-    launch.preflight(cfg.launch, port=not args.dry_run)
-    if args.dry_run:
-        print(config.dump_yaml(cfg))
-        if ds_cfg is not None:
-            print(json.dumps(ds_cfg, indent=2))
-            print(f"# geometry: {geo}")
-        if cfg.launch.launcher not in ("none", "srun"):
-            skipped.append(f"whether launch.master_port={cfg.launch.master_port} is free (when the ranks start)")
-        print("\n".join(f"# --dry-run skipped: {s}" for s in skipped))
-        return args, cfg, True
-    if not cfg.train.steps:  # no engine, no ranks: the stage's model as built is its result
-        engine.train(stage_mod.build(cfg), out, resume=args.resume, progress=False)
-        return args, cfg, True
-    if cfg.launch.launcher == "none" and cfg.launch.ranks != 1:
-        raise ConfigError("launch.launcher=none runs a single process; set launch.ranks=1")
-    return args, cfg, False
-
-
-def validated_here(name: str, argv: list[str]) -> bool:
-    """This process's environment says the mm-ds process that started it validated `mm-ds NAME ARGV`. Only one
-    process's answer counts: under a launcher rank 0's, broadcast (another rank may not have the variable)."""
-    return os.environ.get(VALIDATED) == fingerprint(name, argv)
-
-
-def run_stage(name: str, argv: list[str]) -> int:
-    from .runtime import dist, engine, launch
-
-    if not launch.under_launcher():
-        args, cfg = stage_config(name, argv)
-        if not (cfg.launch.launcher == "none" and validated_here(name, argv)):  # else `mm-ds run` checked it
-            args, cfg, done = preflight_stage(name, argv)
-            if done:
-                return 0
-            if cfg.launch.launcher != "none":
-                return launch.relaunch(cfg.launch, [name, *argv], validated_env([name, *argv]))
-    else:
-        args, cfg = stage_config(name, argv)
-        rank, _, world = dist.init()
-        from .stages.common import verify_inputs  # rank 0 hashes the parent and the resume point, once
-        found = verify_inputs(cfg.parent, Path(args.out) if args.resume else None)
-        if not dist.broadcast_object(validated_here(name, argv) if rank == 0 else None):
-            # a rank started by hand, or by `mm-ds run`'s one job: every rank checks what it sees (and all stop
-            # when one fails), then rank 0 may write
-            stage_mod = importlib.import_module(STAGE_COMMANDS[name][0])
-            dist.on_every_rank(lambda: validate(stage_mod, cfg, Path(args.out), args.resume, world, found=found),
-                               f"checking the stage run {args.out}")
-    stage = importlib.import_module(STAGE_COMMANDS[name][0]).build(cfg)
-    engine.train(stage, Path(args.out), resume=args.resume, progress=not args.no_progress, reshard=args.reshard)
-    return 0
 
 
 def prepare_main(argv: list[str]) -> int:

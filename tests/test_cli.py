@@ -205,7 +205,7 @@ def test_a_failed_stage_in_mm_ds_run_is_a_message_not_a_traceback(capsys, tmp_pa
     assert rc == 2 and "Traceback" not in err and "did you mean 'tiny'?" in err
 
 
-def test_dry_run_needs_no_free_port_nor_the_parent_and_corpus_yet(capsys, tmp_path):
+def test_check_needs_no_free_port_nor_the_parent_and_corpus_yet(capsys, tmp_path):  # --dry-run: the same
     """A Step-2 config checked before Step 1 ends: the checks that read the parent and corpus are skipped and
     named, the engine config is still resolved through DeepSpeed's parser, and the port may be taken."""
     with socket.socket() as busy:
@@ -217,9 +217,9 @@ def test_dry_run_needs_no_free_port_nor_the_parent_and_corpus_yet(capsys, tmp_pa
                 f"launch.master_port={port}", "monitor.tensorboard=true"]
         rc, out, err = run(capsys, *argv, "--dry-run")
         assert rc == 0, err
-        assert f"# --dry-run skipped: (parent={tmp_path / 'build_mini'} and data.corpus={tmp_path / 'data' / 'de'} " \
+        assert f"# --check skipped: (parent={tmp_path / 'build_mini'} and data.corpus={tmp_path / 'data' / 'de'} " \
                f"not there yet) Checks the parent" in out
-        assert f"# --dry-run skipped: whether launch.master_port={port} is free" in out
+        assert f"# --check skipped: whether launch.master_port={port} is free" in out
         engine = json.loads(out[out.index("\n{") + 1:out.index("\n}\n") + 2])
         assert engine["tensorboard"] == {"enabled": True, "output_path": str(tmp_path / "adapt" / "logs"),
                                          "job_name": "adapt"}
@@ -228,9 +228,9 @@ def test_dry_run_needs_no_free_port_nor_the_parent_and_corpus_yet(capsys, tmp_pa
         assert not (tmp_path / "adapt").exists()
 
 
-def test_dry_run_with_the_inputs_there_runs_every_check(capsys, tmp_path, corpus):
+def test_check_with_the_inputs_there_runs_every_check(capsys, tmp_path, corpus):
     rc, out, err = run(capsys, "pretrain", "--preset", "tiny/bl_base", "--out", str(tmp_path / "run"),
-                       f"data.corpus={corpus}", "--dry-run")
+                       f"data.corpus={corpus}", "--check")
     assert rc == 0, err
     from mm_ds.data.shards import TokenCorpus
     assert "not there yet" not in out

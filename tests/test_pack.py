@@ -119,10 +119,10 @@ def test_step4_builds_one_model_per_unit_and_reads_a_step2_checkpoint_once_for_e
 
 
 def test_a_stage_start_hashes_its_parent_once(models, tmp_path, monkeypatch):
-    """A finetuning's checks (`preflight_stage`) and its model (`build`) both load the parent: its sums are read
+    """A finetuning's checks (`runner.preflight`) and its model (`build`) both load the parent: its sums are read
     once. The side that starts ranks reads none (their rank 0 does, tests/test_pipeline.py)."""
-    from mm_ds import cli
     from mm_ds.model.model import RobertaMLM
+    from mm_ds.stages import runner
     from mm_ds.stages import finetune
 
     root, runs = models
@@ -138,8 +138,9 @@ def test_a_stage_start_hashes_its_parent_once(models, tmp_path, monkeypatch):
             f"finetune.data_root={root / 'world'}", "launch.ranks=1"]
     weights = str(parent / "final" / "model.safetensors")
     from mm_ds.runtime.dist import free_port
-    cli.preflight_stage("finetune", [*argv, "launch.launcher=deepspeed", f"launch.master_port={free_port()}"])
+    runner.preflight(runner.parse("finetune", [*argv, "launch.launcher=deepspeed",
+                                               f"launch.master_port={free_port()}"])[1])
     assert hashed[weights] == 0  # its ranks' rank 0 will
-    _, cfg, _ = cli.preflight_stage("finetune", [*argv, "launch.launcher=none"])
+    cfg, _ = runner.preflight(runner.parse("finetune", [*argv, "launch.launcher=none"])[1])
     finetune.build(cfg)
     assert hashed[weights] == 1

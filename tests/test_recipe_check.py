@@ -78,15 +78,21 @@ def test_a_geometry_that_cannot_divide_fails_the_check_naming_the_stage(tmp_path
     assert rc == 1 and "global batch 2048 is not divisible by micro batch 32 x world size 6" in stdout
 
 
+def test_a_stage_run_gives_the_config_its_command_line_gives():
+    """`mm-ds run` launches `StageRun.argv` but checks and prices `StageRun.config()`: they must be one config."""
+    from mm_ds.stages.runner import stage_config
+
+    for node in recipe_mod.stage_runs(load_recipe("paper"), Path("/tmp/out")):
+        assert node.config() == stage_config(node.argv[0], node.argv[1:])[1], node.name
+
+
 def test_the_paper_checkpoints_bl_base_step2_every_1000_updates():
     """Footnote 3: BL_BASE's Step 2 every 1000 updates, the other systems every 5000 (plus 1000-4000)."""
-    from mm_ds.cli import stage_config
     from mm_ds.runtime.engine import is_checkpoint_step
 
     nodes = {n.name: n for n in recipe_mod.stage_runs(load_recipe("paper"), Path("/tmp/out"))}
     for system, want in (("bl_base", 125), ("minipost", 29)):
-        node = nodes[f"adapt/adapt/{system}/de"]
-        _, cfg = stage_config(node.argv[0], node.argv[1:])
+        cfg = nodes[f"adapt/adapt/{system}/de"].config()
         assert sum(is_checkpoint_step(s, cfg) for s in range(1, cfg.train.steps + 1)) == want, system
 
 

@@ -193,16 +193,12 @@ def _check_data(recipe, out: Path, strict: bool, report: Report) -> None:
 
 def _stage(node, configs: dict[Path, RunConfig], report: Report) -> RunConfig | None:
     from ..runtime import ds_config, launch
-    from ..cli import stage_config
 
     where = node.name.split("/", 1)[1]  # the run directory under --out
     try:
-        _, cfg = stage_config(node.argv[0], node.argv[1:])
+        cfg = node.config()
     except ConfigError as e:
         report.add(where, str(e))
-        return None
-    except SystemExit:
-        report.add(where, f"`mm-ds {' '.join(node.argv[:2])} ...` does not parse its arguments")
         return None
     for what, fn in (("engine config", lambda: ds_config.resolve(cfg, cfg.launch.world_size, on_this_machine=False)),
                      ("launch", lambda: _launcher(cfg, launch)),

@@ -38,7 +38,7 @@ from ..runtime import checkpoint
 from .. import tokens
 from .check import Report, check_stages
 from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict
-from .recipe import StageRun
+from ..stages.runner import StageRun
 from ..systems import SystemNameError, system_of
 from . import extend_card
 
@@ -203,11 +203,11 @@ def stage_runs(plan: Plan, model: ModelConfig) -> list[StageRun]:
         # the paper's mini-model is 4 of 12 layers: a third of SRC's, before any override of the user's
         default = [f"mini.layers={min(max(1, model.num_layers // 3), model.num_layers - 1)}"] \
             if kind == "build_mini" and row.mini == "build" and model.num_layers > 1 else []
-        argv = [kind.replace("_", "-"), "--preset", f"{plan.presets}/{kind}", "--out", str(run),
-                f"system={plan.system}", f"lang={lang}", *default, *plan.overrides.get("", []),
-                *plan.overrides.get(kind, []), *row.overrides(kind),
-                f"data.corpus={plan.out / 'data' / lang}", f"parent={parent}"]
-        runs.append(StageRun(f"{kind}/{run.relative_to(plan.out)}", run, argv))
+        overrides = [f"system={plan.system}", f"lang={lang}", *default, *plan.overrides.get("", []),
+                     *plan.overrides.get(kind, []), *row.overrides(kind),
+                     f"data.corpus={plan.out / 'data' / lang}", f"parent={parent}"]
+        runs.append(StageRun(kind, run, f"{plan.presets}/{kind}", tuple(overrides),
+                             f"{kind}/{run.relative_to(plan.out)}"))
         parent = run
     return runs
 

@@ -1,8 +1,8 @@
 """A recipe: what `mm-ds run` runs (systems, target languages, tasks, seeds, data, a preset per stage), and the
 stage runs it makes, in dependency order.
 
-A recipe is a packaged `presets/recipes/NAME.yaml` or a YAML file. Its stage runs are `mm-ds <stage>` command
-lines; `stage_configs` parses them exactly as the stages would, so the recipe check, `mm-ds flops` and
+A recipe is a packaged `presets/recipes/NAME.yaml` or a YAML file. Its stage runs (`StageRun`: stage, preset,
+overrides) give their effective configs exactly as the stage commands would, so the recipe check, `mm-ds flops` and
 `mm-ds plan` see what a run would run.
 """
 
@@ -17,6 +17,7 @@ import yaml
 
 from ..config import ConfigError, check_numbers, did_you_mean, from_dict, recipe_names
 from ..data.tasks import HUB, TASKS, is_hub
+from ..stages.runner import StageRun
 from ..systems import STAGES, SYSTEMS, SystemNameError, sort_key, system_of
 
 
@@ -231,17 +232,6 @@ def load_recipe(name: str, sets: list[str] = ()) -> Recipe:
     return recipe
 
 
-@dataclass
-class StageRun:
-    """One run of a training stage: its name (`stage/run dir under OUT`), run directory and command line."""
-    name: str
-    out: Path
-    argv: list[str]
-    """mm-ds arguments; run as `python -m mm_ds.cli ARGV`."""
-    packed: bool = False
-    """A single-device run, packed with others onto the launch's devices (`PACKED`), not data-parallel."""
-
-
 PACKED = ("finetune",)
 """Stages of many small independent runs (Step 3: every primary model x task x seed, 60 in the paper recipe): each
 runs on one device with the paper's batch, several at once on the launch's devices (mm_ds/pipeline/pack.py)."""
@@ -259,12 +249,11 @@ def stage_runs(recipe: Recipe, out: Path) -> list[StageRun]:
         preset = recipe.presets.get(kind, "").format(system=row.base)
         own = [*recipe.overrides.get(f"{kind}/{row.base}", [])] + (
             recipe.overrides.get(f"{kind}/{system}", []) if system != row.base else [])
-        argv = [kind.replace("_", "-"), "--preset", preset, "--out", str(run), f"system={system}", f"lang={lang}",
-                *(ONE_DEVICE if kind in PACKED else launch), *recipe.overrides.get(kind, []), *own,
-                *row.overrides(kind), *extra]
+        overrides = [f"system={system}", f"lang={lang}", *(ONE_DEVICE if kind in PACKED else launch),
+                     *recipe.overrides.get(kind, []), *own, *row.overrides(kind), *extra]
         if parent is not None:
-            argv.append(f"parent={parent}")
-        runs.append(StageRun(f"{kind}/{run.relative_to(out)}", run, argv, kind in PACKED))
+            overrides.append(f"parent={parent}")
+        runs.append(StageRun(kind, run, preset, tuple(overrides), f"{kind}/{run.relative_to(out)}", kind in PACKED))
 
     for p in primaries(recipe):
         stage("pretrain", out / "pretrain" / p, p, recipe.source_lang, None, [f"data.corpus={data / recipe.source_lang}"])
@@ -326,8 +315,6 @@ def text_inputs(recipe: Recipe, lang: str) -> list[str]:
 
 
 def stage_configs(recipe: Recipe, out: Path = Path("OUT")) -> dict[str, object]:
-    """Each planned stage run's effective RunConfig (preset, stage, system and task overrides), parsed from the
-    very command line `mm-ds run` would launch, keyed by the run directory under `out`."""
-    from ..cli import stage_config
-
-    return {n.name.split("/", 1)[1]: stage_config(n.argv[0], n.argv[1:])[1] for n in stage_runs(recipe, out)}
+    """Each planned stage run's effective RunConfig (preset, stage, system and task overrides), as the stage
+    command `mm-ds run` would launch gives it, keyed by the run directory under `out`."""
+    return {n.name.split("/", 1)[1]: n.config() for n in stage_runs(recipe, out)}

@@ -31,8 +31,9 @@ from ..config import ConfigError, from_dict
 from .pack import complete
 from .progress import Follow, StageFailed, Watched, say
 from .progress import run_logged as _run_logged
-from .recipe import (Recipe, StageRun, load_recipe, minis_in_english, prepare_options, recipe_names, stage_runs,
-                     task_root, text_inputs)
+from .recipe import (Recipe, load_recipe, minis_in_english, prepare_options, recipe_names, stage_runs, task_root,
+                     text_inputs)
+from ..stages.runner import StageRun
 from ..systems import REFERENCE, system_of
 
 
@@ -41,21 +42,22 @@ def _mm_ds(argv: list[str], log: Path) -> None:
     _run_logged([sys.executable, "-m", "mm_ds.cli", *argv], log)
 
 
-def _launch_stage(name: str, argv: list[str], log: Path, follow: Follow | None = None) -> None:
+def _launch_stage(run: StageRun, resume: bool, log: Path, follow: Follow | None = None) -> None:
     """One stage as `mm-ds STAGE ARGV` would run it, with its checks done here (one process fewer per stage:
     start-up, not training, dominates small stages) and its ranks started by the launcher, output to `log`."""
     import contextlib
 
-    from ..cli import preflight_stage, validated_env
     from ..runtime.launch import command, launch_env
+    from ..stages.runner import preflight, validated_env
 
+    argv = run.argv + ["--no-progress"] + (["--resume"] if resume else [])
     say(f"$ mm-ds {' '.join(argv)}")
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f, contextlib.redirect_stdout(f):
         try:
-            _, cfg, done = preflight_stage(argv[0], argv[1:])
+            cfg, done = preflight(run, resume)
         except (ConfigError, checkpoint.CheckpointError, FileNotFoundError, ValueError) as e:
-            raise ConfigError(f"stage {name}: {e}") from e
+            raise ConfigError(f"stage {run.name}: {e}") from e
     if not done:
         _run_logged(command(cfg.launch, argv) if cfg.launch.launcher != "none"
                     else [sys.executable, "-m", "mm_ds.cli", *argv], log, follow,
@@ -66,12 +68,12 @@ def run_stages(todo: list[StageRun], logs: Path) -> None:
     """Each stage run in order, one launch each, its output in `logs`, progress shown meanwhile; an
     interrupted one resumes from its newest checkpoint. The caller has left out the complete ones."""
     for i, n in enumerate(todo):
-        resume = ["--resume"] if checkpoint.list_checkpoints(n.out) else []
+        resume = bool(checkpoint.list_checkpoints(n.out))
         if resume:
             found = checkpoint.find_resume_point(n.out, checksums=False)  # its rank 0 hashes it
             say(f"resume {n.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}")
         log = logs / f"{n.name.replace('/', '_')}.log"
-        _launch_stage(n.name, n.argv + ["--no-progress"] + resume, log, Follow([_watched(n, i, len(todo), log)]))
+        _launch_stage(n, resume, log, Follow([_watched(n, i, len(todo), log)]))
 
 
 def _watched(run: StageRun, i: int, n: int, log: Path) -> Watched:
@@ -92,7 +94,7 @@ def job_main(argv: list[str]) -> int:
     import gc
 
     from ..runtime import dist
-    from ..cli import run_stage
+    from ..stages.runner import run_stage
 
     rank, _, _ = dist.init()
     # The stage list decides every collective that follows: rank 0 reads it for all (no node's own look).

@@ -151,7 +151,7 @@ def use_tf32(on: bool) -> None:
 
 def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: bool = True,
           reshard: bool = False) -> Path:
-    """Train `stage` into `run_dir` (its checks, `cli.validate`, are done before) and return final/."""
+    """Train `stage` into `run_dir` (its checks, `stages.runner.validate`, are done before) and return final/."""
     cfg = stage.cfg
     run_dir = Path(run_dir)
     if cfg.train.steps == 0:

@@ -7,7 +7,7 @@ rank reaches every rank; one set by the `mm-ds` process that starts the launcher
 missing (or different) on another node.
 
 The rule: none that may differ between ranks decides which collectives a rank calls. Such a decision is
-taken on rank 0 and broadcast (`dist.broadcast_object`, as `cli.run_stage` does with MM_DS_VALIDATED).
+taken on rank 0 and broadcast (`dist.broadcast_object`, as `stages.runner.run_stage` does with MM_DS_VALIDATED).
 tests/test_environment.py keeps this table complete and the rule kept.
 """
 
