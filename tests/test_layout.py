@@ -1,11 +1,43 @@
-"""The package's shape: no import cycles (function-level imports included: a cycle there is still two modules
-that cannot be read apart) and no module longer than a reader can hold (~450 lines)."""
+"""The package's shape: no import cycles (function-level imports and dispatch strings included: a cycle there is
+still two modules that cannot be read apart), arrows that never climb back up the folders, nothing that imports
+the CLI, and no module longer than a reader can hold (~450 lines)."""
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mm_ds"
 MAX_LINES = 450
+
+DISPATCH = re.compile(r"mm_ds(\.\w+)+(:\w+)?")
+"""A string that is a module's name, or module:function: `importlib.import_module` and the CLI's tables call it."""
+
+# Where a module lives: its folder under mm_ds/, or "base" for the top-level modules every folder reads (config,
+# coerce, systems, tokens) and "entry" for the entry points (the package's __init__, cli, rank).
+ENTRY = {"mm_ds", "mm_ds.cli", "mm_ds.rank"}
+FOLDERS = ("data", "model", "runtime", "interop", "stages", "eval", "report", "pipeline", "tools")
+ABOVE = {"model", "runtime", "interop", "stages", "eval", "report", "pipeline", "tools", "entry"}
+# folder -> the folders it must not import (the README's code map says the same).
+FORBIDDEN = {
+    "base": ABOVE,
+    "data": ABOVE,
+    "model": ABOVE - {"model"},
+    "runtime": ABOVE - {"model", "runtime"},
+    "interop": ABOVE - {"model", "runtime", "interop"},
+    "stages": {"interop", "eval", "report", "pipeline", "tools", "entry"},
+    "eval": {"stages", "tools", "entry"},
+    "report": {"runtime", "stages", "eval", "tools", "entry"},
+    "pipeline": {"entry"},
+    "tools": {"entry"},
+    "entry": set(),
+}
+
+
+def folder(module: str) -> str:
+    if module in ENTRY:
+        return "entry"
+    part = module.split(".")[1]
+    return part if part in FOLDERS else "base"
 
 
 def module_name(path: Path) -> str:
@@ -18,6 +50,9 @@ def imports(path: Path, modules: set[str]) -> set[str]:
     tree = ast.parse(path.read_text())
     typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
                    for n in ast.walk(node)}
+    # `[python, "-m", "mm_ds.cli", ...]` starts another process: a command line, not an import
+    started = {id(b) for node in ast.walk(tree) if isinstance(node, (ast.List, ast.Tuple))
+               for a, b in zip(node.elts, node.elts[1:]) if isinstance(a, ast.Constant) and a.value == "-m"}
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
@@ -26,6 +61,9 @@ def imports(path: Path, modules: set[str]) -> set[str]:
             continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and DISPATCH.fullmatch(node.value) \
+                and id(node) not in started:
+            found.add(node.value.partition(":")[0])
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -78,6 +116,30 @@ def test_no_import_cycles():
 def test_the_cycle_finder_finds_cycles():  # a test that cannot fail is a defect
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_dispatch_strings_are_imports():
+    g = graph()
+    assert "mm_ds.eval.transfer" in g["mm_ds.cli"] and "mm_ds.stages.pretrain" in g["mm_ds.stages.runner"]
+
+
+def test_nothing_imports_the_cli():
+    """The CLI is an entry point: the library never imports it back (mm_ds/rank.py is the CLI run as a script)."""
+    assert [m for m, deps in graph().items() if "mm_ds.cli" in deps and m != "mm_ds.rank"] == []
+
+
+def test_arrows_do_not_climb_back_up():
+    """runtime never imports stages, eval, report or the pipeline; stages never import the recipe; ..."""
+    bad = sorted(f"{m} -> {d}" for m, deps in graph().items() for d in deps
+                 if folder(d) in FORBIDDEN[folder(m)])
+    assert bad == [], "these imports climb back up; move the shared piece down instead:\n" + "\n".join(bad)
+
+
+def test_the_folder_rule_finds_a_climbing_arrow():  # a test that cannot fail is a defect
+    assert folder("mm_ds.pipeline.recipe") in FORBIDDEN[folder("mm_ds.stages.adapt")]
+    assert folder("mm_ds.pipeline.run") in FORBIDDEN[folder("mm_ds.runtime.engine")]
+    assert folder("mm_ds.cli") in FORBIDDEN[folder("mm_ds.pipeline.run")]
+    assert folder("mm_ds.runtime.engine") not in FORBIDDEN[folder("mm_ds.stages.adapt")]
 
 
 def test_relative_imports_resolve_to_package_modules():
