@@ -1,5 +1,21 @@
 """The four systems of the paper (§2, §3) as one table, and the pipeline's stages.
 
+Glossary, paper term -> name in code, config, CLI and logs:
+
+    primary model                  a system's `primary` row: the model Steps 1, 3 and 4 use (`pretrain/<primary>`)
+    mini-model                     `build_mini/<system>` (Step 1b's result); `System.mini` says how it is made
+    secondary head (MINIJOINT)     `model.secondary_head_layer`; keys `secondary_head.*` (`secondary_heads.N.*`)
+    bridge layers (MINIPOST)       `mini.new_layers`, trained in Step 1b (formula A4)
+    depth N                        see "Depth N" below
+    Step 1, 1b, 2, 3               the stages `pretrain`, `build_mini` (`mm-ds build-mini`), `adapt`, `finetune`
+    Step 4 (zero-shot transfer)    evaluation, not a stage: mm_ds/eval/transfer.py
+    target language                `lang` of Step 2 (`recipe.langs`); the source language is `source_lang` (en)
+
+Depth N (the mini-model's shared bottom layers, paper N=4) is one config key per system, `System.depth_key`:
+MINIJOINT's is `model.secondary_head_layer` of its `pretrain` config (its secondary head sits after layer N;
+Step 1b extracts those N layers), MINIPOST's is `mini.layers` of its `build_mini` config (BL_BASE's bottom N
+layers, plus `mini.new_layers` bridge layers). A variant `minijoint@N` / `minipost@N` sets exactly that key.
+
 Every per-system difference lives in a row here, the way `data/tasks.py` holds every per-task one: the
 pipeline, the stages, the recipe check, FLOPs, `mm-ds plan`, the report and the benchmark read it.
 

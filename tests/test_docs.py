@@ -11,7 +11,7 @@ from mm_ds import cli, config
 from mm_ds.pipeline.recipe import recipe_names
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "mm_ds").rglob("*.py")), *sorted((ROOT / "launchers").glob("*"))]
+DOCS = [ROOT / "README.md", ROOT / "docs" / "bench.md", *sorted((ROOT / "mm_ds").rglob("*.py")), *sorted((ROOT / "launchers").glob("*"))]
 
 
 def example_lines(path: Path):

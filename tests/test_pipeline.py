@@ -180,7 +180,7 @@ def test_finetuning_keeps_source_embeddings_frozen(finished):
 
 def test_rerun_skips_every_finished_stage(finished):
     recipe, out, _ = finished
-    proc = subprocess.run([sys.executable, "-m", "mm_ds.cli", "run", str(recipe), "--out", str(out), "--plan"],
+    proc = subprocess.run([sys.executable, "-m", "mm_ds.cli", "run", str(recipe), "--out", str(out), "--list-stage-runs"],
                           capture_output=True, text=True)
     assert proc.returncode == 0
     lines = [line for line in proc.stdout.strip().splitlines() if not line.startswith("#")]

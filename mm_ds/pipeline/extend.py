@@ -380,8 +380,8 @@ def parser() -> argparse.ArgumentParser:
                    "tenth of --text, at most 2000 lines, kept out of training)")
     p.add_argument("--model-type", default="unigram", choices=["unigram", "bpe"],
                    help="target SentencePiece algorithm (default: %(default)s)")
-    p.add_argument("--check", action="store_true", help="validate SRC, the texts, the output directories and "
-                   "every stage config; train nothing")
+    p.add_argument("--check", "--dry-run", dest="check", action="store_true", help="validate SRC, the texts, the "
+                   "output directories and every stage config; train nothing (--dry-run: the same)")
     p.add_argument("overrides", nargs="*", metavar="[STAGE/]key=value", help="config overrides for every stage, "
                    "or for one with build_mini/ or adapt/, e.g. train.steps=2000 adapt/train.lr=5e-4")
     return p

@@ -214,8 +214,8 @@ STEP_NAMES = {"pretrain": "Step 1 (pretrain)", "build_mini": "Step 1b (build-min
               "finetune": "Step 3 (finetune)"}
 
 
-def plan_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, bool], out: Path) -> str:
-    """`mm-ds run --plan`'s head: the stage runs per step, how they run, and what is already done."""
+def stage_runs_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, bool], out: Path) -> str:
+    """`mm-ds run --list-stage-runs`'s head: the stage runs per step, how they run, and what is already done."""
     from ..config import LaunchConfig
 
     world = from_dict(LaunchConfig, recipe.launch).world_size
@@ -236,7 +236,7 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     runs = stage_runs(recipe, out)
     if list_only:
         done = {n.name: complete(n.out) for n in runs}
-        print(plan_summary(recipe, runs, done, out))
+        print(stage_runs_summary(recipe, runs, done, out))
         for n in runs:
             print(f"{'done' if done[n.name] else 'todo'}  mm-ds {' '.join(n.argv)}")
         return 0
@@ -328,9 +328,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("recipe", help=f"packaged recipe ({', '.join(recipe_names())}; `mm-ds presets` describes them) "
                    f"or a YAML file, whose relative paths start at its folder")
     p.add_argument("--out", required=True)
-    p.add_argument("--plan", action="store_true", help="print the stage commands and their state; run nothing")
-    p.add_argument("--check", action="store_true", help="validate every stage run (configs, engine "
-                   "configs, batch geometry, launcher, task coverage, files that are here); run nothing")
+    p.add_argument("--list-stage-runs", "--plan", dest="list_stage_runs", action="store_true",
+                   help="print the stage runs per step, their commands and state; run nothing (--plan: its old "
+                        "name; the cluster plan is `mm-ds plan`)")
+    p.add_argument("--check", "--dry-run", dest="check", action="store_true", help="validate every stage run "
+                   "(configs, engine configs, batch geometry, launcher, task coverage, files that are here); run "
+                   "nothing (--dry-run: the same)")
     p.add_argument("--launch", action="append", default=[], metavar="KEY=VALUE",
                    help="launch.* setting for every training stage, over the recipe's (repeatable), e.g. "
                         "--launch launcher=mpirun --launch hostfile=hosts --launch nodes=2")
@@ -349,7 +352,7 @@ def main(argv: list[str]) -> int:
         print(f"mm-ds run {a.recipe} --check: {report.format()}")
         return 1 if report.problems else 0
     try:
-        return run(recipe, Path(a.out), a.plan)
+        return run(recipe, Path(a.out), a.list_stage_runs)
     except StageFailed as e:  # the stage's own traceback is in its log; ours would bury the message
         print(f"mm-ds run: error: {e}", file=sys.stderr)
         return 1
