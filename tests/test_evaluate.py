@@ -78,7 +78,7 @@ def test_a_result_scored_on_another_kind_of_device_is_scored_again(world, tmp_pa
     path = results / f"{units[0].name}.json"
     saved = json.loads(path.read_text())
     assert saved["scored_with"] == here
-    path.write_text(json.dumps({"fingerprint": transfer.fingerprint(units[0], str(root), tmp_path, gpu),
+    path.write_text(json.dumps({"fingerprint": transfer.unit_fingerprint(units[0], str(root), tmp_path, gpu),
                                 "scored_with": gpu, "rows": [r | {"score": -1.0} for r in saved["rows"]]}))
     with pytest.raises(ConfigError, match=r"different kinds of device and precision \(cuda/bf16: 1 .*cpu/fp32: 1"):
         transfer.collect(units, str(root), results)

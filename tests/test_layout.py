@@ -152,3 +152,17 @@ def test_no_module_is_longer_than_a_reader_can_hold():
     long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}, f"split these along a seam the reader would recognise: {long}"
+
+
+ONE_NAME = ("Report", "fingerprint", "stage_runs", "StageRun")
+"""Names that once meant two or three things (a check's findings and the paper's report; a command's, a unit's and
+an alignment row's cache key; a recipe's and extend's stage runs): each is defined once in the package, at most."""
+
+
+def test_one_definition_per_name():
+    where: dict[str, list[str]] = {}
+    for p in PACKAGE.rglob("*.py"):
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in ONE_NAME:
+                where.setdefault(node.name, []).append(module_name(p))
+    assert {n: ms for n, ms in where.items() if len(ms) > 1} == {}

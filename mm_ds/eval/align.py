@@ -261,7 +261,7 @@ def heldout_corpus(text: Path, lang: str, tokenizer: str, root: Path) -> Path:
     return where
 
 
-def fingerprint(ckpt: Path, primary: str, heldout: Path, settings: Settings, tag: str) -> str:
+def row_fingerprint(ckpt: Path, primary: str, heldout: Path, settings: Settings, tag: str) -> str:
     """Changes when any input of a row changes: the checkpoint's and the primary model's manifests, the held-out
     corpus (its name is a hash of the text and the tokenizer), the settings. No paths: a moved tree keeps its rows."""
     h = hashlib.sha256(json.dumps([asdict(settings), tag, heldout.name, ROWS_VERSION]).encode())
@@ -305,7 +305,7 @@ def align_run(run: Path, texts: dict[str, str], out: Path | None, settings: Sett
             batches = batches or eval_batches(heldout, meta["run_config"]["data"], settings)
             start = start or initial_group(ckpts[0])
             return row_for(ckpt, batches, device, init=tag == INIT, init_group=start)
-        rows.append(_cached(results / f"{tag}.json", fingerprint(ckpt, meta["primary"], heldout, settings, tag),
+        rows.append(_cached(results / f"{tag}.json", row_fingerprint(ckpt, meta["primary"], heldout, settings, tag),
                             compute))
     r = rows[-1]
     say(f"[mm-ds] align {system} {lang}: {len(rows)} points; at step {r['step']} held-out MLM accuracy of the primary "
@@ -352,7 +352,7 @@ def source_rows(out: Path, settings: Settings = Settings(), device="cpu", say=pr
                     "sequences": sum(len(b["input_ids"]) for b in batches[tokenizer]), "targets": m["targets"],
                     "loss": m["loss"], "acc": m["acc"], "unigram_loss": u["loss"], "unigram_acc": u["acc"]}
         rows.append(_cached(out / "align" / "source" / f"{kind}.{system}.json",
-                            fingerprint(run, str(run), heldout, settings, "source"), compute))
+                            row_fingerprint(run, str(run), heldout, settings, "source"), compute))
     u = rows[0]["unigram_acc"]
     say(f"[mm-ds] align {lang}: held-out MLM accuracy " + ", ".join(f"{r['system']} {r['model']} {100 * r['acc']:.1f}%"
                                                                   for r in rows)

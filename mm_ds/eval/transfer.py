@@ -213,7 +213,7 @@ def scored_with(device) -> str:
     return f"{torch.device(device).type}/{scoring_precision(device)}"
 
 
-def fingerprint(unit: Unit, data_root: str, base: Path, how: str | None) -> str:
+def unit_fingerprint(unit: Unit, data_root: str, base: Path, how: str | None) -> str:
     """Changes when any input of the unit changes: the manifests (sha256 of every weight file) of the
     finetuned models and of the Step-2 checkpoint, the task file's size and time (the hub's dataset, config
     and split for data root `hub`), and `how` it is scored (`scored_with`). Paths count relative to `base`
@@ -250,7 +250,7 @@ def _saved(results: Path, unit: Unit, data_root: str) -> dict | None:
         how = saved.get("scored_with")
     except (OSError, ValueError, AttributeError):
         return None
-    return saved if saved.get("fingerprint") == fingerprint(unit, data_root, results.parent, how) else None
+    return saved if saved.get("fingerprint") == unit_fingerprint(unit, data_root, results.parent, how) else None
 
 
 def cached(results: Path, unit: Unit, data_root: str, how: str) -> list[dict] | None:
@@ -285,7 +285,7 @@ def run_units(units: list[Unit], data_root: str, results: Path, device="cpu", sa
                 if cached(results, unit, data_root, how) is None:
                     rows = run_unit(unit, data_root, device)
                     checkpoint.write_json_atomic(_result_path(results, unit), {
-                        "fingerprint": fingerprint(unit, data_root, results.parent, how), "scored_with": how,
+                        "fingerprint": unit_fingerprint(unit, data_root, results.parent, how), "scored_with": how,
                         "rows": rows})
             if rank == 0 and time.monotonic() - last > 10:  # progress from the shared files
                 last = time.monotonic()

@@ -23,7 +23,8 @@ PREPARED = "meta.json"  # `mm-ds prepare` writes it last: a prepared corpus need
 
 
 @dataclass
-class Report:
+class Findings:
+    """What `--check` found: the problems that would stop a run, the coverage gaps, notes."""
     problems: list[tuple[str, str]] = field(default_factory=list)
     """(where: a stage run, an evaluation or the recipe, what is wrong and how to fix it)."""
     gaps: dict[str, list[str]] = field(default_factory=dict)
@@ -54,12 +55,12 @@ class Report:
         return "\n".join(out)
 
 
-def check(recipe, out: Path, strict: bool) -> Report:
+def check(recipe, out: Path, strict: bool) -> Findings:
     """Every problem of running `recipe` into `out`. strict (`mm-ds run`): data must be present; otherwise
     (`--check`) data that is absent here is a note, data that is partly there a problem."""
     from .recipe import stage_runs
 
-    report = Report()
+    report = Findings()
     _check_out(out, report)
     _check_coverage(recipe, report)
     _check_data(recipe, out, strict, report)
@@ -79,7 +80,7 @@ def check(recipe, out: Path, strict: bool) -> Report:
     return report
 
 
-def check_stages(nodes, report: Report, known: dict[Path, RunConfig] | None = None) -> dict[Path, RunConfig]:
+def check_stages(nodes, report: Findings, known: dict[Path, RunConfig] | None = None) -> dict[Path, RunConfig]:
     """Each stage run of a plan, in order, statically (`_stage`); returns their configs by resolved run
     directory. `known`: configs of parents that are no stage of the plan (an imported model), so that what a
     stage inherits is checked against them too."""
@@ -94,7 +95,7 @@ def check_stages(nodes, report: Report, known: dict[Path, RunConfig] | None = No
 
 # ---------------------------------------------------------------- the output directory
 
-def _check_out(out: Path, report: Report) -> None:
+def _check_out(out: Path, report: Findings) -> None:
     from ..runtime.checkpoint import unwritable
 
     problem = unwritable(out)
@@ -104,7 +105,7 @@ def _check_out(out: Path, report: Report) -> None:
 
 # ---------------------------------------------------------------- tasks x languages
 
-def _check_coverage(recipe, report: Report) -> None:
+def _check_coverage(recipe, report: Findings) -> None:
     langs = [recipe.source_lang, *recipe.langs]
     for task in recipe.tasks:
         missing = [lang for lang in langs if lang not in recipe.evaluated(task)]
@@ -116,7 +117,7 @@ def _check_coverage(recipe, report: Report) -> None:
                                  f"add a task that covers it, or list it under coverage: if you have its files")
 
 
-def _check_data(recipe, out: Path, strict: bool, report: Report) -> None:
+def _check_data(recipe, out: Path, strict: bool, report: Findings) -> None:
     from ..data.tasks import HUB, TaskDataError, find_local, get_task, hub_source, is_hub
     from .recipe import data_path, task_root, text_inputs
 
@@ -191,7 +192,7 @@ def _check_data(recipe, out: Path, strict: bool, report: Report) -> None:
 
 # ---------------------------------------------------------------- one stage run, statically
 
-def _stage(node, configs: dict[Path, RunConfig], report: Report) -> RunConfig | None:
+def _stage(node, configs: dict[Path, RunConfig], report: Findings) -> RunConfig | None:
     from ..runtime import ds_config, launch
 
     where = node.name.split("/", 1)[1]  # the run directory under --out

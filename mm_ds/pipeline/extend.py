@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ..runtime import checkpoint
 from .. import tokens
-from .check import Report, check_stages
+from .check import Findings, check_stages
 from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict
 from ..stages.runner import StageRun
 from ..systems import SystemNameError, system_of
@@ -190,7 +190,7 @@ def source_tokenizer(plan: Plan) -> str:
     return checkpoint.read_meta(_final(plan.primary))["tokenizer"]
 
 
-def stage_runs(plan: Plan, model: ModelConfig) -> list[StageRun]:
+def extend_runs(plan: Plan, model: ModelConfig) -> list[StageRun]:
     """MINIPOST's Step 1b (when the system builds a mini-model) and Step 2, as `mm-ds run` launches stages."""
     runs: list[StageRun] = []
     row = plan.row
@@ -214,10 +214,10 @@ def stage_runs(plan: Plan, model: ModelConfig) -> list[StageRun]:
 
 # ---------------------------------------------------------------- --check
 
-def check(plan: Plan) -> Report:
+def check(plan: Plan) -> Findings:
     """Every problem knowable before any work: SRC, the texts, OUT and --hf-out, the settings of an earlier
     run into OUT, and each stage run's config, engine config and launcher (as `mm-ds run --check` does)."""
-    report = Report()
+    report = Findings()
     model = None
     try:
         model, system = source_model(plan)
@@ -252,11 +252,11 @@ def check(plan: Plan) -> Report:
         report.add("overrides", f"{bad[0]}/... names no stage of this plan ({plan.system}: {', '.join(stages)})")
     if model is not None:
         known = {plan.primary.resolve(): RunConfig(stage="pretrain", system=system, model=model)}
-        check_stages(stage_runs(plan, model), report, known)
+        check_stages(extend_runs(plan, model), report, known)
     return report
 
 
-def _check_settings(plan: Plan, report: Report) -> None:
+def _check_settings(plan: Plan, report: Findings) -> None:
     path = plan.out / SETTINGS
     if not path.is_file():
         return
@@ -315,7 +315,7 @@ def run(plan: Plan) -> int:
         text = [str(train)]
     prepare(plan.lang, text, str(data / plan.lang), model_type=plan.model_type,
             vocab_size=plan.vocab_size or default_vocab(model))
-    runs = stage_runs(plan, model)
+    runs = extend_runs(plan, model)
     todo = [n for n in runs if not complete(n.out)]
     for n in runs:
         if n not in todo:

@@ -3,7 +3,7 @@
 A `StageRun` is what a stage command says (its stage, preset, overrides and run directory) and gives its effective
 config; `mm-ds run`, the recipe check and `mm-ds extend` build them directly and never parse a command line. The
 command line (`StageRun.argv`) is what a launcher hands to the ranks, and what they validate against
-(`fingerprint`). The CLI (mm_ds/cli.py) only dispatches here; nothing imports the CLI.
+(`command_fingerprint`). The CLI (mm_ds/cli.py) only dispatches here; nothing imports the CLI.
 """
 
 from __future__ import annotations
@@ -116,14 +116,14 @@ VALIDATED = "MM_DS_VALIDATED"
 launcher may hand it to some ranks only (mpirun: those on its own node), so rank 0's tells every rank."""
 
 
-def fingerprint(name: str, argv: list[str]) -> str:
+def command_fingerprint(name: str, argv: list[str]) -> str:
     """Of `mm-ds NAME ARGV` run from this directory: ranks skip `validate` only for exactly that command."""
     return hashlib.sha256(json.dumps([os.getcwd(), name, *argv]).encode()).hexdigest()[:16]
 
 
 def validated_env(argv: list[str]) -> dict[str, str]:
     """The environment that tells the ranks of `mm-ds ARGV` that it was validated (`preflight`)."""
-    return {VALIDATED: fingerprint(argv[0], argv[1:])}
+    return {VALIDATED: command_fingerprint(argv[0], argv[1:])}
 
 
 LOOK = object()
@@ -217,7 +217,7 @@ def preflight(run: StageRun, resume: bool = False, check: bool = False):
 def validated_here(name: str, argv: list[str]) -> bool:
     """This process's environment says the mm-ds process that started it validated `mm-ds NAME ARGV`. Only one
     process's answer counts: under a launcher rank 0's, broadcast (another rank may not have the variable)."""
-    return os.environ.get(VALIDATED) == fingerprint(name, argv)
+    return os.environ.get(VALIDATED) == command_fingerprint(name, argv)
 
 
 def run_stage(name: str, argv: list[str]) -> int:
