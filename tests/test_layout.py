@@ -1,6 +1,6 @@
 """The package's shape: no import cycles (function-level imports and dispatch strings included: a cycle there is
 still two modules that cannot be read apart), arrows that never climb back up the folders, nothing that imports
-the CLI, and no module longer than a reader can hold (~450 lines)."""
+the CLI, no module longer than a reader can hold (~450 lines) and no function longer than a screen (80 lines)."""
 
 import ast
 import re
@@ -8,6 +8,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mm_ds"
 MAX_LINES = 450
+MAX_FUNCTION_LINES = 80
 
 DISPATCH = re.compile(r"mm_ds(\.\w+)+(:\w+)?")
 """A string that is a module's name, or module:function: `importlib.import_module` and the CLI's tables call it."""
@@ -146,6 +147,13 @@ def test_relative_imports_resolve_to_package_modules():
     g = graph()
     assert "mm_ds.model.flops" in g["mm_ds.tools.costs"] and "mm_ds.pipeline.recipe" in g["mm_ds.tools.costs"]
     assert "mm_ds.runtime.checkpoint" in g["mm_ds.pipeline.run"]
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = {f"{p.relative_to(PACKAGE.parent)}:{n.name}": length for p in PACKAGE.rglob("*.py")
+            for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and (length := n.end_lineno - n.lineno + 1) > MAX_FUNCTION_LINES}
+    assert long == {}, f"split these where a step of their work ends: {long}"
 
 
 def test_no_module_is_longer_than_a_reader_can_hold():

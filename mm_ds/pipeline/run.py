@@ -232,64 +232,38 @@ def stage_runs_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, boo
     return "\n".join(lines + ["# the stage commands, in order:"])
 
 
-def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
-    runs = stage_runs(recipe, out)
-    if list_only:
-        done = {n.name: complete(n.out) for n in runs}
-        print(stage_runs_summary(recipe, runs, done, out))
-        for n in runs:
-            print(f"{'done' if done[n.name] else 'todo'}  mm-ds {' '.join(n.argv)}")
-        return 0
-    from .check import check
-    report = check(recipe, out, strict=True)
-    if report.problems:  # before any data work: nothing is written
-        raise ConfigError(f"the recipe cannot run:\n{report.format()}\n(`mm-ds run RECIPE --check --out DIR` "
-                          f"finds the same without running, but takes data that is absent altogether for data still "
-                          f"to come: a note there)")
-    t0 = time.time()
-    os.environ.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # stage ranks exit if this process dies
-    out.mkdir(parents=True, exist_ok=True)
-    prepare_data(recipe, out)
-    todo = [n for n in runs if not complete(n.out)]
-    for n in runs:
-        if n not in todo:
-            print(f"[mm-ds run] skip {n.name}: complete", flush=True)
-    packed, todo = [n for n in todo if n.packed], [n for n in todo if not n.packed]
-    job_ran_eval = False
-    if recipe.mode == "one_job" and (todo or packed):
-        # One launch for every stage: the ranks walk the data-parallel stage runs in-process (a new engine per
-        # stage), take Step 3's single-device runs from a queue, then share the evaluation (its units are listed
-        # by rank 0 once Step 2 has written its checkpoints).
-        from ..config import LaunchConfig
-        from ..runtime.launch import command, launch_env
-        from .pack import Watch, step3_failed, step3_spec
-        job_file = out / "logs" / "job.json"
-        job_file.parent.mkdir(parents=True, exist_ok=True)
-        (out / "logs" / "recipe.json").write_text(json.dumps(asdict(recipe), indent=1))
-        entries = [n.argv + ["--no-progress"] for n in todo]
-        spec = step3_spec(packed, recipe, out) if packed else None
-        entries += [["run-pack", str(spec)]] if spec else []
-        entries.append(["run-eval", str(out / "logs" / "eval.json"), str(out / "logs" / "recipe.json"), str(out)])
-        from ..eval.align_spread import write_spec as align_spec
-        entries += [["run-align", str(a)]] if (a := align_spec(recipe, out)) else []  # after Step 4, on every rank
-        job_file.write_text(json.dumps(entries, indent=1))
-        cfg = from_dict(LaunchConfig, recipe.launch)
-        say(f"{len(todo)} stages, {len(packed)} single-device Step-3 runs and the evaluation in one job of "
-            f"{cfg.world_size} ranks; its log: {out / 'logs' / 'job.log'}")
-        try:
-            _run_logged(command(cfg, ["run-job", str(job_file)]) if cfg.launcher != "none"
-                        else [sys.executable, "-m", "mm_ds.cli", "run-job", str(job_file)], out / "logs" / "job.log",
-                        Follow([_watched(n, i, len(todo), out / "logs" / "job.log") for i, n in enumerate(todo)],
-                               out / "logs" / "eval.json", others=[Watch(spec, "Step 3")] if spec else []),
-                        launch_env(cfg))
-        except StageFailed as e:
-            raise step3_failed(spec, e) if spec else e from None
-        todo, packed, job_ran_eval = [], [], True
-    run_stages(todo, out / "logs")
-    from .pack import run_step3
-    run_step3(packed, recipe, out)
-    rows = evaluate(recipe, out, job_ran_it=job_ran_eval)
-    spread_alignment(recipe, out, job_ran_it=job_ran_eval)
+def _one_job(recipe: Recipe, out: Path, todo: list[StageRun], packed: list[StageRun]) -> None:
+    """One launch for every stage: the ranks walk the data-parallel stage runs in-process (a new engine per
+    stage), take Step 3's single-device runs from a queue, then share the evaluation (its units are listed by
+    rank 0 once Step 2 has written its checkpoints)."""
+    from ..config import LaunchConfig
+    from ..runtime.launch import command, launch_env
+    from .pack import Watch, step3_failed, step3_spec
+    job_file = out / "logs" / "job.json"
+    job_file.parent.mkdir(parents=True, exist_ok=True)
+    (out / "logs" / "recipe.json").write_text(json.dumps(asdict(recipe), indent=1))
+    entries = [n.argv + ["--no-progress"] for n in todo]
+    spec = step3_spec(packed, recipe, out) if packed else None
+    entries += [["run-pack", str(spec)]] if spec else []
+    entries.append(["run-eval", str(out / "logs" / "eval.json"), str(out / "logs" / "recipe.json"), str(out)])
+    from ..eval.align_spread import write_spec as align_spec
+    entries += [["run-align", str(a)]] if (a := align_spec(recipe, out)) else []  # after Step 4, on every rank
+    job_file.write_text(json.dumps(entries, indent=1))
+    cfg = from_dict(LaunchConfig, recipe.launch)
+    say(f"{len(todo)} stages, {len(packed)} single-device Step-3 runs and the evaluation in one job of "
+        f"{cfg.world_size} ranks; its log: {out / 'logs' / 'job.log'}")
+    try:
+        _run_logged(command(cfg, ["run-job", str(job_file)]) if cfg.launcher != "none"
+                    else [sys.executable, "-m", "mm_ds.cli", "run-job", str(job_file)], out / "logs" / "job.log",
+                    Follow([_watched(n, i, len(todo), out / "logs" / "job.log") for i, n in enumerate(todo)],
+                           out / "logs" / "eval.json", others=[Watch(spec, "Step 3")] if spec else []),
+                    launch_env(cfg))
+    except StageFailed as e:
+        raise step3_failed(spec, e) if spec else e from None
+
+
+def _write_results(recipe: Recipe, out: Path, rows: list[dict]) -> None:
+    """results.jsonl, results.md and Table 5, the report, and the alignment check's MLM-level tables."""
     with open(out / "results.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     rep = None
@@ -317,6 +291,42 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
             print("\nAt the MLM level (held-out target MLM accuracy of the primary model with the Step-2 "
                   "embeddings):\n\n" + (out / "report" / MLM_DIR / "tables.md").read_text())
         say("alignment check and MLM level: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
+
+
+def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
+    runs = stage_runs(recipe, out)
+    if list_only:
+        done = {n.name: complete(n.out) for n in runs}
+        print(stage_runs_summary(recipe, runs, done, out))
+        for n in runs:
+            print(f"{'done' if done[n.name] else 'todo'}  mm-ds {' '.join(n.argv)}")
+        return 0
+    from .check import check
+    report = check(recipe, out, strict=True)
+    if report.problems:  # before any data work: nothing is written
+        raise ConfigError(f"the recipe cannot run:\n{report.format()}\n(`mm-ds run RECIPE --check --out DIR` "
+                          f"finds the same without running, but takes data that is absent altogether for data still "
+                          f"to come: a note there)")
+    t0 = time.time()
+    os.environ.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # stage ranks exit if this process dies
+    out.mkdir(parents=True, exist_ok=True)
+    prepare_data(recipe, out)
+    todo = [n for n in runs if not complete(n.out)]
+    for n in runs:
+        if n not in todo:
+            print(f"[mm-ds run] skip {n.name}: complete", flush=True)
+    packed, todo = [n for n in todo if n.packed], [n for n in todo if not n.packed]
+    job_ran_eval = recipe.mode == "one_job" and bool(todo or packed)
+    if job_ran_eval:
+        _one_job(recipe, out, todo, packed)
+        todo, packed = [], []
+    run_stages(todo, out / "logs")
+    from .pack import run_step3
+    run_step3(packed, recipe, out)
+    rows = evaluate(recipe, out, job_ran_it=job_ran_eval)
+    spread_alignment(recipe, out, job_ran_it=job_ran_eval)
+    _write_results(recipe, out, rows)
+    from ..report.report import MLM_DIR
     say(f"{len(runs)} stages, {time.time() - t0:.0f} s; "
         + (f"results: {out / 'results.md'} (rows: {out / 'results.jsonl'})" if recipe.tasks
            else f"MLM-level results: {out / 'report' / MLM_DIR / 'tables.md'} (rows: {out / 'align.jsonl'})"))

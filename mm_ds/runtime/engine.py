@@ -162,46 +162,23 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
     ds_logger.setLevel(logging.WARNING)
     rank, local_rank, world = dist.init()
     built = build_engine(stage, world, run_dir, resume, reshard)
-    engine, ds_cfg, geo, found = built.engine, built.ds_cfg, built.geo, built.found
+    engine, ds_cfg, geo = built.engine, built.ds_cfg, built.geo
     n_train, n_total = built.n_train, built.n_total
     frozen_dir = str(run_dir / ckpt_io.FROZEN) if n_train < n_total else None
 
-    start_step, tokens, nonfinite = 0, 0, 0
-    if resume:
-        if found is not None:
-            client = ckpt_io.load_into_engine(engine, built.load_from)
-            if built.load_from != found:
-                from . import resharding as universal
-                universal.restore_frozen(engine, built.load_from)
-            start_step, tokens = client["step"], client["tokens"]
-            nonfinite = client.get("nonfinite_steps", 0)
-            if stage.schedule is not None:
-                stage.schedule.load_state_dict(client["schedule"])
-            if rank == 0:
-                print(f"[mm-ds] resumed from {found} at step {start_step}", flush=True)
-        elif rank == 0:
-            print(f"[mm-ds] --resume: no complete checkpoint in {run_dir}, starting from step 0", flush=True)
-
+    start_step, tokens, nonfinite = _resume(built, stage, run_dir, rank) if resume else (0, 0, 0)
     schedule = stage.schedule
     # FLOPs (stage.flops_until) count the whole global batch; the peak is one rank's device (GPU, or CPU threads).
     peak = device_peak_flops(cfg.peak_tflops, half=dsc.precision(ds_cfg) != "fp32") * world
     tokens_per_step = geo.global_batch * stage.tokens_per_sample
     if rank == 0:
-        print(f"[mm-ds] {cfg.system}/{cfg.stage} lang={cfg.lang}: {n_train:,} of {n_total:,} parameters train; "
-              f"world={world} micro={geo.micro_batch} accum={geo.grad_accum} global={geo.global_batch}; "
-              f"steps {start_step}->{cfg.train.steps}; zero={dsc.zero_stage(ds_cfg)} {dsc.precision(ds_cfg)}; "
-              f"optimizer {type(engine.optimizer).__name__} over {type(engine.basic_optimizer).__name__}; "
-              f"backend {dist.backend()}", flush=True)
+        print(_start_line(built, cfg, world, start_step), flush=True)
 
     def meta(step: int) -> dict:
         return (_meta(stage, step, tokens, stage.flops_until(step, geo.global_batch), ds_cfg, world)
                 | ({"frozen": frozen_dir} if frozen_dir else {}))
 
-    bar = None
-    if progress and rank == 0:
-        from tqdm import tqdm
-        bar = tqdm(total=cfg.train.steps, initial=start_step, desc=f"{cfg.system}/{cfg.stage}",
-                   dynamic_ncols=True, mininterval=2.0)
+    bar = _progress_bar(cfg, start_step) if progress and rank == 0 else None
     engine.train()
     window = LogWindow(geo.grad_accum)
     last_checkpoint = ckpt_io.latest_tag(run_dir)
@@ -225,19 +202,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
                 if schedule is not None and schedule.plateau:  # every rank sees the same losses
                     schedule.observe(settled, done)
             if row:
-                logs = settled.logs | ({"nonfinite_steps": nonfinite} if nonfinite else {})
-                seconds, n = window.seconds(), window.updates
-                window_flops = stage.flops_until(done, geo.global_batch) - stage.flops_until(done - n,
-                                                                                                geo.global_batch)
-                logs.update(lr=engine.get_lr()[0], tokens_per_s=tokens_per_step * n / seconds,
-                            step_time_s=seconds / n, data_share=window.data_time / seconds,
-                            tflops=window_flops / seconds / 1e12, flops=stage.flops_until(done, geo.global_batch))
-                if schedule is not None:
-                    logs.update(phase=schedule.depths.index(depth), depth=depth)
-                logs["mfu"] = logs["tflops"] * 1e12 / peak if peak == peak else float("nan")
-                gn = engine.get_global_grad_norm()
-                if gn is not None:
-                    logs["grad_norm"] = float(gn)
+                logs = _row_logs(engine, stage, geo, window, settled, done, depth, nonfinite, peak)
                 line = {"step": done, "total_steps": cfg.train.steps, "tokens": tokens} | logs
                 dist.on_rank0(lambda: _log_row(engine, run_dir, line), f"writing {run_dir / 'logs'}")
                 if bar is not None:
@@ -248,10 +213,9 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
             if bar is not None:
                 bar.update(1)
             if checkpoint:
-                client = {"step": done, "tokens": tokens, "rng_cpu": torch.get_rng_state(),
-                          "seed": cfg.train.seed, "nonfinite_steps": nonfinite}
-                ckpt_io.save(engine, run_dir, done, client | ({"schedule": schedule.state_dict()} if schedule else {}),
-                             meta(done))
+                client = {"step": done, "tokens": tokens, "rng_cpu": torch.get_rng_state(), "seed": cfg.train.seed,
+                          "nonfinite_steps": nonfinite} | ({"schedule": schedule.state_dict()} if schedule else {})
+                ckpt_io.save(engine, run_dir, done, client, meta(done))
                 last_checkpoint = ckpt_io.tag_for(done)
             faults.after_step(done, rank, cfg.stage)  # a test's fault point (MM_DS_KILL_AT); inert otherwise
     finally:
@@ -261,20 +225,72 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
     if faults.ARMED:  # a test's look at the live frozen weights (MM_DS_DUMP_FROZEN); never in a production run
         faults.after_training(engine, f"{cfg.stage}.{cfg.system}.{cfg.lang}")
 
-    final_tag = ckpt_io.tag_for(cfg.train.steps)
     final_dir = run_dir / ckpt_io.FINAL
-
-    def publish():
-        sd = ckpt_io.consolidate(ckpt_io.checkpoints_dir(run_dir) / final_tag)
-        want = set(stage.model.state_dict())
-        if set(sd) != want:  # never publish weights the next stage could not load
-            raise ckpt_io.CheckpointError(f"consolidated weights of {final_tag} do not match the model: missing "
-                                          f"{sorted(want - set(sd))[:4]}, unexpected {sorted(set(sd) - want)[:4]}")
-        ckpt_io.write_final(final_dir, sd, meta(cfg.train.steps))
-        print(f"[mm-ds] wrote {final_dir}", flush=True)
-
-    dist.on_rank0(publish, f"writing {final_dir}")
+    dist.on_rank0(lambda: _publish(stage, run_dir, meta(cfg.train.steps)), f"writing {final_dir}")
     return final_dir
+
+
+def _start_line(built, cfg, world: int, start_step: int) -> str:
+    engine, ds_cfg, geo = built.engine, built.ds_cfg, built.geo
+    return (f"[mm-ds] {cfg.system}/{cfg.stage} lang={cfg.lang}: {built.n_train:,} of {built.n_total:,} parameters "
+            f"train; world={world} micro={geo.micro_batch} accum={geo.grad_accum} global={geo.global_batch}; "
+            f"steps {start_step}->{cfg.train.steps}; zero={dsc.zero_stage(ds_cfg)} {dsc.precision(ds_cfg)}; "
+            f"optimizer {type(engine.optimizer).__name__} over {type(engine.basic_optimizer).__name__}; "
+            f"backend {dist.backend()}")
+
+
+def _progress_bar(cfg, start_step: int):
+    from tqdm import tqdm
+    return tqdm(total=cfg.train.steps, initial=start_step, desc=f"{cfg.system}/{cfg.stage}", dynamic_ncols=True,
+                mininterval=2.0)
+
+
+def _resume(built, stage: Stage, run_dir: Path, rank: int) -> tuple[int, int, int]:
+    """Load the resume point into the engine: (step, tokens, non-finite updates skipped) it had reached."""
+    if built.found is None:
+        if rank == 0:
+            print(f"[mm-ds] --resume: no complete checkpoint in {run_dir}, starting from step 0", flush=True)
+        return 0, 0, 0
+    client = ckpt_io.load_into_engine(built.engine, built.load_from)
+    if built.load_from != built.found:
+        from . import resharding as universal
+        universal.restore_frozen(built.engine, built.load_from)
+    if stage.schedule is not None:
+        stage.schedule.load_state_dict(client["schedule"])
+    if rank == 0:
+        print(f"[mm-ds] resumed from {built.found} at step {client['step']}", flush=True)
+    return client["step"], client["tokens"], client.get("nonfinite_steps", 0)
+
+
+def _row_logs(engine, stage: Stage, geo: Geometry, window: LogWindow, settled, done: int, depth, nonfinite: int,
+              peak: float) -> dict:
+    """A log row's values over the window of updates that ends at `done`."""
+    logs = settled.logs | ({"nonfinite_steps": nonfinite} if nonfinite else {})
+    seconds, n = window.seconds(), window.updates
+    window_flops = stage.flops_until(done, geo.global_batch) - stage.flops_until(done - n, geo.global_batch)
+    logs.update(lr=engine.get_lr()[0], tokens_per_s=geo.global_batch * stage.tokens_per_sample * n / seconds,
+                step_time_s=seconds / n, data_share=window.data_time / seconds,
+                tflops=window_flops / seconds / 1e12, flops=stage.flops_until(done, geo.global_batch))
+    if stage.schedule is not None:
+        logs.update(phase=stage.schedule.depths.index(depth), depth=depth)
+    logs["mfu"] = logs["tflops"] * 1e12 / peak if peak == peak else float("nan")
+    gn = engine.get_global_grad_norm()
+    if gn is not None:
+        logs["grad_norm"] = float(gn)
+    return logs
+
+
+def _publish(stage: Stage, run_dir: Path, meta: dict) -> None:
+    """final/: the last checkpoint consolidated to fp32, checked against the model (rank-0 work)."""
+    final_tag = ckpt_io.tag_for(stage.cfg.train.steps)
+    sd = ckpt_io.consolidate(ckpt_io.checkpoints_dir(run_dir) / final_tag)
+    want = set(stage.model.state_dict())
+    if set(sd) != want:  # never publish weights the next stage could not load
+        raise ckpt_io.CheckpointError(f"consolidated weights of {final_tag} do not match the model: missing "
+                                      f"{sorted(want - set(sd))[:4]}, unexpected {sorted(set(sd) - want)[:4]}")
+    final_dir = run_dir / ckpt_io.FINAL
+    ckpt_io.write_final(final_dir, sd, meta)
+    print(f"[mm-ds] wrote {final_dir}", flush=True)
 
 
 def train_step(engine, stage: Stage, step: int, rank: int, geo: Geometry, batch_for=None

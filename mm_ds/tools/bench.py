@@ -256,6 +256,47 @@ def evaluate_targets(results: dict, peer: dict, encode: dict | None, host: dict 
 
 # ----------------------------------------------------------------------------------------------- main
 
+def _peer_available(wanted: bool, log) -> tuple[bool, str | None]:
+    """(run the transformers peer, why not)."""
+    if not wanted:
+        return False, None
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        note = "transformers is not installed: peer columns skipped (pip install 'mm-ds[bench]')"
+        log(note)
+        return False, note
+    return True, None
+
+
+def _bench_stage(name, builder, mcfg, seq, micro, warmup, steps, rank, world, peer_ok, results, peer, probes, log):
+    """One stage kind timed through the engine (into `results`), then its transformers peer (into `peer`)."""
+    release_free_memory()
+    log(f"{name}: building ...")
+    stage = builder.timed(name, warmup + steps)
+    probes.append(matmul_peak(reps=3))  # the machine is shared: probe the peak beside every stage
+    with RssPeak() as mem:
+        raw = run_engine_stage(stage, micro, warmup, steps, rank, world)
+    fl = stage.flops_per_step(micro)
+    r = summarise(raw, micro * seq, fl, probes[0]["median_flops"])
+    r |= {"layers": stage.cfg.model.num_layers, "kind": STAGE_RUNS[name][3], "title": STAGE_TITLES[name],
+          "peak_rss_bytes": mem.peak, "rss_before_bytes": mem.start,
+          "matmul_probe_flops": probes[-1]["median_flops"]}
+    results[name] = r
+    log(f"{name}: {r['step_time_s']:.3f} s/step, {r['tokens_per_s']:.0f} tokens/s, MFU {100 * r['mfu']:.1f}%")
+    batches = stage.batches
+    del stage
+    if peer_ok and name in PEER_STAGES:
+        release_free_memory()
+        layers = results[name]["layers"]
+        with RssPeak() as mem:
+            raw = run_peer_stage(name, mcfg, layers, batches, micro, warmup, steps)
+        p = summarise(raw, micro * seq, fl, probes[0]["median_flops"])
+        p |= {"layers": layers, "peak_rss_bytes": mem.peak}
+        peer[name] = p
+        log(f"{name} (transformers): {p['step_time_s']:.3f} s/step, {p['tokens_per_s']:.0f} tokens/s")
+
+
 def run(args) -> dict:
     from ..runtime import dist
     from ..data.mlm import MLMBatches
@@ -275,15 +316,7 @@ def run(args) -> dict:
         raise ValueError(f"--seq {seq} exceeds the {args.preset} model's max_positions={mcfg.max_positions}")
     log = (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)) if not args.quiet else (lambda m: None)
 
-    peer_ok = args.peer
-    peer_note = None
-    if peer_ok:
-        try:
-            import transformers  # noqa: F401
-        except ImportError:
-            peer_ok, peer_note = False, ("transformers is not installed: peer columns skipped "
-                                         "(pip install 'mm-ds[bench]')")
-            log(peer_note)
+    peer_ok, peer_note = _peer_available(args.peer, log)
 
     import logging
 
@@ -304,30 +337,8 @@ def run(args) -> dict:
         builder = Stages(work, corpus_dir, text, mcfg, preset, seq, micro, args.ds_config, log)
         results, peer, probes = {}, {}, [peak_start]
         for name in stages:
-            release_free_memory()
-            log(f"{name}: building ...")
-            stage = builder.timed(name, warmup + steps)
-            probes.append(matmul_peak(reps=3))  # the machine is shared: probe the peak beside every stage
-            with RssPeak() as mem:
-                raw = run_engine_stage(stage, micro, warmup, steps, rank, world)
-            fl = stage.flops_per_step(micro)
-            r = summarise(raw, micro * seq, fl, peak_start["median_flops"])
-            r |= {"layers": stage.cfg.model.num_layers, "kind": STAGE_RUNS[name][3], "title": STAGE_TITLES[name],
-                  "peak_rss_bytes": mem.peak, "rss_before_bytes": mem.start,
-                  "matmul_probe_flops": probes[-1]["median_flops"]}
-            results[name] = r
-            log(f"{name}: {r['step_time_s']:.3f} s/step, {r['tokens_per_s']:.0f} tokens/s, MFU {100 * r['mfu']:.1f}%")
-            batches = stage.batches
-            del stage
-            if peer_ok and name in PEER_STAGES:
-                release_free_memory()
-                layers = results[name]["layers"]
-                with RssPeak() as mem:
-                    raw = run_peer_stage(name, mcfg, layers, batches, micro, warmup, steps)
-                p = summarise(raw, micro * seq, fl, peak_start["median_flops"])
-                p |= {"layers": layers, "peak_rss_bytes": mem.peak}
-                peer[name] = p
-                log(f"{name} (transformers): {p['step_time_s']:.3f} s/step, {p['tokens_per_s']:.0f} tokens/s")
+            _bench_stage(name, builder, mcfg, seq, micro, warmup, steps, rank, world, peer_ok, results, peer, probes,
+                         log)
         host = bench_host.measure(lambda m, sq, mb, ds: Stages(work, corpus_dir, text, m, PRESETS["base"], sq, mb, ds,
                                                                log),
                                   corpus_dir, mcfg.vocab_size, base_model_cfg(PRESETS["base"]),

@@ -90,14 +90,8 @@ def squad_json(r: Renderer, items: list[QAItem]) -> str:
 # --------------------------------------------------------------------------------------------- world
 
 
-def generate_world(out_dir: str | Path, *, seed: int = 0, languages: Sequence[str] = ("t1", "t2"),
-                   sentences: int = 80_000, target_sentences: int = 40_000,
-                   task_sizes: dict[str, int] | None = None, compress: bool = False) -> dict:
-    """Generate the world under `out_dir`; returns the manifest also written to `world.json`.
-
-    sentences: English raw-text sentences (pretraining); target_sentences: per target language (Step 2).
-    task_sizes: overrides of DEFAULT_TASK_SIZES. compress: write text/<lang>.txt.xz instead of .txt.
-    """
+def _task_sizes(task_sizes: dict[str, int] | None, sentences: int, target_sentences: int) -> dict[str, int]:
+    """DEFAULT_TASK_SIZES with `task_sizes` over them, every size checked."""
     sizes = dict(DEFAULT_TASK_SIZES)
     unknown = set(task_sizes or {}) - set(sizes)
     if unknown:
@@ -106,6 +100,18 @@ def generate_world(out_dir: str | Path, *, seed: int = 0, languages: Sequence[st
     if any(v < 1 for v in sizes.values()) or sentences < 1 or target_sentences < 1:
         raise ValueError(f"sizes must be >= 1: sentences={sentences}, target_sentences={target_sentences}, "
                          f"task_sizes={sizes}")
+    return sizes
+
+
+def generate_world(out_dir: str | Path, *, seed: int = 0, languages: Sequence[str] = ("t1", "t2"),
+                   sentences: int = 80_000, target_sentences: int = 40_000,
+                   task_sizes: dict[str, int] | None = None, compress: bool = False) -> dict:
+    """Generate the world under `out_dir`; returns the manifest also written to `world.json`.
+
+    sentences: English raw-text sentences (pretraining); target_sentences: per target language (Step 2).
+    task_sizes: overrides of DEFAULT_TASK_SIZES. compress: write text/<lang>.txt.xz instead of .txt.
+    """
+    sizes = _task_sizes(task_sizes, sentences, target_sentences)
     langs = [get_language(c) for c in languages]
     if "en" in languages or len(set(languages)) != len(languages):
         raise ValueError(f"languages lists target languages once each (English is always made): {languages}")
