@@ -45,7 +45,7 @@ class ModelConfig:
     init_std: float = 0.02
     """Standard deviation of the normal initialisation of fresh weights."""
     secondary_head_layer: int | list[int] | None = None
-    """MINIJOINT: attach a second MLM head after this many layers (paper N=4); an ascending list attaches one
+    """MINIJOINT: attach a secondary MLM head after this many layers (paper N=4); an ascending list attaches one
     after each (multi-depth, §7: [1, 2, 4]; a 1-item list is the int). None: one head."""
 
     def __post_init__(self):
@@ -137,7 +137,7 @@ class MiniConfig:
     """How a mini-model is cut from its primary model (paper §2.2)."""
 
     layers: int = 4
-    """N: bottom layers shared with the primary model (MINIJOINT's second head sits after layer N)."""
+    """N: bottom layers shared with the primary model (MINIJOINT's secondary head sits after layer N)."""
     new_layers: int = 2
     """MINIPOST: freshly initialised layers trained on top of the frozen N (Step 1b)."""
     depth_shares: list[float] = field(default_factory=list)
@@ -188,7 +188,7 @@ class LaunchConfig:
     launcher: str = "deepspeed"
     """deepspeed | mpirun | srun (inside a SLURM allocation) | none (run in this process; needs ranks=1)."""
     master_port: int = 29500
-    """Rank 0's rendezvous port; `--dry-run` does not check that it is free."""
+    """Rank 0's rendezvous port; `--check` does not check that it is free."""
     master_addr: str = ""
     """Rank 0's address, which every node can reach (never loopback on several nodes: refused). Empty: 127.0.0.1
     on one node; on several, the hostfile's first host (`--no_ssh`, DeepSpeed's slurm runner), else found at

@@ -22,7 +22,7 @@ pipeline, the stages, the recipe check, FLOPs, `mm-ds plan`, the report and the 
     system      primary    Step 1 (formula)         Step 1b (mini-model)               Step 2 adapts over
     BL_BASE     itself     pretrain (A1)            -                                  the 12-layer model
     BL_SMALL    itself     pretrain (A1)            -                                  the 4-layer model
-    MINIJOINT   itself     pretrain_dual (A1+head)  extract: bottom N + secondary head  the N-layer mini-model
+    MINIJOINT   itself     pretrain_secondary (A1+head)  extract: bottom N + secondary head  the N-layer mini-model
     MINIPOST    BL_BASE    shares BL_BASE's         build: bottom N + 2 new (A4)       the N+2-layer mini-model
 
 A *variant* names a mini-model system with its depth N (§5.2's sweep): `minijoint@2` is MINIJOINT pretrained
@@ -52,10 +52,10 @@ class System:
     its own: it is BL_BASE's model with a mini-model built afterwards (§2.2)."""
     mini: str | None
     """How Step 1b makes the mini-model that Step 2 trains over: `extract` (the bottom N layers and the
-    secondary head of a dual-head model, no training), `build` (the bottom N layers + new bridge layers,
+    secondary head of a MINIJOINT model, no training), `build` (the bottom N layers + new bridge layers,
     trained: formula A4), or None (Step 2 runs over the primary model itself)."""
     step1: str
-    """Step 1's FLOPs formula: `pretrain` (A1) or `pretrain_dual` (A1 + the secondary MLM head)."""
+    """Step 1's FLOPs formula: `pretrain` (A1) or `pretrain_secondary` (A1 + the secondary MLM head)."""
     order: int
     """Row order in the paper's tables (BL_BASE, BL_SMALL, MINIPOST, MINIJOINT)."""
     depth_key: tuple[str, str] | None = None
@@ -106,7 +106,7 @@ class System:
 SYSTEMS: dict[str, System] = {s.name: s for s in (
     System("bl_base", "BL_BASE", primary="bl_base", mini=None, step1="pretrain", order=0),
     System("bl_small", "BL_SMALL", primary="bl_small", mini=None, step1="pretrain", order=1),
-    System("minijoint", "MINIJOINT", primary="minijoint", mini="extract", step1="pretrain_dual", order=3,
+    System("minijoint", "MINIJOINT", primary="minijoint", mini="extract", step1="pretrain_secondary", order=3,
            depth_key=("pretrain", "model.secondary_head_layer")),
     System("minipost", "MINIPOST", primary="bl_base", mini="build", step1="pretrain", order=2,
            depth_key=("build_mini", "mini.layers")),

@@ -51,8 +51,8 @@ def _random_sd(cfg: ModelConfig, seed: int) -> dict:
 @pytest.fixture(scope="module")
 def fake_out(tmp_path_factory) -> Path:
     """OUT as `mm-ds run` lays it out for MINIJOINT (and a BL_BASE run the check skips): a generated world, the
-    t1 corpus, a dual-head primary model, its extracted mini-model, and two Step-2 checkpoints whose language
-    groups differ (written as weight directories, which is how load_final reads a consolidated checkpoint)."""
+    t1 corpus, a primary model with a secondary head, its extracted mini-model, and two Step-2 checkpoints whose
+    language groups differ (written as weight directories, which is how load_final reads a consolidated checkpoint)."""
     out = tmp_path_factory.mktemp("align") / "out"
     generate_world(out / "world", **TINY_WORLD)
     prepare("t1", [str(out / "world" / "text" / "t1.txt")], str(out / "data" / "t1"), vocab_size=120,
@@ -140,7 +140,8 @@ def test_primary_with_swap_of_a_minijoint_checkpoint_equals_a_direct_computation
                {"input_ids": ids[2:], "labels": labels[2:], "attention_mask": None}]
     row = align.row_for(ckpt, batches)
 
-    # Directly: the dual-head primary model with the checkpoint's embeddings and output bias put in by hand.
+    # Directly: the primary model (secondary head included) with the checkpoint's embeddings and output bias put in
+    # by hand.
     pmeta, psd = checkpoint.load_final(fake_out / "pretrain" / "minijoint")
     cfg = _cfg(vocab, secondary_head_layer=1)
     psd = dict(psd) | {"embed.tokens.weight": sd["embed.tokens.weight"], "head.bias": sd["head.bias"],
@@ -165,7 +166,7 @@ def test_drop_secondary_head_keeps_every_other_tensor_bitwise():
     assert out_cfg.secondary_head_layer is None and out_cfg.num_layers == 2
     assert set(out) == {k for k in sd if not k.startswith("secondary_head.")}
     assert all(torch.equal(out[k], sd[k]) and out[k].data_ptr() != sd[k].data_ptr() for k in out)
-    with pytest.raises(surgery.SurgeryError, match="needs a dual-head"):
+    with pytest.raises(surgery.SurgeryError, match="needs a model with a secondary head"):
         surgery.drop_secondary_head(out_cfg, out)
 
 

@@ -21,7 +21,7 @@ def eflops(fn, **kw):
 #   FLOP_lm      = 0.5·(2·4·2² + 48)       = 0.5·80     = 40
 #   A2 forward   = 1·512 + 40                            = 552
 #   A1           = 3·552                                 = 1656
-#   dual head    = 1656 + 3·40                           = 1776
+#   secondary head = 1656 + 3·40                           = 1776
 #   A3           = 2·1·512 + 2·40 + 0.5·48 = 1024+80+24  = 1128
 #   A4 (l_t=1)   = (1 + 2·1 − 1)·512 + 2·40             = 1104
 #   finetune     = 3·1·512                               = 1536
@@ -37,7 +37,7 @@ def test_building_blocks_by_hand():
 
 def test_stage_formulas_by_hand():
     assert F.pretrain_flops(**TINY) == 1656
-    assert F.pretrain_dual_flops(**TINY) == 1776
+    assert F.pretrain_secondary_flops(**TINY) == 1776
     assert F.adapt_flops(**TINY) == 1128
     assert F.build_mini_flops(**TINY, l_t=1) == 1104
     assert F.finetune_flops(h=2, l=1, s=4, B=1, U=1) == 1536
@@ -78,10 +78,10 @@ def test_paper_table2_costs():
 
 def test_paper_footnote2_step1_days():
     # Footnote 2: BL_BASE pretraining ~30.4 V100-days vs MINIJOINT ~32.2. A1 gives 78.82 EFLOPs = 30.41 days;
-    # A1 + 3·UB·FLOP_lm (second head, forward + backward) gives 83.42 EFLOPs = 32.18 days. Both match, so the
-    # paper's dual-head overhead is exactly one more LM head trained as in A1 — no constant was tuned.
+    # A1 + 3·UB·FLOP_lm (secondary head, forward + backward) gives 83.42 EFLOPs = 32.18 days. Both match, so the
+    # paper's secondary-head overhead is exactly one more LM head trained as in A1 — no constant was tuned.
     assert F.to_v100_days(F.pretrain_flops(**PAPER, l=12)) == pytest.approx(30.4, abs=0.05)
-    assert F.to_v100_days(F.pretrain_dual_flops(**PAPER, l=12)) == pytest.approx(32.2, abs=0.05)
+    assert F.to_v100_days(F.pretrain_secondary_flops(**PAPER, l=12)) == pytest.approx(32.2, abs=0.05)
 
 
 def test_paper_section3_worked_example():
@@ -105,7 +105,7 @@ def test_v100_day_and_mfu():
 def test_stage_flops_per_step_matches_the_stage_formulas():
     shape = dict(hidden=2, vocab=3, layers=1, seq_len=4, mask_prob=0.5, global_batch=1)
     assert F.stage_flops_per_step("pretrain", **shape) == 1656
-    assert F.stage_flops_per_step("pretrain_dual", **shape) == 1776
+    assert F.stage_flops_per_step("pretrain_secondary", **shape) == 1776
     assert F.stage_flops_per_step("adapt", **shape) == 1128
     assert F.stage_flops_per_step("build_mini", **shape, trainable_layers=1) == 1104
     assert F.stage_flops_per_step("finetune", **shape) == 1536
@@ -130,7 +130,7 @@ def test_paper_recipe_costs():
     assert round(costs[("MINIPOST", "step1b")].flops / F.EXA, 1) == 21.6
     assert round(costs[("MINIPOST", "step2")].v100_days, 1) == 11.3
     assert round(costs[("MINIJOINT", "step1")].v100_days, 1) == 32.2
-    assert [c.kind for c in costs.values()] == ["pretrain", "adapt", "pretrain", "adapt", "pretrain_dual", "adapt",
+    assert [c.kind for c in costs.values()] == ["pretrain", "adapt", "pretrain", "adapt", "pretrain_secondary", "adapt",
                                                 "pretrain", "build_mini", "adapt"]  # the systems table's formulas
 
 

@@ -1,4 +1,4 @@
-"""The model: shapes, masked-only heads, the second head's tap, RoBERTa positions, padding, tying."""
+"""The model: shapes, masked-only heads, the secondary head's tap, RoBERTa positions, padding, tying."""
 
 import pytest
 import torch
@@ -58,7 +58,7 @@ def test_masked_only_head_matches_full_logits_and_sees_only_masked_rows():
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
-def test_second_head_sees_exactly_layer_n_output(n):
+def test_secondary_head_sees_exactly_layer_n_output(n):
     m = tiny(secondary_head_layer=n)
     x, _ = batch()
     seen = {}

@@ -179,8 +179,8 @@ def test_flops_per_phase_and_per_head():
     s = DepthSchedule((1, 2, 4), 12, [1, 1, 2])
     assert s.flops_until(12, a3.__getitem__) == 3 * a3[1] + 3 * a3[2] + 6 * a3[4]
     assert s.flops_until(4, a3.__getitem__) == 3 * a3[1] + a3[2]
-    one = flops.stage_flops_per_step("pretrain_dual", layers=6, **shape)
-    three = flops.stage_flops_per_step("pretrain_dual", layers=6, secondary_heads=3, **shape)
+    one = flops.stage_flops_per_step("pretrain_secondary", layers=6, **shape)
+    three = flops.stage_flops_per_step("pretrain_secondary", layers=6, secondary_heads=3, **shape)
     base = flops.stage_flops_per_step("pretrain", layers=6, **shape)
     assert three - base == pytest.approx(3 * (one - base))
     adapt = SimpleNamespace(train=config.TrainConfig(steps=12, checkpoint_steps=[3, 4], checkpoint_every=100),

@@ -17,7 +17,8 @@ from mm_ds.model.model import LANGUAGE_PARAMS, RobertaMLM
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("kind, layers, secondary", [("pretrain", 3, None), ("pretrain_dual", 3, 2), ("adapt", 2, None)])
+@pytest.mark.parametrize("kind, layers, secondary", [("pretrain", 3, None), ("pretrain_secondary", 3, 2),
+                                                     ("adapt", 2, None)])
 def test_parameter_counts_match_the_model(kind, layers, secondary):
     h, V, s = 64, 1000, 32
     model = RobertaMLM(ModelConfig(vocab_size=V, hidden_size=h, num_layers=layers, num_heads=4, ffn_size=4 * h,

@@ -49,8 +49,8 @@ def ids(B=2, T=12, seed=1, vocab=V):
 
 def test_extract_minijoint_logits_equal_the_second_head():
     cfg = cfg_(secondary_head_layer=2)
-    dual = model(cfg)
-    sd = dual.state_dict()
+    with_secondary = model(cfg)
+    sd = with_secondary.state_dict()
     before = snapshot(sd)
     mini_cfg, mini_sd = extract_minijoint(cfg, sd)
     assert mini_cfg.num_layers == 2 and mini_cfg.secondary_head_layer is None
@@ -59,7 +59,7 @@ def test_extract_minijoint_logits_equal_the_second_head():
     mini.load_state_dict(mini_sd, strict=True)
     x, mask = ids()
     with torch.no_grad():
-        want = dual(x, attention_mask=mask)["logits_secondary"]
+        want = with_secondary(x, attention_mask=mask)["logits_secondary"]
         got = mini(x, attention_mask=mask)["logits_main"]
     assert torch.equal(got, want)
     assert all(mini_sd[k].data_ptr() != sd[k].data_ptr() for k in mini_sd if k in sd)  # no aliasing
@@ -337,10 +337,10 @@ def test_hf_errors():
     untied = dict(hf_sd) | {"lm_head.decoder.weight": hf_sd["lm_head.decoder.weight"] + 1}
     with pytest.raises(SurgeryError, match="not tied"):
         from_hf_roberta(hcfg, untied)
-    dual = cfg_(num_layers=2, secondary_head_layer=1)
+    with_secondary = cfg_(num_layers=2, secondary_head_layer=1)
     with pytest.raises(SurgeryError, match="drop_secondary_head"):
-        to_hf_roberta(dual, model(dual).state_dict())
-    exported = to_hf_roberta(dual, model(dual).state_dict(), drop_secondary_head=True)
+        to_hf_roberta(with_secondary, model(with_secondary).state_dict())
+    exported = to_hf_roberta(with_secondary, model(with_secondary).state_dict(), drop_secondary_head=True)
     assert not any("secondary" in k for k in exported)
     with pytest.raises(SurgeryError, match="does not match its config"):
         check_state_dict(cfg, {k: v for k, v in sd.items() if k != "embed.norm.bias"})

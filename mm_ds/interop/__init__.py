@@ -76,7 +76,7 @@ def export_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="HF directory to write")
     p.add_argument("--lang-from", help="adapt run whose language embeddings (and tokenizer) replace the model's")
     p.add_argument("--tokenizer", help="SentencePiece model to ship (default: the one the meta records)")
-    p.add_argument("--mini", action="store_true", help="MINIJOINT: export the second head's mini-model")
+    p.add_argument("--mini", action="store_true", help="MINIJOINT: export the secondary head's mini-model")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     return p
 

@@ -6,7 +6,7 @@
 
 `lang_from=ADAPT_RUN` swaps that run's language group (token embeddings, output bias) into the model and
 takes its tokenizer: Step 4 of the paper, as a shareable model. A MINIJOINT model exports its main head;
-`mini=True` exports its second head as its own mini-model (`surgery.extract_minijoint`).
+`mini=True` exports its secondary head as its own mini-model (`surgery.extract_minijoint`).
 
 The directory holds config.json, model.safetensors, the language's SentencePiece model (`spm.model`: its
 ids are the embedding rows, <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4), the same model as a transformers
@@ -79,16 +79,16 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
     if kind is None and cfg.secondary_head_layer is not None:
         if mini:
             cfg, sd = surgery.extract_minijoint(cfg, sd)
-            notes.append(f"mini-model: layers 1-{cfg.num_layers} and the second head of the MINIJOINT model")
+            notes.append(f"mini-model: layers 1-{cfg.num_layers} and the secondary head of the MINIJOINT model")
             if cfg.secondary_head_layer is not None:  # multi-depth: HF has one head, the deepest mini-model's
                 notes.append(f"multi-depth: the deepest mini-model; its heads after layers {cfg.secondary_depths} "
                              f"are dropped")
                 cfg, sd = surgery.drop_secondary_head(cfg, sd)
         else:
             cfg, sd = surgery.drop_secondary_head(cfg, sd)
-            notes.append("MINIJOINT: main head exported; `mm-ds export --mini` exports the second head's mini-model")
+            notes.append("MINIJOINT: main head exported; `mm-ds export --mini` exports the secondary head's mini-model")
     elif mini:
-        raise InteropError(f"--mini exports a MINIJOINT model's second head, but {src} has none "
+        raise InteropError(f"--mini exports a MINIJOINT model's secondary head, but {src} has none "
                            f"(model.secondary_head_layer is null{', kind ' + kind if kind else ''})")
     lang = meta.get("lang")
     spm_path = tokenizer or meta.get("tokenizer")

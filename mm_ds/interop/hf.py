@@ -111,12 +111,12 @@ def hf_config(cfg: ModelConfig) -> dict:
 
 def to_hf_roberta(cfg: ModelConfig, sd: StateDict, drop_secondary_head: bool = False) -> dict[str, torch.Tensor]:
     """Our MLM as an HF `RobertaForMaskedLM` state dict (config: `hf_config(cfg)`). The token-type table is
-    one row of zeros (our positions already hold anything folded in on import). HF has no second head:
+    one row of zeros (our positions already hold anything folded in on import). HF has no secondary head:
     a MINIJOINT model needs `drop_secondary_head=True` (or `extract_minijoint` first)."""
     check_state_dict(cfg, sd, "model")
     if cfg.secondary_head_layer is not None and not drop_secondary_head:
         raise SurgeryError(f"model.secondary_head_layer={cfg.secondary_head_layer}: HF RobertaForMaskedLM has no "
-                           f"second head; pass drop_secondary_head=True to export the main head only")
+                           f"secondary head; pass drop_secondary_head=True to export the main head only")
     out = to_hf_keys(cfg, sd)
     for hf, ours in HF_TIED.items():
         out[hf] = sd[ours].detach().clone()

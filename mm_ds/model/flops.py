@@ -44,8 +44,8 @@ def pretrain_flops(h, V, l, s, p, B, U) -> float:
     return 3 * U * B * forward_flops(s, h, V, l, p)
 
 
-def pretrain_dual_flops(h, V, l, s, p, B, U, heads: int = 1) -> float:
-    """MINIJOINT Step 1: A1 plus the second MLM head (at layer N) forward and backward, 3·UB·FLOP_lm.
+def pretrain_secondary_flops(h, V, l, s, p, B, U, heads: int = 1) -> float:
+    """MINIJOINT Step 1: A1 plus the secondary MLM head (at layer N) forward and backward, 3·UB·FLOP_lm.
     Its cost does not depend on N: the head's input is always (s, h). Multi-depth (§7): one such term per
     secondary head (`heads`)."""
     return pretrain_flops(h, V, l, s, p, B, U) + heads * 3 * U * B * flop_lm(s, h, V, p)
@@ -73,19 +73,19 @@ def finetune_flops(h, l, s, B, U) -> float:
     return 3 * U * B * l * flop_layer(s, h)
 
 
-FORMULAS = ("pretrain", "pretrain_dual", "build_mini", "adapt", "finetune")
+FORMULAS = ("pretrain", "pretrain_secondary", "build_mini", "adapt", "finetune")
 """The cost formulas; each system's row in mm_ds/systems.py says which of its stages uses which."""
 
 
 def stage_flops_per_step(kind: str, *, hidden: int, vocab: int, layers: int, seq_len: int, mask_prob: float,
                          global_batch: int, trainable_layers: int | None = None, secondary_heads: int = 1) -> float:
     """FLOPs of one optimizer update of a stage; the training loop divides by step time for achieved FLOP/s.
-    `secondary_heads`: pretrain_dual's secondary MLM heads (multi-depth MINIJOINT has several)."""
+    `secondary_heads`: pretrain_secondary's secondary MLM heads (multi-depth MINIJOINT has several)."""
     h, V, l, s, p, B = hidden, vocab, layers, seq_len, mask_prob, global_batch
     if kind == "pretrain":
         return pretrain_flops(h, V, l, s, p, B, 1)
-    if kind == "pretrain_dual":
-        return pretrain_dual_flops(h, V, l, s, p, B, 1, secondary_heads)
+    if kind == "pretrain_secondary":
+        return pretrain_secondary_flops(h, V, l, s, p, B, 1, secondary_heads)
     if kind == "adapt":
         return adapt_flops(h, V, l, s, p, B, 1)
     if kind == "build_mini":

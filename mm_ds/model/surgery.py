@@ -7,7 +7,7 @@ training a model loaded from the result can never write into the source (and vic
 Each function checks key sets, shapes and hidden sizes first and raises `SurgeryError` naming the key,
 the expected and the actual shape, or the config field that does not match.
 
-    extract_minijoint        MINIJOINT: bottom N layers + the second head, promoted to the only head; multi-depth:
+    extract_minijoint        MINIJOINT: bottom N layers + the secondary head, promoted to the only head; multi-depth:
                              bottom max(N) layers + every secondary head, the deepest promoted to `head`
     drop_secondary_head      MINIJOINT's primary model with its main head only (what the full model predicts with)
     build_minipost           MINIPOST:  bottom N layers + 2 fresh bridge layers + the original MLM head
@@ -89,8 +89,8 @@ def _clone(t: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- MINIJOINT (§2.2)
 
 def extract_minijoint(cfg: ModelConfig, sd: StateDict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """The mini-model of a dual-head model: embeddings, the bottom N = cfg.secondary_head_layer layers, and the
-    second head renamed `secondary_head.*` -> `head.*` (its only head). Its logits equal the source's
+    """MINIJOINT's mini-model: embeddings, the bottom N = cfg.secondary_head_layer layers, and the
+    secondary head renamed `secondary_head.*` -> `head.*` (its only head). Its logits equal the source's
     `logits_secondary`.
 
     Multi-depth (secondary_head_layer=[N1, ..., Nk]): the bottom Nk layers and every secondary head; the
@@ -98,9 +98,9 @@ def extract_minijoint(cfg: ModelConfig, sd: StateDict) -> tuple[ModelConfig, dic
     `forward(depth=Ni)` equals the source's `logits_secondary@Ni`: one model holds the k mini-models."""
     depths = cfg.secondary_depths
     if not depths:
-        raise SurgeryError("extract_minijoint needs a dual-head (MINIJOINT) model, but model.secondary_head_layer "
-                           "is None; for a single-head model use build_minipost")
-    check_state_dict(cfg, sd, "dual-head model")
+        raise SurgeryError("extract_minijoint needs a model with a secondary head (MINIJOINT), but "
+                           "model.secondary_head_layer is None; for a single-head model use build_minipost")
+    check_state_dict(cfg, sd, "model with a secondary head")
     n = depths[-1]
     mini_cfg = dataclasses.replace(cfg, num_layers=n, secondary_head_layer=list(depths[:-1]) or None)  # [N] -> N
     deepest = "secondary_head." if len(depths) == 1 else f"secondary_heads.{n}."
@@ -119,13 +119,13 @@ def extract_minijoint(cfg: ModelConfig, sd: StateDict) -> tuple[ModelConfig, dic
 
 
 def drop_secondary_head(cfg: ModelConfig, sd: StateDict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """A dual-head model as a single-head one: every layer and the main head, without `secondary_head.*` (and a
-    multi-depth model's `secondary_heads.*`).
+    """A model with a secondary head as a single-head one: every layer and the main head, without
+    `secondary_head.*` (and a multi-depth model's `secondary_heads.*`).
     A mini-model's language group then fits it (its one output bias becomes the main head's)."""
     if cfg.secondary_head_layer is None:
-        raise SurgeryError("drop_secondary_head needs a dual-head (MINIJOINT) model, but "
+        raise SurgeryError("drop_secondary_head needs a model with a secondary head (MINIJOINT), but "
                            "model.secondary_head_layer is None")
-    check_state_dict(cfg, sd, "dual-head model")
+    check_state_dict(cfg, sd, "model with a secondary head")
     out_cfg = dataclasses.replace(cfg, secondary_head_layer=None)
     out = {k: _clone(v) for k, v in sd.items() if not k.startswith(("secondary_head.", "secondary_heads."))}
     check_state_dict(out_cfg, out, "model without its secondary head")
@@ -156,7 +156,7 @@ def build_minipost(cfg: ModelConfig, sd: StateDict, n_layers: int = 4, new_layer
     layers afterwards (`minipost_trainable`)."""
     if cfg.secondary_head_layer is not None:
         raise SurgeryError(f"build_minipost needs a single-head model, but model.secondary_head_layer="
-                           f"{cfg.secondary_head_layer}; for a dual-head model use extract_minijoint")
+                           f"{cfg.secondary_head_layer}; for a model with a secondary head use extract_minijoint")
     if not 1 <= n_layers <= cfg.num_layers:
         raise SurgeryError(f"n_layers={n_layers} must be between 1 and the source model.num_layers="
                            f"{cfg.num_layers}")
@@ -270,7 +270,7 @@ def init_target_embeddings(src_cfg: ModelConfig, src_sd: StateDict, src_vocab: l
     (shared by every tokenizer), are copied from the source token embeddings; the others are drawn from
     N(0, init_std) with a local generator seeded by `seed`; the pad row is zero.
 
-    Output biases (`head.bias`, and `secondary_head.bias` when the source has a second head): copied for the same
+    Output biases (`head.bias`, and `secondary_head.bias` when the source has a secondary head): copied for the same
     rows, zero for the others. The bias is the head's log-prior of a piece; a shared piece keeps it, a new
     piece gets the value a fresh MLM head starts from (`Encoder.init_weights` zeros it).
 

@@ -2,7 +2,7 @@
 
 Without data, parents, ports or training: each stage's preset and override keys (the stage's own parser and
 config checks), its batch geometry at the recipe's world size, its engine config through DeepSpeed's parser,
-the architecture it inherits (a mini-model shallower than its primary, a second head for MINIJOINT, sequence
+the architecture it inherits (a mini-model shallower than its primary, a secondary head for MINIJOINT, sequence
 length within the parent's positions), the launcher settings, which task is evaluated in which language (and
 the gaps), the task and text files when they are there, and that the output directory can be written.
 `mm-ds run` runs the same check, strictly (the data must be there), before its first stage: a recipe never
@@ -236,7 +236,7 @@ def _inherited(cfg: RunConfig, configs: dict[Path, RunConfig]) -> None:
         if kind is None:
             raise ConfigError(f"build-mini is for {' or '.join(MINI_SYSTEMS)}, not system={cfg.system!r}")
         if kind == "extract" and pm.secondary_head_layer is None:
-            raise ConfigError(f"the parent ({parent.system} pretraining) has no second head; MINIJOINT's mini-model "
+            raise ConfigError(f"the parent ({parent.system} pretraining) has no secondary head; MINIJOINT's mini-model "
                               f"is cut from a model pretrained with model.secondary_head_layer=N")
         if kind == "build" and not 0 < cfg.mini.layers < pm.num_layers:
             raise ConfigError(f"mini.layers={cfg.mini.layers} must lie in [1, {pm.num_layers}) (the parent's layers)")

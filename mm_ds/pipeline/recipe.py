@@ -68,7 +68,7 @@ class Recipe:
     """Score every Step-2 checkpoint (training curves), not only the final one."""
     english_minis: bool = False
     """Also finetune each mini-model (Step 1b's final/) on the English tasks and score it in English, beside the
-    primary models (§5.3, Table 5: does dual-head pretraining hurt either?)."""
+    primary models (§5.3, Table 5: does pretraining with a secondary head hurt either?)."""
     align_sequences: int = 64
     """Held-out target sequences per Step-2 checkpoint for the alignment check and the MLM-level measure
     (mm_ds/eval/align.py: MLM of the primary model with each checkpoint's embeddings, and of the mini-model;

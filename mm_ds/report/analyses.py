@@ -6,7 +6,7 @@
   (score vs Step-2 V100-days, averaged over languages, one line per depth). The reference system's row is
   shown with them: its final score sets every target.
 - English performance (§5.3, Table 5): the source-language score of every primary model and of every mini-model
-  finetuned on its own (recipe key `english_minis`): does dual-head pretraining hurt either?
+  finetuned on its own (recipe key `english_minis`): does pretraining with a secondary head hurt either?
 """
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ def srun_cpus(ranks_per_node: int) -> list[str]:
 
 def preflight(launch: LaunchConfig, port: bool = True) -> None:
     """Fail before any rank starts: hostfile lines, ranks vs. slots, the master address and port (`port=False`,
-    `--dry-run`: whether the port is free is not checked, it need only be free when the ranks start)."""
+    `--check`: whether the port is free is not checked, it need only be free when the ranks start)."""
     if launch.launcher == "none":
         return
     check_hosts(launch)

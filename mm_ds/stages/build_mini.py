@@ -1,6 +1,6 @@
 """Step 1b: a mini-model aligned with its primary model (paper §2.2).
 
-MINIJOINT: pure extraction (bottom N layers + the second head), a stage of zero updates: no engine, and the
+MINIJOINT: pure extraction (bottom N layers + the secondary head), a stage of zero updates: no engine, and the
 mini-model costs no training FLOPs beyond Step 1.
 MINIPOST: bottom N layers, embeddings and MLM head of a regular model, frozen, with `mini.new_layers`
 fresh layers between them trained with MLM on the source corpus: the bridge that makes it a usable MLM.
@@ -24,7 +24,7 @@ def _mini_model(cfg: RunConfig):
     meta, mcfg, sd = load_parent(cfg, ("pretrain",))
     if system_of(cfg.system).mini == "extract":
         if mcfg.secondary_head_layer is None:
-            raise ConfigError(f"parent={cfg.parent} has no second head; MINIJOINT's mini-model is cut from a "
+            raise ConfigError(f"parent={cfg.parent} has no secondary head; MINIJOINT's mini-model is cut from a "
                               f"model pretrained with model.secondary_head_layer=N (preset */minijoint)")
         mini_cfg, mini_sd = surgery.extract_minijoint(mcfg, sd)
         cfg.train.steps = cfg.train.warmup_steps = 0
@@ -39,7 +39,7 @@ def _mini_model(cfg: RunConfig):
 
 
 def preflight(cfg: RunConfig) -> None:
-    """Checks the parent: a pretrain checkpoint with a second head (MINIJOINT) or more layers than mini.layers
+    """Checks the parent: a pretrain checkpoint with a secondary head (MINIJOINT) or more layers than mini.layers
     (MINIPOST); and that MINIPOST's corpus has the parent's vocabulary."""
     if not system_of(cfg.system).mini:
         raise ConfigError(f"build-mini is for {' or '.join(MINI_SYSTEMS)}, not system={cfg.system!r}: the "

@@ -96,7 +96,7 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
 
 def build(cfg: RunConfig) -> Stage:
     spec, meta, mcfg, sd = _spec_and_parent(cfg)
-    mcfg.secondary_head_layer = None  # MINIJOINT's primary model: the second head plays no part downstream
+    mcfg.secondary_head_layer = None  # MINIJOINT's primary model: the secondary head plays no part downstream
     features, collate = _features(cfg, spec, meta)
     n = len(features)
     schedule(cfg, n, ds_config.global_batch(cfg))

@@ -21,7 +21,7 @@ def build(cfg: RunConfig) -> Stage:
     torch.manual_seed(cfg.train.seed)
     model = RobertaMLM(cfg.model)
     heads = len(cfg.model.secondary_depths)
-    kind = "pretrain_dual" if heads else "pretrain"
+    kind = "pretrain_secondary" if heads else "pretrain"
     return Stage(cfg=cfg, model=model, trainable=lambda name: True, batches=mlm_batches(cfg, corpus),
                  flops_per_step=stage_flops(cfg, kind, cfg.model.num_layers, secondary_heads=heads or 1),
                  tokens_per_sample=cfg.data.seq_len,

@@ -12,7 +12,7 @@ The parents the later stages start from are written into the temporary work dire
 own zero-update path (`engine.train` with train.steps=0: the model as built, untrained).
 
     pretrain       Step 1, one MLM head, all layers (BL_BASE)                  FLOPs: A1
-    pretrain_dual  Step 1 with MINIJOINT's second head after layer N            A1 + second head
+    pretrain_secondary  Step 1 with MINIJOINT's secondary head after layer N            A1 + secondary head
     build_mini     Step 1b: MINIPOST's 2 new layers over N frozen + frozen head A4
     adapt_full     Step 2 over the full model (BL_BASE): language group only    A3, l = all layers
     adapt_mini     Step 2 over the N-layer MINIJOINT mini-model                 A3, l = N
@@ -54,8 +54,8 @@ from .bench_report import print_report
 from .bench_data import pair_batches, prepare_corpus, write_pair_task
 from .bench_peer import RssPeak, maxrss_bytes, release_free_memory, run_peer_stage
 
-STAGES = ("pretrain", "pretrain_dual", "build_mini", "adapt_full", "adapt_mini", "finetune")
-PEER_STAGES = ("pretrain", "adapt_full", "adapt_mini")  # the peer has no dual head, bridge or task loop here
+STAGES = ("pretrain", "pretrain_secondary", "build_mini", "adapt_full", "adapt_mini", "finetune")
+PEER_STAGES = ("pretrain", "adapt_full", "adapt_mini")  # the peer has no secondary head, bridge or task loop here
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Preset:
     model: str  # packaged model preset
     vocab: int  # used where the model preset leaves vocab_size to the tokenizer
     seq: int
-    mini_layers: int  # N: MINIJOINT's second head, the mini-model, MINIPOST's frozen bottom
+    mini_layers: int  # N: MINIJOINT's secondary head, the mini-model, MINIPOST's frozen bottom
     new_layers: int  # MINIPOST's bridge
     micro_batch: int
     steps: int
@@ -79,7 +79,7 @@ PRESETS = {
 
 STAGE_TITLES = {
     "pretrain": "Step 1, single head",
-    "pretrain_dual": "Step 1, dual head (MINIJOINT)",
+    "pretrain_secondary": "Step 1, secondary head (MINIJOINT)",
     "build_mini": "Step 1b (MINIPOST bridge)",
     "adapt_full": "Step 2, full model",
     "adapt_mini": "Step 2, mini-model",
@@ -89,15 +89,15 @@ STAGE_TITLES = {
 # bench stage -> (stage module, system, the parent it starts from, FLOPs kind)
 STAGE_RUNS = {
     "pretrain": ("pretrain", "bl_base", None, "pretrain"),
-    "pretrain_dual": ("pretrain", "minijoint", None, "pretrain_dual"),
+    "pretrain_secondary": ("pretrain", "minijoint", None, "pretrain_secondary"),
     "build_mini": ("build_mini", "minipost", "pretrain", "build_mini"),
     "adapt_full": ("adapt", "bl_base", "pretrain", "adapt"),
     "adapt_mini": ("adapt", "minijoint", "mini", "adapt"),
     "finetune": ("finetune", "bl_base", "pretrain", "finetune"),
 }
 # parent -> (stage module, system, its own parent): BL_BASE's and MINIJOINT's pretraining, MINIJOINT's Step 1b
-PARENT_RUNS = {"pretrain": ("pretrain", "bl_base", None), "dual": ("pretrain", "minijoint", None),
-               "mini": ("build_mini", "minijoint", "dual")}
+PARENT_RUNS = {"pretrain": ("pretrain", "bl_base", None), "secondary": ("pretrain", "minijoint", None),
+               "mini": ("build_mini", "minijoint", "secondary")}
 
 # Speed targets at the base shape, as (key, description, threshold).
 TARGETS = (
@@ -139,8 +139,8 @@ class Stages:
         self.tasks = write_pair_task(work / "tasks", text)
 
     def config(self, module: str, system: str, parent: Path | None) -> RunConfig:
-        dual = SYSTEMS[system].step1 == "pretrain_dual"  # the parent of MINIJOINT's extraction has the second head
-        model = replace(self.mcfg, secondary_head_layer=self.preset.mini_layers if dual else None)
+        secondary = SYSTEMS[system].step1 == "pretrain_secondary"  # the parent of MINIJOINT's extraction has one
+        model = replace(self.mcfg, secondary_head_layer=self.preset.mini_layers if secondary else None)
         return RunConfig(stage=module, system=system, parent=str(parent or ""), model=model,
                          data=DataConfig(corpus=str(self.corpus), seq_len=self.seq), ds_config=self.ds_config,
                          train=TrainConfig(seed=0, global_batch=self.micro_batch, micro_batch=self.micro_batch,

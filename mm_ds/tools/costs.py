@@ -37,7 +37,7 @@ class StageCost:
     checkpoints: int
     """Engine checkpoints the stage writes (its config's schedule)."""
     secondary_heads: int = 1
-    """pretrain_dual: the secondary MLM heads (multi-depth MINIJOINT has several)."""
+    """pretrain_secondary: the secondary MLM heads (multi-depth MINIJOINT has several)."""
 
     @property
     def flops_per_step(self) -> float:

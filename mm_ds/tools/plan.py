@@ -6,7 +6,7 @@
 
 Per optimizer step of each stage:
 
-compute   the paper's analytic FLOPs (mm_ds.model.flops: A1, A1 + second head, A3, A4) / (GPUs x peak x MFU).
+compute   the paper's analytic FLOPs (mm_ds.model.flops: A1, A1 + secondary head, A3, A4) / (GPUs x peak x MFU).
 comm      data-parallel traffic per GPU: the collectives DeepSpeed 0.19.8 makes in one update (read in its source,
           recorded on 2 CPU ranks by tests/test_reduction_dtype.py), T trainable and P parameters, A micro-steps:
           ZeRO-0 all-reduces T gradients; ZeRO-1 (BF16_Optimizer under bf16) too, then all-gathers the T new

@@ -31,13 +31,13 @@ class ParamCount:
 def stage_params(kind: str, h: int, V: int, layers: int, seq_len: int, trainable_layers: int | None = None,
                  ffn: int | None = None, secondary_heads: int = 1) -> ParamCount:
     """Parameters of a stage's model and those it trains, counted by the model's own layout (no model built)."""
-    dual = list(range(1, secondary_heads + 1)) if kind == "pretrain_dual" else None  # a head's size is N-free
+    depths = list(range(1, secondary_heads + 1)) if kind == "pretrain_secondary" else None  # a head's size is N-free
     cfg = ModelConfig(vocab_size=V, hidden_size=h, num_layers=layers, ffn_size=ffn or 4 * h, max_positions=seq_len,
-                      secondary_head_layer=dual)
+                      secondary_head_layer=depths)
     shapes = param_shapes(cfg)
     kept = (lambda k: not k.startswith("head.")) if kind == "finetune" else (lambda k: True)  # task head: negligible
     small = sum(math.prod(s) for k, s in shapes.items() if kept(k) and math.prod(s) <= PERSISTENCE)
-    if kind in ("pretrain", "pretrain_dual"):
+    if kind in ("pretrain", "pretrain_secondary"):
         return ParamCount(param_count(cfg), param_count(cfg), small)
     if kind == "adapt":  # the language group: token embeddings + the output bias of the (one) head
         return ParamCount(param_count(cfg), param_count(cfg, lambda k: k in LANGUAGE_PARAMS), small)
