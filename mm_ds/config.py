@@ -45,6 +45,10 @@ class ModelConfig:
     secondary_head_layer: int | list[int] | None = None
     """MINIJOINT: attach a second MLM head after this many layers (paper N=4); an ascending list attaches one
     after each (multi-depth, §7: [1, 2, 4]; a 1-item list is the int). None: one head."""
+    main_head_weight: float = 0.5
+    """MINIJOINT's Step-1 loss: the main head's share; the secondary heads share the rest equally. 0.5 is the
+    paper's mean of two heads, and keeps the main head at half with several secondary heads ([1, 2, 4]: 1/2, then
+    1/6 each). The mean over all heads, which multi-depth runs used before this key (1/4 each), is 0.25 there."""
 
     def __post_init__(self):
         if isinstance(self.secondary_head_layer, (list, tuple)) and len(self.secondary_head_layer) <= 1:
@@ -67,6 +71,9 @@ class ModelConfig:
         if list(d) != sorted(set(d)):
             raise ConfigError(f"model.secondary_head_layer={self.secondary_head_layer}: list the layers in "
                               f"ascending order, each once, e.g. [1, 2, 4]")
+        if not 0.0 < self.main_head_weight < 1.0:
+            raise ConfigError(f"model.main_head_weight={self.main_head_weight} must lie strictly between 0 and 1 "
+                              f"(every head needs some of the loss); the paper's is 0.5")
         for name in ("hidden_size", "num_layers", "num_heads", "ffn_size", "max_positions"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
