@@ -225,6 +225,13 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     if list_only:
         for n in runs:
             print(f"{'done' if complete(n.out) else 'todo'}  mm-ds {' '.join(n.argv)}")
+        from .check import protocol
+        from .cli import stage_config
+        try:
+            configs = {n.out.resolve(): stage_config(n.argv[0], n.argv[1:])[1] for n in runs}
+        except ConfigError:  # `--check` names the stage; the plan is still listed
+            return 0
+        print("\n".join(f"# {line}" for note in protocol(recipe, runs, configs) for line in note.splitlines()))
         return 0
     from .check import check
     report = check(recipe, out, strict=True)
@@ -274,7 +281,8 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         from . import report
         from .records import clean_records, control_scores
         results, warnings = clean_records(rows, str(out / "results.jsonl"))
-        rep = report.build_report(results, warnings=warnings, controls=control_scores(rows))
+        rep = report.build_report(results, warnings=warnings, controls=control_scores(rows),
+                                  headline_tasks=recipe.headline())
         written = report.write_report(rep, out / "report")
         print("\n" + report.format_tables(rep, table2s=False))  # results.md above is Table 2 with the controls
         say("report: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))

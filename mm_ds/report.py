@@ -10,8 +10,9 @@ already averaged over finetuning seeds, from CSV, JSON (a list, or {"results": [
   final score beats it by a margin significant for the test set's size and the seeds; tables show the margin.
 - Time to target (§3, Table A4): curves.time_to_target, linear interpolation between the bracketing checkpoints.
 - Speedup (fn. 6): reference days / system days, per language; the headline is the MEAN OF THESE RATIOS over
-  languages (not the ratio of mean days), then the mean over tasks (Figure 1). Languages where either side
-  never reaches the target are left out and listed.
+  languages (not the ratio of mean days), then the mean over the headline tasks (Figure 1: XNLI, MLQA and PAWS-X
+  in the paper, `headline_tasks`; default every task). Languages where either side never reaches the target are
+  left out and listed.
 
 Bad input never stops the report: what is wrong is collected in `Report.warnings` and the rest is produced.
 """
@@ -53,6 +54,7 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     margins: dict[tuple[str, str], Margin] = field(default_factory=dict)  # (task, lang) -> reference vs control
     over_control: bool = False  # targets are a fraction of the improvement over the control (MLM level)
+    headline: list[str] = field(default_factory=list)  # the tasks Figure 1's headline (task "avg") averages
 
     @property
     def target_phrase(self) -> str:
@@ -76,11 +78,12 @@ def _system_order(systems: Iterable[str], reference: str) -> list[str]:
 
 def build_report(results: Iterable[Result], reference: str = SYSTEMS[REFERENCE].label, fraction: float = 0.95,
                  warnings: Sequence[str] = (), controls: dict[tuple[str, str, str], Result] | None = None,
-                 over_control: bool = False) -> Report:
+                 over_control: bool = False, headline_tasks: Sequence[str] | None = None) -> Report:
     """`controls`: (task, lang, SYSTEM) -> control result (records.control_scores, records.mlm_results). Where the
     reference's final score does not beat its control significantly (significance.py) it learned nothing to be
     near to: that language gets no target. `over_control`: the target is `fraction` of the reference's final
-    improvement over its control (needs the control), not of its score."""
+    improvement over its control (needs the control), not of its score. `headline_tasks`: the tasks the headline
+    speedup averages (default: every task in the results)."""
     warnings, controls, margins = list(warnings), controls or {}, {}
     curves = group_curves(results, warnings)
     tasks = sorted({t for t, _, _ in curves})
@@ -116,9 +119,13 @@ def build_report(results: Iterable[Result], reference: str = SYSTEMS[REFERENCE].
                     crossings[(t, l, s)] = time_to_target(curves[(t, l, s)], targets[(t, l)])
 
     warnings += _coverage_warnings(tasks, langs, systems, curves)
-    rows, summary = _speedups(tasks, langs, systems, reference, targets, crossings, curves, warnings)
+    headline = [t for t in tasks if t in headline_tasks] if headline_tasks else list(tasks)
+    if headline_tasks and set(headline_tasks) - set(tasks):
+        warnings.append(f"headline tasks without results: {', '.join(sorted(set(headline_tasks) - set(tasks)))}; "
+                        f"the headline speedup averages {', '.join(headline) or 'nothing'}")
+    rows, summary = _speedups(tasks, langs, systems, reference, targets, crossings, curves, warnings, headline)
     return Report(reference, fraction, tasks, langs, systems, curves, targets, crossings, rows, summary, warnings,
-                  margins, over_control)
+                  margins, over_control, headline)
 
 
 def _coverage_warnings(tasks, langs, systems, curves) -> list[str]:
@@ -139,7 +146,7 @@ def _coverage_warnings(tasks, langs, systems, curves) -> list[str]:
     return out
 
 
-def _speedups(tasks, langs, systems, reference, targets, crossings, curves, warnings):
+def _speedups(tasks, langs, systems, reference, targets, crossings, curves, warnings, headline):
     rows, summary = [], []
     if reference not in systems:  # already warned once; per-language "no reference" lines would only repeat it
         return rows, summary
@@ -171,7 +178,7 @@ def _speedups(tasks, langs, systems, reference, targets, crossings, curves, warn
             if not used and not excluded:
                 continue
             mean_ratio = mean(r / d for _, r, d in used) if used else None
-            if mean_ratio is not None:
+            if mean_ratio is not None and t in headline:
                 per_system_task_means[s].append(mean_ratio)
             if excluded:
                 warnings.append(f"{t}/{s}: speedup leaves out {len(excluded)} language(s): "
@@ -182,7 +189,7 @@ def _speedups(tasks, langs, systems, reference, targets, crossings, curves, warn
                 ratio_of_mean_days=(mean(r for _, r, _ in used) / mean(d for _, _, d in used)) if used else None))
     for s, means in per_system_task_means.items():
         summary.append(dict(task="avg", system=s, mean_speedup=mean(means), n_langs=None, n_tasks=len(means),
-                            excluded={}, ratio_of_mean_days=None))
+                            excluded={}, ratio_of_mean_days=None, tasks=" ".join(headline)))
     return rows, summary
 
 
@@ -255,7 +262,8 @@ def format_tables(report: Report, bounds: bool = False, table2s: bool = True) ->
                 + ["∞" if r["avg"] is None else cost(r["avg"]) + ("*" if r["avg_partial"] else "")]
                 for r in t3[t]]))
     if report.speedup_summary:
-        parts.append(f"## Speedup over {report.reference} (Figure 1: mean of per-language ratios of V100-days)")
+        parts.append(f"## Speedup over {report.reference} (Figure 1: mean of per-language ratios of V100-days; "
+                     f"the headline, avg, averages {', '.join(report.headline)})")
         body = []
         for r in report.speedup_summary:
             n = f"{r['n_langs']} langs" if r["n_tasks"] is None else f"{r['n_tasks']} tasks"
@@ -312,6 +320,7 @@ def write_report(report: Report, out_dir: str | Path, plots: bool = True, xmax_d
 
     (out / "tables.md").write_text(format_tables(report, bounds=True) + "\n")
     doc = dict(reference=report.reference, fraction=report.fraction, over_control=report.over_control,
+               headline_tasks=report.headline,
                margins=[dict(task=t, lang=l, **asdict(m), difference=m.difference, significant=m.significant)
                         for (t, l), m in sorted(report.margins.items())],
                targets=[dict(task=t, lang=l, target=v) for (t, l), v in sorted(report.targets.items())],
@@ -354,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fraction", type=float, default=0.95, help="target = fraction × reference final score")
     ap.add_argument("--xmax-days", type=float, help="clip curve plots at this many V100-days (paper: 7)")
     ap.add_argument("--bounds", action="store_true", help="print Table A4's (lower-upper) days in Table 3")
+    ap.add_argument("--headline-tasks", metavar="T1,T2", help="the tasks Figure 1's headline speedup averages "
+                    "(paper: xnli,mlqa,pawsx; default: every task in the results)")
     ap.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     ap.add_argument("--align", help="align.jsonl of `mm-ds align` or `mm-ds run` (default: one beside a results "
                     "file): align.md, align_<lang>.png and the MLM level's tables and curves in OUT/mlm/ too")
@@ -374,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"warning: {w}", file=sys.stderr)
             print(f"mm-ds report: no usable records in {', '.join(args.results)}", file=sys.stderr)
             return 2
-        report = build_report(results, args.reference, args.fraction, warnings, controls)
+        report = build_report(results, args.reference, args.fraction, warnings, controls,
+                              headline_tasks=args.headline_tasks and args.headline_tasks.split(","))
         written += write_report(report, args.out, plots=not args.no_plots, xmax_days=args.xmax_days)
         print(format_tables(report, bounds=args.bounds))
         for w in report.warnings:

@@ -111,10 +111,28 @@ def test_compute_model_against_bench_output(tmp_path, capsys):
 
 def test_the_paper_evaluation_estimate():
     """Units by hand: per task 3 source-language units (one per primary model) and per target language it covers
-    BL_BASE's 125 Step-2 checkpoints (every 1000 updates) + a control, and 29 + 1 for each other system."""
+    BL_BASE's 125 Step-2 checkpoints (every 1000 updates) + a control, BL_SMALL's 25 + 1, and MINIJOINT's and
+    MINIPOST's 29 + 1 in de, es, fr and zh, 25 + 1 elsewhere (footnote 3); Table 5's mini-model on XNLI: 1."""
     e = plan.plan_evaluation(load_recipe("paper"), plan.Cluster())
-    targets = {"xnli": 14, "pawsx": 4, "mlqa": 6, "xquad": 10}
-    assert e.units == sum(3 + t * (126 + 3 * 30) for t in targets.values()) == 7356
+    targets = {"xnli": "ar bg de el es fr hi ru sw th tr ur vi zh", "pawsx": "de es fr zh",
+               "mlqa": "ar de es hi vi zh", "xquad": "ar de el es hi ru th tr vi zh"}
+    mini = lambda lang: 30 if lang in ("de", "es", "fr", "zh") else 26  # noqa: E731
+    assert e.units == sum(3 + len(L.split()) * (126 + 26) + 2 * sum(map(mini, L.split()))
+                          for L in targets.values()) + 1 == 7061
     assert e.model_runs == 5 * e.units
     quick = plan.plan_evaluation(load_recipe("paper", ["eval_examples=10", "curve=false"]), plan.Cluster())
-    assert quick.units == sum(3 + t * 4 * 2 for t in targets.values()) and quick.sequences == 10 * quick.model_runs
+    assert quick.units == sum(3 + len(L.split()) * 4 * 2 for L in targets.values()) + 1
+    assert quick.sequences == 10 * quick.model_runs
+
+
+def test_the_paper_depth_sweep_is_planned(capsys):
+    """`mm-ds plan paper-depths`: each depth's own Step 1 and its Step 2 over N layers, costed by the same formulas."""
+    out = Out(capsys, "paper-depths")
+    assert out.returncode == 0, out.stderr
+    rows = {(r.system, r.stage): r for r in plan.plan_stages(recipe_costs(load_recipe("paper-depths")), plan.Cluster())}
+    assert {s for s, _ in rows} == {"BL_BASE", *(f"MINIJOINT@{n}" for n in (2, 4, 6, 8, 10, 12))}
+    step2 = [rows[(f"MINIJOINT@{n}", "step2")] for n in (2, 4, 6, 8, 10, 12)]
+    assert [r.layers for r in step2] == [2, 4, 6, 8, 10, 12]
+    assert all(a.step_s < b.step_s for a, b in zip(step2, step2[1:]))  # deeper mini-models cost more per update
+    assert rows[("MINIJOINT@4", "step2")].checkpoints == 29 and rows[("MINIJOINT@6", "step2")].checkpoints == 25
+    assert "| MINIJOINT@12 | step2 |" in out.stdout

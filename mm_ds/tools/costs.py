@@ -63,8 +63,8 @@ CHANGES = ("steps", "global_batch", "seq_len", "hidden", "vocab", "mask_prob")
 
 def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = None, **changes) -> list[StageCost]:
     """Steps 1, 1b and 2 of each system (label or config name) of an `mm-ds run` recipe, from its stage configs
-    (`recipe.stage_configs`, parsed here unless given; the first target language's Step 2 stands for every
-    language's), with `changes` applied to every stage."""
+    (`recipe.stage_configs`, parsed here unless given; one target language's Step 2 stands for every language's:
+    the one with most checkpoints), with `changes` applied to every stage."""
     from ..ds_config import global_batch
     from ..recipe import stage_configs
 
@@ -98,7 +98,8 @@ def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = N
             b = cfgs[f"build_mini/{name}"]
             mini = b.mini
             rows.append(cost("step1b", "build_mini", b, system.adapted_depths(model, mini)[0], mini.new_layers))
-        adapt = cfgs[f"adapt/{name}/{recipe.langs[0]}"]
+        # every language's Step 2 costs the same; the checkpoints (disk) are those of the language with most
+        adapt = max((cfgs[f"adapt/{name}/{lang}"] for lang in recipe.langs), key=lambda c: c.train.checkpoints())
         rows += [replace(cost("step2", "adapt", adapt, depth), steps=steps, checkpoints=ckpts) for depth, steps, ckpts
                  in step2_phases(adapt, system.adapted_depths(model, mini), changes.get("steps"))]
     return rows
