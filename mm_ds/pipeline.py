@@ -231,7 +231,8 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
             configs = {n.out.resolve(): stage_config(n.argv[0], n.argv[1:])[1] for n in runs}
         except ConfigError:  # `--check` names the stage; the plan is still listed
             return 0
-        print("\n".join(f"# {line}" for note in protocol(recipe, runs, configs) for line in note.splitlines()))
+        print("\n".join(f"# {line}" for note in protocol(recipe, runs, configs) for line in note.splitlines()),
+              file=sys.stderr)  # stdout stays one stage command a line, for scripts
         return 0
     from .check import check
     report = check(recipe, out, strict=True)

@@ -99,12 +99,14 @@ def test_the_paper_recipe_checkpoints_step2_as_the_paper_did():
 
 
 def test_the_paper_plan_lists_the_protocol(tmp_path, capsys):
-    rc, stdout, _ = run_here(capsys, "paper", "--plan", "--out", str(tmp_path / "out"))
+    rc, stdout, stderr = run_here(capsys, "paper", "--plan", "--out", str(tmp_path / "out"))
     assert rc == 0 and not (tmp_path / "out").exists()
+    assert all(line.startswith("todo  mm-ds ") for line in stdout.splitlines())  # one command a line, for scripts
     lines = stdout.splitlines()
     bl_small = next(line for line in lines if f"--out {tmp_path / 'out' / 'adapt' / 'bl_small' / 'de'} " in line)
     minijoint = next(line for line in lines if f"--out {tmp_path / 'out' / 'adapt' / 'minijoint' / 'de'} " in line)
     assert "train.checkpoint_steps=[]" in bl_small and "train.checkpoint_steps" not in minijoint
+    lines = stderr.splitlines()
     assert "# Step-2 checkpoints, early ones only where early_checkpoints says (footnote 3):" in lines
     assert "#   every 5000 updates, at 1000 2000 3000 4000, the last of 125000 (29 checkpoints): minijoint, minipost " \
            "in de es fr zh" in lines
