@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 
@@ -105,3 +106,35 @@ def to_dict(cfg) -> dict:
         return v
     return {k: (to_dict(v) if dataclasses.is_dataclass(v) else plain(v))
             for k, v in ((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg))}
+
+
+def numbers(value, key: str = ""):
+    """(key, number) of every number in a config value: fields and mapping entries as `a.b`, list items `a.b[i]`."""
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            yield from numbers(getattr(value, f.name), f"{key}.{f.name}" if key else f.name)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from numbers(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from numbers(v, f"{key}[{i}]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield key, value
+
+
+def check_numbers(value, ranges: dict[str, str], key: str = "") -> None:
+    """Every number in `value` (under `key`) is finite and in its range: the row of its key, or else of the
+    nearest section above it that has one (`world.task_sizes` for `world.task_sizes.dev`). Raises ConfigError."""
+    for name, v in numbers(value, key):
+        row, interval = name.split("[")[0], None
+        while interval is None and row:
+            interval, row = ranges.get(row), row.rpartition(".")[0]
+        lo_open, lo, hi, hi_open = (interval[0] == "(", *map(float, interval[1:-1].split(",")), interval[-1] == ")"
+                                    ) if interval else (False, -math.inf, math.inf, False)
+        inside = (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)
+        if not (math.isfinite(v) and inside):
+            valid = (f">{'' if lo_open else '='} {lo:g}" if hi == math.inf else f"in {interval}") if interval else ""
+            what = "is not a finite number" + (f"; it must be {valid}" if valid else "") if not math.isfinite(v) \
+                else f"must be {valid}"
+            raise ConfigError(f"{name}={v!r} {what}")

@@ -226,7 +226,7 @@ def test_the_model_card(done, src, capsys):
     # the result's loss is the exported model's, as transformers computes it on the same held-out batches
     from mm_ds.eval.align import Settings, eval_batches
     meta = checkpoint.read_meta(out / "adapt" / "t1" / checkpoint.FINAL)
-    (heldout,) = (out / "heldout").glob("t1.*")
+    (heldout,) = [p for p in (out / "heldout").glob("t1.*") if p.is_dir()]  # the encoded corpus, beside its text
     model = transformers.AutoModelForMaskedLM.from_pretrained(str(out / "hf")).eval()
     loss = targets = 0.0
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Multi-depth MINIJOINT (paper §7): several secondary heads in Step 1 (loss = mean over all heads), one
+"""Multi-depth MINIJOINT (paper §7): several secondary heads in Step 1 (the main head keeps half the loss), one
 mini-model per depth cut in Step 1b, and a Step 2 that moves from the shallowest to deeper ones on a schedule
 (fixed shares or a plateau of the target MLM loss), resumed exactly, with its FLOPs counted per phase."""
 
@@ -77,12 +77,22 @@ def test_multidepth_stage_configs_carry_the_variants_depths():
 
 # ---------------------------------------------------------------- Step 1: one model, several heads
 
-def test_loss_is_the_mean_over_all_heads_and_names_are_back_compatible():
+def test_the_main_head_keeps_half_the_loss_and_names_are_back_compatible():
+    """The paper's loss with one secondary head is the mean of two: the main head's half. With heads at [1, 2, 4] the main head
+    keeps 1/2 and the secondary heads share the rest (model.main_head_weight); 0.25 is the mean over all four."""
     cfg, m = _model([1, 2, 4])
     ids, labels = _batch()
     out = m(ids, labels)
     heads = ["loss_main", "loss_secondary@1", "loss_secondary@2", "loss_secondary@4"]
-    assert torch.allclose(out["loss"], torch.stack([out[k] for k in heads]).mean())
+    assert torch.allclose(out["loss"], out["loss_main"] / 2 + sum(out[k] for k in heads[1:]) / 6)
+    _, mean = _model([1, 2, 4], main_head_weight=0.25)
+    assert torch.allclose(mean(ids, labels)["loss"], torch.stack([out[k] for k in heads]).mean())
+    _, dual = _model(2)
+    two = dual(ids, labels)
+    assert torch.allclose(two["loss"], (two["loss_main"] + two["loss_secondary"]) / 2)
+    for bad in (0.0, 1.0):
+        with pytest.raises(ConfigError, match=f"model.main_head_weight={bad} must be in \\(0, 1\\)"):
+            _model(2, main_head_weight=bad)
     assert {k for k in out if k.startswith("correct")} == {"correct" + k[4:] for k in heads}
     assert set(m.state_dict()) == set(param_shapes(cfg))
     assert {k for k in m.state_dict() if is_language_param(k)} == {

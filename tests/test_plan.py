@@ -134,19 +134,24 @@ def test_compute_model_against_bench_output(tmp_path, capsys):
 
 def test_the_paper_evaluation_estimate():
     """Units by hand: per task 3 source-language units (one per primary model) and per target language it covers
-    BL_BASE's 125 Step-2 checkpoints (every 1000 updates) + a control, and 29 + 1 for each other system."""
+    BL_BASE's 125 Step-2 checkpoints (every 1000 updates) + a control, BL_SMALL's 25 + 1, and MINIJOINT's and
+    MINIPOST's 29 + 1 in de, es, fr and zh, 25 + 1 elsewhere (footnote 3); Table 5's mini-model on XNLI: 1."""
     e = plan.plan_evaluation(load_recipe("paper"), plan.Cluster())
-    targets = {"xnli": 14, "pawsx": 4, "mlqa": 6, "xquad": 10}
-    assert e.units == sum(3 + t * (126 + 3 * 30) for t in targets.values()) == 7356
+    targets = {"xnli": "ar bg de el es fr hi ru sw th tr ur vi zh", "pawsx": "de es fr zh",
+               "mlqa": "ar de es hi vi zh", "xquad": "ar de el es hi ru th tr vi zh"}
+    mini = lambda lang: 30 if lang in ("de", "es", "fr", "zh") else 26  # noqa: E731
+    assert e.units == sum(3 + len(L.split()) * (126 + 26) + 2 * sum(map(mini, L.split()))
+                          for L in targets.values()) + 1 == 7061
     assert e.model_runs == 5 * e.units
     quick = plan.plan_evaluation(load_recipe("paper", ["eval_examples=10", "curve=false"]), plan.Cluster())
-    assert quick.units == sum(3 + t * 4 * 2 for t in targets.values()) and quick.sequences == 10 * quick.model_runs
+    assert quick.units == sum(3 + len(L.split()) * 4 * 2 for L in targets.values()) + 1
+    assert quick.sequences == 10 * quick.model_runs
 
 
 def test_plan_totals_are_what_mm_ds_run_launches():
     """The totals price every stage run `mm-ds run` would launch (its stage list): the three pretrainings once
     (MINIPOST's is BL_BASE's), Step 2 in each of the 14 languages, the 60 finetunings as single-GPU runs packed
-    onto the cluster, the evaluation units; and they say what `--check` refuses at a cluster's size."""
+    onto the cluster (and Table 5's five of MINIJOINT's mini-model), the evaluation units; and they say what `--check` refuses at a cluster's size."""
     import math
     from collections import Counter
 
@@ -161,7 +166,7 @@ def test_plan_totals_are_what_mm_ds_run_launches():
     launched = Counter(n.name.split("/")[0] for n in stage_runs(recipe, Path("OUT")))
     assert {s: totals[s].runs for s in ("Step 1", "Step 1b", "Step 2", "Step 3")} == {
         "Step 1": launched["pretrain"], "Step 1b": launched["build_mini"], "Step 2": launched["adapt"],
-        "Step 3": launched["finetune"]} == {"Step 1": 3, "Step 1b": 2, "Step 2": 56, "Step 3": 60}
+        "Step 3": launched["finetune"]} == {"Step 1": 3, "Step 1b": 2, "Step 2": 56, "Step 3": 65}
     per_system = {(r.system, r.stage): r for r in plan.plan_stages(recipe_costs(recipe, cfgs=cfgs), c)}
     assert totals["Step 1"].hours == pytest.approx(sum(per_system[s, "step1"].hours
                                                        for s in ("BL_BASE", "BL_SMALL", "MINIJOINT")))
@@ -174,13 +179,27 @@ def test_plan_totals_are_what_mm_ds_run_launches():
         for n, seq in ((392_702, 128), (49_401, 128), (87_599, 384), (87_599, 384)):
             steps = math.ceil(3 * n / 32)
             seconds += 5 * [steps * flops.finetune_flops(768, layers, seq, 32, 1) / one_gpu]
+    seconds += 5 * [math.ceil(3 * 392_702 / 32) * flops.finetune_flops(768, 4, 128, 32, 1) / one_gpu]  # Table 5
     assert totals["Step 3"].busy_gpu_hours == pytest.approx(sum(seconds) / 3600)
     assert totals["Step 3"].hours == pytest.approx(makespan(seconds, 32) / 3600) and max(seconds) / 3600 <= \
         totals["Step 3"].hours < sum(seconds) / 3600 / 16
-    assert totals["Step 4"].runs == evaluation.units == 7356
+    assert totals["Step 4"].runs == evaluation.units == 7061
     assert sum(t.gpu_hours for t in totals.values()) > 4 * 406  # the old "all stages" sum: one language, no Step 3
     for gpus in (1, 8, 16, 32, 64):
         assert refusals(recipe, cfgs, gpus) == []
     assert refusals(recipe, cfgs, 48) == ["pretrain/bl_base (and 60 more like it): global batch 2048 is not divisible "
                                           "by micro batch 32 x world size 48; choose train.global_batch as a multiple "
                                           "of 1536 or change train.micro_batch / the number of ranks"]
+
+
+def test_the_paper_depth_sweep_is_planned(capsys):
+    """`mm-ds plan paper-depths`: each depth's own Step 1 and its Step 2 over N layers, costed by the same formulas."""
+    out = Out(capsys, "paper-depths")
+    assert out.returncode == 0, out.stderr
+    rows = {(r.system, r.stage): r for r in plan.plan_stages(recipe_costs(load_recipe("paper-depths")), plan.Cluster())}
+    assert {s for s, _ in rows} == {"BL_BASE", *(f"MINIJOINT@{n}" for n in (2, 4, 6, 8, 10, 12))}
+    step2 = [rows[(f"MINIJOINT@{n}", "step2")] for n in (2, 4, 6, 8, 10, 12)]
+    assert [r.layers for r in step2] == [2, 4, 6, 8, 10, 12]
+    assert all(a.step_s < b.step_s for a, b in zip(step2, step2[1:]))  # deeper mini-models cost more per update
+    assert rows[("MINIJOINT@4", "step2")].checkpoints == 29 and rows[("MINIJOINT@6", "step2")].checkpoints == 25
+    assert "| MINIJOINT@12 | step2 |" in out.stdout

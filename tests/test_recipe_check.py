@@ -43,10 +43,21 @@ def test_every_packaged_recipe_passes_the_check(name, tmp_path):
 def test_the_paper_recipe_checks_from_the_command_line(tmp_path):
     proc = run("paper", "--check", "--out", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "ok: 121 stage runs can start" in proc.stdout
+    assert "ok: 126 stage runs can start" in proc.stdout  # 121 + Table 5's mini-model finetuned on XNLI, 5 seeds
     # PAWS-X, MLQA and XQuAD each cover only some of the paper's 14 languages: gaps, listed, not errors
     assert "gaps" in proc.stdout and "pawsx: ar bg el hi ru sw th tr ur vi" in proc.stdout
     assert not (tmp_path / "out").exists()
+    # the paper's protocol, as the stage configs have it: footnote 3's checkpoints, Figure 1's tasks, Table 5
+    assert "note: Step-2 checkpoints, early ones only where early_checkpoints says (footnote 3):\n" \
+           "  every 1000 updates, the last of 125000 (125 checkpoints): bl_base in ar bg de el es fr hi ru sw th tr " \
+           "ur vi zh\n" \
+           "  every 5000 updates, the last of 125000 (25 checkpoints): bl_small in ar bg de el es fr hi ru sw th tr " \
+           "ur vi zh; minijoint, minipost in ar bg el hi ru sw th tr ur vi\n" \
+           "  every 5000 updates, at 1000 2000 3000 4000, the last of 125000 (29 checkpoints): minijoint, minipost " \
+           "in de es fr zh\n" in proc.stdout
+    assert "note: headline speedup (Figure 1, the report's avg row) averages xnli, mlqa, pawsx\n" in proc.stdout
+    assert "note: Table 5 (english.md): BL_BASE, BL_SMALL, MINIJOINT, MINIJOINT's mini-model in English xnli" \
+        in proc.stdout
 
 
 @pytest.mark.parametrize("nodes,ranks", [(1, 1), (1, 8), (2, 8), (4, 8), (8, 8)])
@@ -72,7 +83,7 @@ def test_a_geometry_that_cannot_divide_fails_the_check_naming_the_stage(tmp_path
     path.write_text(yaml.safe_dump(recipe))
     rc, stdout, _ = run_here(capsys, str(path), "--check", "--out", str(tmp_path / "out"))
     assert rc == 1
-    assert "finetune/bl_base/xnli/seed1 (and 59 more like it): global batch 32 is not divisible by micro batch 5 " \
+    assert "finetune/bl_base/xnli/seed1 (and 64 more like it): global batch 32 is not divisible by micro batch 5 " \
            "x world size 1" in stdout
     rc, stdout, _ = run_here(capsys, "paper", "--check", "--out", str(tmp_path / "out"), "--launch", "ranks=6")
     assert rc == 1 and "global batch 2048 is not divisible by micro batch 32 x world size 6" in stdout
@@ -86,14 +97,92 @@ def test_a_stage_run_gives_the_config_its_command_line_gives():
         assert node.config() == stage_config(node.argv[0], node.argv[1:])[1], node.name
 
 
-def test_the_paper_checkpoints_bl_base_step2_every_1000_updates():
-    """Footnote 3: BL_BASE's Step 2 every 1000 updates, the other systems every 5000 (plus 1000-4000)."""
+def _checkpoints(recipe, where: str) -> list[int]:
+    """The steps at which each planned Step-2 run under `where` (adapt/SYSTEM/LANG) writes a checkpoint."""
     from mm_ds.runtime.engine import is_checkpoint_step
 
-    nodes = {n.name: n for n in recipe_mod.stage_runs(load_recipe("paper"), Path("/tmp/out"))}
-    for system, want in (("bl_base", 125), ("minipost", 29)):
-        cfg = nodes[f"adapt/adapt/{system}/de"].config()
-        assert sum(is_checkpoint_step(s, cfg) for s in range(1, cfg.train.steps + 1)) == want, system
+    cfg = {n.name: n for n in recipe_mod.stage_runs(recipe, Path("/tmp/out"))}[f"adapt/{where}"].config()
+    steps = [s for s in range(1, cfg.train.steps + 1) if is_checkpoint_step(s, cfg)]
+    assert cfg.train.checkpoints() == len(steps)  # the plan's count (no walk) is the engine's
+    return steps
+
+
+def test_the_paper_recipe_checkpoints_step2_as_the_paper_did():
+    """Footnote 3: BL_BASE's Step 2 every 1000 updates; BL_SMALL, MINIJOINT and MINIPOST every 5000, and the two
+    MINI* systems also at 1000-4000 in de, fr, es and zh only. Without early_checkpoints: 1000-4000 everywhere."""
+    paper, every_5k, early = load_recipe("paper"), list(range(5000, 125_001, 5000)), [1000, 2000, 3000, 4000]
+    assert _checkpoints(paper, "adapt/bl_base/ar") == list(range(1000, 125_001, 1000))
+    for where in ("bl_small/de", "bl_small/ar", "minijoint/ar", "minipost/tr", "minijoint/sw"):
+        assert _checkpoints(paper, f"adapt/{where}") == every_5k, where
+    for where in ("minijoint/de", "minipost/zh", "minijoint/fr", "minipost/es"):
+        assert _checkpoints(paper, f"adapt/{where}") == early + every_5k, where
+    finer = load_recipe("paper", ["early_checkpoints=null"])  # mm-ds's default: the early ones in every run
+    assert _checkpoints(finer, "adapt/bl_small/ar") == _checkpoints(finer, "adapt/minijoint/ar") == early + every_5k
+
+
+def test_the_paper_plan_lists_the_protocol(tmp_path, capsys):
+    rc, stdout, stderr = run_here(capsys, "paper", "--plan", "--out", str(tmp_path / "out"))
+    assert rc == 0 and not (tmp_path / "out").exists()
+    # after the summary's comment lines, one command a line, for scripts
+    assert all(line.startswith(("todo  mm-ds ", "#")) for line in stdout.splitlines())
+    lines = stdout.splitlines()
+    bl_small = next(line for line in lines if f"--out {tmp_path / 'out' / 'adapt' / 'bl_small' / 'de'} " in line)
+    minijoint = next(line for line in lines if f"--out {tmp_path / 'out' / 'adapt' / 'minijoint' / 'de'} " in line)
+    assert "train.checkpoint_steps=[]" in bl_small and "train.checkpoint_steps" not in minijoint
+    lines = stderr.splitlines()
+    assert "# Step-2 checkpoints, early ones only where early_checkpoints says (footnote 3):" in lines
+    assert "#   every 5000 updates, at 1000 2000 3000 4000, the last of 125000 (29 checkpoints): minijoint, minipost " \
+           "in de es fr zh" in lines
+    assert "# headline speedup (Figure 1, the report's avg row) averages xnli, mlqa, pawsx" in lines
+
+
+def test_the_paper_depth_sweep_is_packaged_as_the_paper_ran_it(tmp_path):
+    """§5.2: N in 2..12 (each its own Step 1), ar/de/tr, four tasks, 5 seeds; A.4: checkpoints every 5000, N=4
+    (the main experiments' MINIJOINT) also at 1000-4000 where those had them (de); BL_BASE every 1000."""
+    sweep = load_recipe("paper-depths")
+    assert sweep.langs == ["ar", "de", "tr"] and sweep.seeds == [1, 2, 3, 4, 5] and len(sweep.tasks) == 4
+    runs = {n.name: n.argv for n in recipe_mod.stage_runs(sweep, tmp_path)}
+    for n in (2, 4, 6, 8, 10, 12):
+        assert f"model.secondary_head_layer={n}" in runs[f"pretrain/pretrain/minijoint@{n}"]
+        assert f"adapt/adapt/minijoint@{n}/tr" in runs
+    every_5k = list(range(5000, 125_001, 5000))
+    assert _checkpoints(sweep, "adapt/minijoint@4/de") == [1000, 2000, 3000, 4000] + every_5k
+    for where in ("minijoint@4/ar", "minijoint@2/de", "minijoint@12/de", "minijoint@6/tr"):
+        assert _checkpoints(sweep, f"adapt/{where}") == every_5k, where
+    assert _checkpoints(sweep, "adapt/bl_base/de") == list(range(1000, 125_001, 1000))
+    report = check(sweep, tmp_path / "out", strict=False)
+    assert not report.problems, report.format()
+    assert report.gaps == {"mlqa": ["tr"], "pawsx": ["ar", "tr"]}
+
+
+def test_the_paper_recipe_finetunes_minijoints_mini_model_for_table5():
+    """§5.3: Table 5 is English XNLI of BL_BASE, BL_SMALL, MINIJOINT and MINIJOINT's mini-model: that mini-model
+    only, on XNLI only, every seed; Step 4 scores it in English."""
+    from mm_ds.eval.transfer import eval_units
+
+    paper = load_recipe("paper")
+    minis = [n.name for n in recipe_mod.stage_runs(paper, Path("/tmp/out")) if "/mini/" in n.name]
+    assert minis == [f"finetune/finetune/mini/minijoint/xnli/seed{s}" for s in range(1, 6)]
+    units = [u for u in eval_units(load_recipe("paper", ["curve=false"]), Path("/tmp/out")) if u.kind == "mini"]
+    assert [(u.task, u.lang, u.systems) for u in units] == [("xnli", "en", ("minijoint",))]
+
+
+@pytest.mark.parametrize("sets,needle", [
+    (["headline_tasks=[xnil]"], "headline_tasks: unknown task 'xnil' (did you mean 'xnli'?)"),
+    (["tasks=[xquad]"], "headline_tasks ['xnli', 'mlqa', 'pawsx'] holds no task of the recipe (xquad); set "
+                        "headline_tasks=[] for every task"),
+    (["tasks=[pawsx]"], "english_tasks ['xnli'] holds no task of the recipe (pawsx)"),
+    (["english_minis=[bl_small]"], "english_minis: 'bl_small' has no mini-model; list mini-model systems (those of "
+                                   "the recipe: minijoint, minipost)"),
+    (["early_checkpoints.minijiont=[de]"], "early_checkpoints.minijiont: system='minijiont' is not one of"),
+    (["early_checkpoints.minijoint@2=[de]"], "early_checkpoints.minijoint@2 is no system of the recipe"),
+    (["early_checkpoints.minijoint=de"], "early_checkpoints.minijoint must be a list of target languages, got 'de'"),
+    (["early_checkpoints=[de]"], "early_checkpoints must map systems to target languages"),
+])
+def test_the_protocol_keys_name_what_is_wrong(sets, needle):
+    with pytest.raises(ConfigError) as e:
+        load_recipe("paper", sets)
+    assert needle in str(e.value)
 
 
 def test_coverage_follows_the_task_table_and_the_recipe():

@@ -103,6 +103,21 @@ def test_headline_averages_task_means():
     assert by[("avg", "MINIJOINT")]["mean_speedup"] == pytest.approx((5.5 + 2.0) / 2)
 
 
+def test_headline_averages_only_the_headline_tasks():
+    """Figure 1 averages XNLI, MLQA and PAWS-X, not XQuAD (appendix): `headline_tasks` picks; the tables say which."""
+    res = two_lang_results()
+    res += curve([0, 95, 100], system="BL_BASE", task="pawsx", lang="de")
+    res += curve([95], steps=[5000], system="MINIJOINT", task="pawsx", lang="de")  # 2.0
+    rep = R.build_report(res, headline_tasks=["xnli", "mlqa"])
+    by = {(r["task"], r["system"]): r for r in rep.speedup_summary}
+    assert by[("pawsx", "MINIJOINT")]["mean_speedup"] == pytest.approx(2.0)  # still reported per task
+    assert by[("avg", "MINIJOINT")]["mean_speedup"] == pytest.approx(5.5)  # xnli's alone
+    assert by[("avg", "MINIJOINT")]["n_tasks"] == 1 and by[("avg", "MINIJOINT")]["tasks"] == "xnli"
+    assert rep.headline == ["xnli"] and "the headline, avg, averages xnli)" in R.format_tables(rep)
+    assert any("headline tasks without results: mlqa" in w for w in rep.warnings)
+    assert R.build_report(res).headline == ["pawsx", "xnli"]  # default: every task
+
+
 def test_never_reaching_language_is_excluded_and_reported():
     res = two_lang_results() + curve([0, 95, 100], system="BL_BASE", lang="tr") + \
         curve([10, 20], steps=[5000, 10000], system="MINIJOINT", lang="tr")

@@ -34,6 +34,30 @@ def test_variant_rows_derive_from_their_system():
     assert order == ["bl_base", "bl_small", "minipost@1", "minijoint", "minijoint@2", "minijoint@4", "minijoint@1+2"]
 
 
+def test_step1b_records_the_mini_model_it_built(tmp_path):
+    """A variant's mini-model is cut at its own depth (minijoint@1: 1 layer), not at the preset's mini.layers (2):
+    Step 1b's meta says what it built."""
+    from dataclasses import asdict
+
+    import torch
+
+    from mm_ds import config
+    from mm_ds.config import ModelConfig
+    from mm_ds.model.model import RobertaMLM
+    from mm_ds.stages import build_mini
+
+    cfg = ModelConfig(vocab_size=40, hidden_size=16, num_layers=3, num_heads=2, ffn_size=32, max_positions=32,
+                      secondary_head_layer=1)
+    torch.manual_seed(0)
+    checkpoint.write_final(tmp_path / "pretrain" / checkpoint.FINAL, RobertaMLM(cfg).state_dict(),
+                           {"stage": "pretrain", "system": "minijoint@1", "model": asdict(cfg), "lang": "en",
+                            "tokenizer": "spm.model", "format": checkpoint.FORMAT})
+    run = config.load("tiny/build_mini", overrides=["system=minijoint@1", f"parent={tmp_path / 'pretrain'}"])
+    assert run.mini.layers == 2  # the preset's, for MINIPOST
+    stage = build_mini.build(run)
+    assert stage.meta["mini_layers"] == stage.model.cfg.num_layers == run.mini.layers == 1
+
+
 @pytest.mark.parametrize("name,needle", [
     ("bl_small@2", "bl_small has no mini-model depth"), ("minijoint@x", "must be a layer number"),
     ("minijoint@4+2", "ascending"), ("minijoint@0", "positive"), ("minipost@1+2", "only MINIJOINT"),

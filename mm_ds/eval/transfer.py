@@ -37,7 +37,7 @@ from ..data.tasks import find_local, get_task, hub_source, is_hub
 from ..data.tokenizer import pieces
 from .evaluate import evaluate, features_for, scoring_precision
 from ..model.heads import RobertaForTask
-from ..pipeline.recipe import MINI_DIR, minis_in_english, primaries, task_root
+from ..pipeline.recipe import MINI_DIR, english_tasks, minis_in_english, primaries, task_root
 from ..systems import system_of
 
 SOURCE, ADAPTED, CONTROL, MINI = "source", "adapted", "control", "mini"
@@ -373,7 +373,7 @@ def eval_units(recipe, out: Path) -> list[Unit]:
                 for lang in (lang for lang in langs if lang != recipe.source_lang):
                     units += units_for(task, lang, [s], ft, split, str(out / "adapt" / s / lang),
                                        curve=recipe.curve, control=True, limit=recipe.eval_examples)
-        for s in minis_in_english(recipe):
+        for s in minis_in_english(recipe) if task in english_tasks(recipe) else []:
             ft = tuple(str(out / "finetune" / MINI_DIR / s / task / f"seed{seed}") for seed in recipe.seeds)
             units.append(Unit(task, recipe.source_lang, split, MINI, (s,), ft, limit=recipe.eval_examples))
     return units

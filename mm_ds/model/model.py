@@ -234,8 +234,9 @@ class RobertaMLM(Encoder):
                 attention_mask: torch.Tensor | None = None, depth: int | None = None,
                 masked_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """With labels: only masked positions go through the head(s) (the paper's FLOPs model; a 50k-row
-        projection over every position would cost more than several layers). MINIJOINT's loss is the mean
-        of all heads' losses. Without labels: full (B, T, V) logits per head, for evaluation and tests.
+        projection over every position would cost more than several layers). MINIJOINT's loss: the main head's
+        times model.main_head_weight (0.5, the paper's), the secondary heads' mean times the rest. Without
+        labels: full (B, T, V) logits per head, for evaluation and tests.
         `depth=N`: only the bottom N layers and the head after layer N run (a multi-depth mini-model's
         Step 2 at depth N); its loss is the loss. `masked_positions` (M,): flat indices of the masked
         positions, as the training batches carry them (mm_ds/data/mlm.py): a fixed length per batch shape,
@@ -268,7 +269,8 @@ class RobertaMLM(Encoder):
             out[f"loss_{k}"] = loss
             out[f"correct_{k}"] = (logits.argmax(-1) == targets).sum()
             losses.append(loss)
-        out["loss"] = torch.stack(losses).mean()
+        out["loss"] = losses[0] if len(losses) == 1 else (  # losses[0] is the main head's (head_depths' order)
+            self.cfg.main_head_weight * losses[0] + (1 - self.cfg.main_head_weight) * torch.stack(losses[1:]).mean())
         return out
 
 

@@ -70,6 +70,7 @@ def check(recipe, out: Path, strict: bool) -> Findings:
         report.add("recipe", str(e))
         return report
     configs = check_stages(nodes, report)
+    report.notes += protocol(recipe, nodes, configs)
     vocab = int(recipe.prepare.get("vocab_size", 50_000))  # `mm-ds prepare`'s default
     for node in nodes:
         cfg = configs.get(node.out.resolve())
@@ -91,6 +92,45 @@ def check_stages(nodes, report: Findings, known: dict[Path, RunConfig] | None = 
         if cfg is not None:
             configs[node.out.resolve()] = cfg
     return configs
+
+
+# ---------------------------------------------------------------- the protocol, as the stage configs have it
+
+def protocol(recipe, nodes, configs: dict[Path, RunConfig]) -> list[str]:
+    """What the paper's protocol is made of, read from the planned stage configs: each Step-2 run's checkpoint
+    schedule (early_checkpoints), the tasks of Figure 1's headline speedup, and Table 5's models and tasks."""
+    from .recipe import english_tasks, minis_in_english, primaries
+
+    schedules: dict[str, dict[str, list[str]]] = {}  # schedule -> system -> languages
+    for node in nodes:
+        cfg = configs.get(node.out.resolve())
+        if cfg is not None and cfg.stage == "adapt":
+            schedules.setdefault(_schedule(cfg.train), {}).setdefault(cfg.system, []).append(cfg.lang)
+    which = ("every Step-2 run keeps its preset's early checkpoints (finer than the paper's protocol)"
+             if recipe.early_checkpoints is None else "early ones only where early_checkpoints says (footnote 3)")
+    lines = [f"Step-2 checkpoints, {which}:"]
+    for sched, systems in schedules.items():
+        by_langs: dict[tuple, list[str]] = {}
+        for system, langs in systems.items():
+            by_langs.setdefault(tuple(langs), []).append(system)
+        lines.append(f"  {sched}: " + "; ".join(f"{', '.join(ss)} in {' '.join(ls)}" for ls, ss in by_langs.items()))
+    out = ["\n".join(lines)] if schedules else []
+    if recipe.tasks:
+        out.append(f"headline speedup (Figure 1, the report's avg row) averages {', '.join(recipe.headline())}"
+                   + ("" if recipe.headline_tasks else " (every task; headline_tasks picks them)"))
+    if minis_in_english(recipe):
+        models = [system_of(p).label for p in primaries(recipe)]
+        models += [f"{system_of(s).label}'s mini-model" for s in minis_in_english(recipe)]
+        out.append(f"Table 5 (english.md): {', '.join(models)} in English {', '.join(english_tasks(recipe))}")
+    return out
+
+
+def _schedule(train) -> str:
+    """A checkpoint schedule in words, e.g. `every 5000 updates, at 1000 2000 3000 4000 and the last (29)`."""
+    every = train.checkpoint_every if train.checkpoint_every < train.steps else 0
+    early = sorted(s for s in set(train.checkpoint_steps) if 0 < s < train.steps and not (every and s % every == 0))
+    parts = ([f"every {every} updates"] if every else []) + ([f"at {' '.join(map(str, early))}"] if early else [])
+    return f"{', '.join(parts + ['the last'])} of {train.steps} ({train.checkpoints()} checkpoints)"
 
 
 # ---------------------------------------------------------------- the output directory

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from ..config import ConfigError, check_numbers, did_you_mean, from_dict, recipe_names
+from ..coerce import check_numbers
+from ..config import ConfigError, did_you_mean, from_dict, recipe_names
 from ..data.tasks import HUB, TASKS, is_hub
 from ..stages.runner import StageRun
 from ..systems import STAGES, SYSTEMS, SystemNameError, sort_key, system_of
@@ -66,9 +67,22 @@ class Recipe:
     single launch whose ranks run every stage in order (small runs, where start-up would dominate)."""
     curve: bool = False
     """Score every Step-2 checkpoint (training curves), not only the final one."""
-    english_minis: bool = False
-    """Also finetune each mini-model (Step 1b's final/) on the English tasks and score it in English, beside the
-    primary models (§5.3, Table 5: does pretraining with a secondary head hurt either?)."""
+    english_minis: bool | list[str] = False
+    """Also finetune mini-models (Step 1b's final/) on the English tasks and score them in English, beside the
+    primary models (§5.3, Table 5: does pretraining with a secondary head hurt either?): true for every mini-model system of
+    the recipe, or a list of systems (the paper: [minijoint]; those the recipe does not run are left out)."""
+    english_tasks: list[str] = field(default_factory=list)
+    """Table 5's tasks: those the mini-models are finetuned and scored on in English, and english.md's columns
+    (the paper: [xnli]). Empty: every task of the recipe; those the recipe does not run are left out."""
+    headline_tasks: list[str] = field(default_factory=list)
+    """The tasks Figure 1's headline speedup (the report's `avg` row) averages (the paper: xnli, mlqa, pawsx; XQuAD
+    is in its appendix). Empty: every task of the recipe. Those the recipe does not run are left out (--check
+    says so)."""
+    early_checkpoints: dict | None = None
+    """Which Step-2 runs keep the adapt preset's `train.checkpoint_steps` (the early checkpoints, 1000-4000 in the
+    paper presets): system -> target languages. The other runs checkpoint only every `train.checkpoint_every`
+    updates and at the end. The paper (footnote 3, A.4): MINIJOINT and MINIPOST in de, fr, es, zh; in the depth
+    sweep only N=4. None: every run keeps them (mm-ds's default, finer than the paper's protocol)."""
     align_sequences: int = 64
     """Held-out target sequences per Step-2 checkpoint for the alignment check and the MLM-level measure
     (mm_ds/eval/align.py: MLM of the primary model with each checkpoint's embeddings, and of the mini-model;
@@ -143,6 +157,7 @@ class Recipe:
         for task, langs in self.coverage.items():
             if not isinstance(langs, list):
                 raise ConfigError(f"{where}: coverage.{task} must be a list of languages, got {langs!r}")
+        self._check_analyses(where)
         from ..config import LaunchConfig
         launch = from_dict(LaunchConfig, self.launch, prefix="launch.")  # types, before any data work
         launch.check()
@@ -161,6 +176,56 @@ class Recipe:
                                   f"finetune/<task> with a task of {', '.join(TASKS)}")
             if not isinstance(self.overrides[k], list):
                 raise ConfigError(f"{where}: overrides.{k} must be a list of key=value strings")
+
+    def _check_analyses(self, where: str) -> None:
+        """headline_tasks, english_minis, english_tasks and early_checkpoints."""
+        for key in ("headline_tasks", "english_tasks"):
+            bad = [t for t in getattr(self, key) if t not in TASKS]
+            if bad:
+                raise ConfigError(f"{where}: {key}: unknown task {bad[0]!r}{did_you_mean(bad[0], TASKS)}; choose "
+                                  f"from {', '.join(TASKS)}")
+        for key in ("headline_tasks", "english_tasks"):  # a narrowed recipe (--set tasks=...) keeps what it runs
+            if getattr(self, key) and self.tasks and not set(getattr(self, key)) & set(self.tasks):
+                raise ConfigError(f"{where}: {key} {getattr(self, key)} holds no task of the recipe "
+                                  f"({', '.join(self.tasks)}); set {key}=[] for every task")
+        if isinstance(self.english_minis, list):
+            names = []
+            for s in self.english_minis:
+                try:
+                    names.append(system_of(s).name)
+                except SystemNameError as e:
+                    raise ConfigError(f"{where}: english_minis: {e}") from None
+            bad = [s for s in names if not system_of(s).mini]
+            if bad:
+                raise ConfigError(f"{where}: english_minis: {bad[0]!r} has no mini-model; list mini-model systems "
+                                  f"(those of the recipe: {', '.join(s for s in self.systems if system_of(s).mini)})")
+            self.english_minis = names
+        if self.early_checkpoints is None:
+            return
+        if not isinstance(self.early_checkpoints, dict):
+            raise ConfigError(f"{where}: early_checkpoints must map systems to target languages, e.g. "
+                              f"{{minijoint: [de, fr]}}, got {self.early_checkpoints!r}")
+        normal = {}
+        for s, langs in self.early_checkpoints.items():
+            try:
+                name = system_of(str(s)).name
+            except SystemNameError as e:
+                raise ConfigError(f"{where}: early_checkpoints.{s}: {e}") from None
+            if name not in SYSTEMS and name not in self.systems:
+                raise ConfigError(f"{where}: early_checkpoints.{s} is no system of the recipe "
+                                  f"({', '.join(self.systems)})")
+            if not isinstance(langs, list) or not all(isinstance(lang, str) for lang in langs):
+                raise ConfigError(f"{where}: early_checkpoints.{s} must be a list of target languages, got {langs!r}")
+            normal[name] = langs
+        self.early_checkpoints = normal
+
+    def headline(self) -> list[str]:
+        """The tasks Figure 1's headline speedup averages: headline_tasks that the recipe runs, or every task."""
+        return [t for t in self.headline_tasks if t in self.tasks] if self.headline_tasks else list(self.tasks)
+
+    def early(self, system: str, lang: str) -> bool:
+        """Whether the Step-2 run of `system` in `lang` keeps the early checkpoints (early_checkpoints)."""
+        return self.early_checkpoints is None or lang in self.early_checkpoints.get(system, [])
 
 
 @dataclass
@@ -188,7 +253,7 @@ class WorldKeys:
 
 RANGES = {
     # key: the interval its values lie in (each item, for a list; each entry, for a mapping); every number is also
-    # finite (mm_ds.config.check_numbers). launch.* are LaunchConfig's (mm_ds.config.RANGES); the stages' keys are
+    # finite (mm_ds.coerce.check_numbers). launch.* are LaunchConfig's (mm_ds.config.RANGES); the stages' keys are
     # checked where each stage's config is read.
     "seeds": "[0, inf)", "eval_examples": "[1, inf)", "align_sequences": "[0, inf)",
     "world.seed": "[0, inf)", "world.sentences": "[1, inf)", "world.target_sentences": "[1, inf)",
@@ -249,8 +314,9 @@ def stage_runs(recipe: Recipe, out: Path) -> list[StageRun]:
         preset = recipe.presets.get(kind, "").format(system=row.base)
         own = [*recipe.overrides.get(f"{kind}/{row.base}", [])] + (
             recipe.overrides.get(f"{kind}/{system}", []) if system != row.base else [])
+        protocol = ["train.checkpoint_steps=[]"] if kind == "adapt" and not recipe.early(system, lang) else []
         overrides = [f"system={system}", f"lang={lang}", *(ONE_DEVICE if kind in PACKED else launch),
-                     *recipe.overrides.get(kind, []), *own, *row.overrides(kind), *extra]
+                     *recipe.overrides.get(kind, []), *own, *row.overrides(kind), *protocol, *extra]
         if parent is not None:
             overrides.append(f"parent={parent}")
         runs.append(StageRun(kind, run, preset, tuple(overrides), f"{kind}/{run.relative_to(out)}", kind in PACKED))
@@ -265,8 +331,8 @@ def stage_runs(recipe: Recipe, out: Path) -> list[StageRun]:
         parent = out / "build_mini" / s if system_of(s).mini else out / "pretrain" / system_of(s).primary
         for lang in recipe.langs:
             stage("adapt", out / "adapt" / s / lang, s, lang, parent, [f"data.corpus={data / lang}"])
-    def finetune(model: str, system: str, parent: Path) -> None:
-        for task in recipe.tasks:
+    def finetune(model: str, system: str, parent: Path, tasks: list[str]) -> None:
+        for task in tasks:
             for seed in recipe.seeds:
                 stage("finetune", out / "finetune" / model / task / f"seed{seed}", system, recipe.source_lang,
                       parent, [f"finetune.task={task}", f"train.seed={seed}",
@@ -274,9 +340,9 @@ def stage_runs(recipe: Recipe, out: Path) -> list[StageRun]:
                                *recipe.overrides.get(f"finetune/{task}", [])])
 
     for p in primaries(recipe):
-        finetune(p, p, out / "pretrain" / p)
+        finetune(p, p, out / "pretrain" / p, recipe.tasks)
     for s in minis_in_english(recipe):
-        finetune(f"{MINI_DIR}/{s}", s, out / "build_mini" / s)
+        finetune(f"{MINI_DIR}/{s}", s, out / "build_mini" / s, english_tasks(recipe))
     return runs
 
 
@@ -286,7 +352,14 @@ MINI_DIR = "mini"
 
 def minis_in_english(recipe: Recipe) -> list[str]:
     """The systems whose mini-model is finetuned and scored in English (Table 5)."""
+    if isinstance(recipe.english_minis, list):  # those of the recipe (a narrowed one may have left some out)
+        return [s for s in recipe.systems if s in recipe.english_minis]
     return [s for s in recipe.systems if system_of(s).mini] if recipe.english_minis else []
+
+
+def english_tasks(recipe: Recipe) -> list[str]:
+    """Table 5's tasks: those the mini-models are finetuned and scored on in English."""
+    return [t for t in recipe.tasks if t in recipe.english_tasks] if recipe.english_tasks else list(recipe.tasks)
 
 
 def primaries(recipe: Recipe) -> list[str]:

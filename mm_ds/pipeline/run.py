@@ -204,7 +204,8 @@ def results_table(recipe: Recipe, rows: list[dict], out: Path):
 
     results, warnings = clean_records(rows, str(out / "results.jsonl"))
     rep = report.build_report(results, warnings=warnings, controls=control_scores(rows), sources=source_scores(rows),
-                              seeds=recorded(rows, "seeds"), world=recipe.world is not None)
+                              seeds=recorded(rows, "seeds"), world=recipe.world is not None,
+                              headline_tasks=recipe.headline())
     text = format_table2s(rep)
     (out / "results.md").write_text(text + "\n")
     return text, rep
@@ -300,6 +301,13 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         print(stage_runs_summary(recipe, runs, done, out))
         for n in runs:
             print(f"{'done' if done[n.name] else 'todo'}  mm-ds {' '.join(n.argv)}")
+        from .check import protocol
+        try:
+            configs = {n.out.resolve(): n.config() for n in runs}
+        except ConfigError:  # `--check` names the stage; the plan is still listed
+            return 0
+        print("\n".join(f"# {line}" for note in protocol(recipe, runs, configs) for line in note.splitlines()),
+              file=sys.stderr)  # stdout stays one stage command a line, for scripts
         return 0
     from .check import check
     report = check(recipe, out, strict=True)

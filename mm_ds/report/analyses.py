@@ -111,7 +111,7 @@ def write_sweeps(report: Report, out: Path, t2: dict, t3: dict, plots: bool = Tr
 
 def english_table(recipe, rows: list[dict]) -> str:
     """Table 5: English scores (mean over finetuning seeds) of each primary model and each mini-model."""
-    from ..pipeline.recipe import minis_in_english, primaries
+    from ..pipeline.recipe import english_tasks, minis_in_english, primaries
 
     def score(kind: str, systems: set[str], task: str):
         got = [r for r in rows if r["kind"] == kind and r["system"] in systems and r["task"] == task
@@ -121,11 +121,11 @@ def english_table(recipe, rows: list[dict]) -> str:
     models = [(f"{system_of(p).label}", "source", {s for s in recipe.systems if system_of(s).primary == p})
               for p in primaries(recipe)]
     models += [(f"{system_of(s).label} mini-model", "mini", {s}) for s in minis_in_english(recipe)]
-    body = []
+    body, tasks = [], english_tasks(recipe)
     for name, kind, systems in models:
-        cells = [score(kind, systems, t) for t in recipe.tasks]
+        cells = [score(kind, systems, t) for t in tasks]
         layers = next((c["layers"] for c in cells if c and "layers" in c), None)
         body.append([name, str(layers or "-")] + [f"{c['score']:.1f}" if c else "-" for c in cells])
-    about = " ".join(captions.scores(t, [len(recipe.seeds)], recipe.world is not None) for t in recipe.tasks)
+    about = " ".join(captions.scores(t, [len(recipe.seeds)], recipe.world is not None) for t in tasks)
     return (f"Scores in {recipe.source_lang}. {about}\n\n"
-            + md(["model", "layers"] + [f"{t} {recipe.source_lang}" for t in recipe.tasks], body))
+            + md(["model", "layers"] + [f"{t} {recipe.source_lang}" for t in tasks], body))

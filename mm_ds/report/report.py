@@ -10,8 +10,9 @@ already averaged over finetuning seeds, from CSV, JSON (a list, or {"results": [
   final score beats it by a margin significant for the test set's size and the seeds; tables show the margin.
 - Time to target (§3, Table A4): curves.time_to_target, linear interpolation between the bracketing checkpoints.
 - Speedup (fn. 6): reference days / system days, per language; the headline is the MEAN OF THESE RATIOS over
-  languages (not the ratio of mean days), then the mean over tasks (Figure 1). Languages where either side
-  never reaches the target are left out and listed.
+  languages (not the ratio of mean days), then the mean over the headline tasks (Figure 1: XNLI, MLQA and PAWS-X
+  in the paper, `headline_tasks`; default every task). Languages where either side never reaches the target are
+  left out and listed.
 
 Bad input never stops the report: what is wrong is collected in `Report.warnings` and the rest is produced.
 """
@@ -59,6 +60,7 @@ class Report:
     world: bool = False  # scored on the generated world's files (their chance levels)
     margins: dict[tuple[str, str], Margin] = field(default_factory=dict)  # (task, lang) -> reference vs control
     over_control: bool = False  # targets are a fraction of the improvement over the control (MLM level)
+    headline: list[str] = field(default_factory=list)  # the tasks Figure 1's headline (task "avg") averages
 
     @property
     def target_phrase(self) -> str:
@@ -87,12 +89,14 @@ def _system_order(systems: Iterable[str], reference: str) -> list[str]:
 def build_report(results: Iterable[Result], reference: str = SYSTEMS[REFERENCE].label, fraction: float = 0.95,
                  warnings: Sequence[str] = (), controls: dict[tuple[str, str, str], Result] | None = None,
                  sources: dict[Key, float] | None = None, seeds: dict[str, list[int]] | None = None,
-                 world: bool = False, over_control: bool = False) -> Report:
+                 world: bool = False, over_control: bool = False,
+                 headline_tasks: Sequence[str] | None = None) -> Report:
     """`controls`: (task, lang, SYSTEM) -> control result (records.control_scores, records.mlm_results). Where the
     reference's final score does not beat its control significantly (significance.py) it learned nothing to be
     near to: that language gets no target. `over_control`: the target is `fraction` of the reference's final
     improvement over its control (needs the control), not of its score. `sources` (records.source_scores),
-    `seeds` (records.recorded) and `world` are for Table 2 and the captions."""
+    `seeds` (records.recorded) and `world` are for Table 2 and the captions.
+    `headline_tasks`: the tasks the headline speedup averages (default: every task in the results)."""
     warnings, controls, margins = list(warnings), controls or {}, {}
     curves = group_curves(results, warnings)
     tasks = sorted({t for t, _, _ in curves})
@@ -128,9 +132,13 @@ def build_report(results: Iterable[Result], reference: str = SYSTEMS[REFERENCE].
                     crossings[(t, l, s)] = time_to_target(curves[(t, l, s)], targets[(t, l)])
 
     warnings += _coverage_warnings(tasks, langs, systems, curves)
-    rows, summary = _speedups(tasks, langs, systems, reference, targets, crossings, curves, warnings)
+    headline = [t for t in tasks if t in headline_tasks] if headline_tasks else list(tasks)
+    if headline_tasks and set(headline_tasks) - set(tasks):
+        warnings.append(f"headline tasks without results: {', '.join(sorted(set(headline_tasks) - set(tasks)))}; "
+                        f"the headline speedup averages {', '.join(headline) or 'nothing'}")
+    rows, summary = _speedups(tasks, langs, systems, reference, targets, crossings, curves, warnings, headline)
     return Report(reference, fraction, tasks, langs, systems, curves, targets, crossings, rows, summary, warnings,
-                  controls, sources or {}, seeds or {}, world, margins, over_control)
+                  controls, sources or {}, seeds or {}, world, margins, over_control, headline)
 
 
 def _coverage_warnings(tasks, langs, systems, curves) -> list[str]:
@@ -151,7 +159,7 @@ def _coverage_warnings(tasks, langs, systems, curves) -> list[str]:
     return out
 
 
-def _speedups(tasks, langs, systems, reference, targets, crossings, curves, warnings):
+def _speedups(tasks, langs, systems, reference, targets, crossings, curves, warnings, headline):
     rows, summary = [], []
     if reference not in systems:  # already warned once; per-language "no reference" lines would only repeat it
         return rows, summary
@@ -183,7 +191,7 @@ def _speedups(tasks, langs, systems, reference, targets, crossings, curves, warn
             if not used and not excluded:
                 continue
             mean_ratio = mean(r / d for _, r, d in used) if used else None
-            if mean_ratio is not None:
+            if mean_ratio is not None and t in headline:
                 per_system_task_means[s].append(mean_ratio)
             if excluded:
                 warnings.append(f"{t}/{s}: speedup leaves out {len(excluded)} language(s): "
@@ -194,7 +202,7 @@ def _speedups(tasks, langs, systems, reference, targets, crossings, curves, warn
                 ratio_of_mean_days=(mean(r for _, r, _ in used) / mean(d for _, _, d in used)) if used else None))
     for s, means in per_system_task_means.items():
         summary.append(dict(task="avg", system=s, mean_speedup=mean(means), n_langs=None, n_tasks=len(means),
-                            excluded={}, ratio_of_mean_days=None))
+                            excluded={}, ratio_of_mean_days=None, tasks=" ".join(headline)))
     return rows, summary
 
 
@@ -247,7 +255,8 @@ def format_tables(report: Report, bounds: bool = False, table2s: bool = True) ->
                 + ["∞" if r["avg"] is None else cost(r["avg"]) + ("*" if r["avg_partial"] else "")]
                 for r in t3[t]]))
     if report.speedup_summary:
-        parts.append(f"## Speedup over {report.reference} (Figure 1: mean of per-language ratios of V100-days)")
+        parts.append(f"## Speedup over {report.reference} (Figure 1: mean of per-language ratios of V100-days; "
+                     f"the headline, avg, averages {', '.join(report.headline)})")
         parts.append(f"Per task: the mean over its languages of {report.reference}'s V100-days to {report.target_phrase} divided "
                      f"by the system's; used: the languages of the task behind it (of those the task has), and the "
                      f"finetuning seeds behind each score; avg: the mean over tasks.")
@@ -310,6 +319,7 @@ def write_report(report: Report, out_dir: str | Path, plots: bool = True, xmax_d
     (out / "tables.md").write_text(format_tables(report, bounds=True) + "\n")
     doc = dict(reference=report.reference, fraction=report.fraction, seeds=report.seeds, world=report.world,
                over_control=report.over_control,
+               headline_tasks=report.headline,
                margins=[dict(task=t, lang=l, **asdict(m), difference=m.difference, significant=m.significant)
                         for (t, l), m in sorted(report.margins.items())],
                targets=[dict(task=t, lang=l, target=v) for (t, l), v in sorted(report.targets.items())],
@@ -352,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fraction", type=float, default=0.95, help="target = fraction × reference final score")
     ap.add_argument("--xmax-days", type=float, help="clip curve plots at this many V100-days (paper: 7)")
     ap.add_argument("--bounds", action="store_true", help="print Table A4's (lower-upper) days in Table 3")
+    ap.add_argument("--headline-tasks", metavar="T1,T2", help="the tasks Figure 1's headline speedup averages "
+                    "(paper: xnli,mlqa,pawsx; default: every task in the results)")
     ap.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     ap.add_argument("--world", action="store_true", help="scored on the generated world's task files: captions and "
                     "curves give their chance levels (default: when a world/world.json is beside a results file, as "
@@ -377,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         world = args.world or any((Path(r).parent / "world" / "world.json").is_file() for r in args.results)
         report = build_report(results, args.reference, args.fraction, warnings, controls, source_scores(rows),
-                              recorded(rows, "seeds"), world)
+                              recorded(rows, "seeds"), world,
+                              headline_tasks=args.headline_tasks and args.headline_tasks.split(","))
         written += write_report(report, args.out, plots=not args.no_plots, xmax_days=args.xmax_days)
         print(format_tables(report, bounds=args.bounds))
         for w in report.warnings:

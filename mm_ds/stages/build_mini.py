@@ -27,6 +27,7 @@ def _mini_model(cfg: RunConfig):
             raise ConfigError(f"parent={cfg.parent} has no secondary head; MINIJOINT's mini-model is cut from a "
                               f"model pretrained with model.secondary_head_layer=N (preset */minijoint)")
         mini_cfg, mini_sd = surgery.extract_minijoint(mcfg, sd)
+        cfg.mini.layers = mini_cfg.num_layers  # N is the parent's secondary head's, not the preset's mini.layers
         cfg.train.steps = cfg.train.warmup_steps = 0
         cfg.lang = meta.get("lang", cfg.lang)
     else:
@@ -56,6 +57,7 @@ def build(cfg: RunConfig) -> Stage:
     meta, mini_cfg, mini_sd = _mini_model(cfg)
     model = RobertaMLM(mini_cfg)
     model.load_state_dict(mini_sd, strict=True)
+    # mini_layers: the bottom layers the mini-model shares with its primary, as built (_mini_model sets them)
     stage_meta = {"tokenizer": meta.get("tokenizer"), "primary": cfg.parent, "mini_layers": cfg.mini.layers}
     common = dict(cfg=cfg, model=model, tokens_per_sample=cfg.data.seq_len, parent=cfg.parent,
                   parent_flops=meta.get("flops_cumulative", 0.0), meta=stage_meta)

@@ -13,28 +13,36 @@ Method. `loop` is `engine.train_step` timed on one CPU rank with the compute tak
 architecture (12 layers and their ops; the 4-layer MINIJOINT mini-model for Step 2) at near-zero width
 (hidden 12, one dimension per head, FFN 12) and 16 tokens per micro-batch, one thread, ZeRO 1 (the paper's
 optimizer path; in fp32, because this CPU's bf16 kernels cost milliseconds per call even at this width and
-would count as host time) and the paper's gradient accumulation (8 micro-steps per update, as 2048 sequences
-on 8 x 32 do), batches from the prefetcher. What remains of its wall time is host work: this CPU's op dispatch
-stands in for a GPU's kernel launches, which cost about as much per op. `builder` is `MLMBatches` building micro-batches of the
-paper's shape (32 x 512) over the bench corpus. Both are compared with the device time per micro-step that
-`mm-ds plan`'s model predicts for an H100: the analytic FLOPs (A1 for Step 1 BL_BASE, A3 over 4 layers for
-Step 2) over its bf16 peak at the plan's default MFU. PASS when each is below half of it: then even if the
-two threads never overlapped (Python's lock), the host stays ahead with margin.
+would count as host time) and the gradient accumulation of the paper presets' launch (2048 sequences on their
+8 ranks at `mm-ds plan`'s micro batch of 32: 8 micro-steps per update), batches from the prefetcher. The model issues the calls its
+GPU path issues (`gpu_op_path`): dropout as one `F.dropout` (not the CPU path's cheaper-mask ops) and attention
+as one fused SDPA call (on a GPU the kernel applies attention dropout inside; CPU SDPA with dropout would fall
+back to its composite math, so here it runs without). What remains of the wall time is host work: this CPU's op
+dispatch stands in for a GPU's kernel launches, which cost about as much per op; the tiny kernels' own CPU time
+is counted too, so the figure errs high. `builder` is `MLMBatches` building micro-batches of the paper's shape
+(32 x 512) over the bench corpus. Both are compared with the device time per micro-step that `mm-ds plan`'s
+model predicts for an H100: the analytic FLOPs (A1 for Step 1 BL_BASE, A3 over 4 layers for Step 2) over its
+bf16 peak at the plan's default MFU. PASS when each is below half of it: then even if the two threads never
+overlapped (Python's lock), the host stays ahead with margin.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import replace
 
 import torch
+import torch.nn.functional as F
 
 from ..model import flops
 from ..runtime.prefetch import Prefetcher
 from .plan import Cluster
 
-PAPER_MICRO, PAPER_SEQ, PAPER_ACCUM = 32, 512, 8  # 2048 sequences per update on 8 GPUs: 32 x 8 accumulation
+PAPER_SEQ, PAPER_BATCH, PAPER_RANKS = 512, 2048, 8  # the paper presets' sequence, global batch, launch.ranks
+PAPER_MICRO = Cluster().micro_batch
+PAPER_ACCUM = PAPER_BATCH // (PAPER_MICRO * PAPER_RANKS)
 SHAPES = {  # bench stage -> (what, FLOPs kind, layers the device runs)
     "pretrain": ("Step 1, BL_BASE", "pretrain", None),
     "adapt_mini": ("Step 2, MINIJOINT mini-model", "adapt", "mini"),
@@ -49,13 +57,28 @@ def device_seconds(kind: str, hidden: int, vocab: int, layers: int, cluster: Clu
     return f / (cluster.peak_tflops * 1e12 * cluster.mfu)
 
 
+@contextlib.contextmanager
+def gpu_op_path():
+    """mm_ds.model.model issues the calls its GPU path issues (see the module docstring), then its own again."""
+    from ..model import model
+
+    saved = model.dropout, model._attention_with_dropout
+    model.dropout = lambda x, p, training: F.dropout(x, p, True) if training and p > 0.0 else x
+    model._attention_with_dropout = lambda q, k, v, mask, p: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    try:
+        yield
+    finally:
+        model.dropout, model._attention_with_dropout = saved
+
+
 def loop_seconds(builder, name: str, updates: int, rank: int) -> float:
     """Median wall seconds per micro-step of `engine.train_step` for bench stage `name` of `builder` (a
     `bench.Stages` over a near-zero-width model), batches from a `Prefetcher`."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the host's work is one thread's; a thread pool's barriers per tiny op are not it
     try:
-        return _loop_seconds(builder, name, updates, rank)
+        with gpu_op_path():
+            return _loop_seconds(builder, name, updates, rank)
     finally:
         torch.set_num_threads(threads)
 

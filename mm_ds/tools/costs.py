@@ -64,8 +64,8 @@ CHANGES = ("steps", "global_batch", "seq_len", "hidden", "vocab", "mask_prob")
 
 def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = None, **changes) -> list[StageCost]:
     """Steps 1, 1b and 2 of each system (label or config name) of an `mm-ds run` recipe, from its stage configs
-    (`recipe.stage_configs`, parsed here unless given; the first target language's Step 2 stands for every
-    language's), with `changes` applied to every stage."""
+    (`recipe.stage_configs`, parsed here unless given; one target language's Step 2 stands for every language's:
+    the one with most checkpoints), with `changes` applied to every stage."""
     from ..pipeline.recipe import stage_configs
 
     bad = [k for k in changes if k not in CHANGES]
@@ -80,8 +80,9 @@ def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = N
     price = _Prices(recipe, stage_configs(recipe) if cfgs is None else cfgs, changes)
     rows = []
     for name in chosen:
-        rows += [price.step1(name, label=system_of(name).label), *price.step1b(name),
-                 *price.step2(name, recipe.langs[0])]
+        # every language's Step 2 costs the same; the checkpoints (disk) are those of the language with most
+        lang = max(recipe.langs, key=lambda lang: price.cfgs[f"adapt/{name}/{lang}"].train.checkpoints())
+        rows += [price.step1(name, label=system_of(name).label), *price.step1b(name), *price.step2(name, lang)]
     return rows
 
 

@@ -75,7 +75,7 @@ def plan_evaluation(recipe, cluster: Cluster, cfgs: dict | None = None) -> EvalP
     seed's finetuned model on the official test set's size (mm_ds/data/tasks.py) at the task's full sequence
     length (an upper bound: evaluation batches by length). Forward passes only, at the plan's MFU."""
     from ..data.tasks import get_task
-    from ..pipeline.recipe import primaries, stage_configs
+    from ..pipeline.recipe import english_tasks, minis_in_english, primaries, stage_configs
     from ..systems import system_of
 
     cfgs = stage_configs(recipe) if cfgs is None else cfgs
@@ -93,13 +93,18 @@ def plan_evaluation(recipe, cluster: Cluster, cfgs: dict | None = None) -> EvalP
             seq = min(spec.max_length, m.max_positions)
             per_run = n * m.num_layers * F.flop_layer(seq, m.hidden_size)
             count = 1 if recipe.source_lang in langs else 0
-            for system in (s for s in recipe.systems if system_of(s).primary == p):
-                ckpts = cfgs[f"adapt/{system}/{recipe.langs[0]}"].train.checkpoints() if recipe.curve else 1
-                count += len(targets) * (ckpts + 1)  # + the control
+            for system in (s for s in recipe.systems if system_of(s).primary == p):  # + the control
+                count += sum((cfgs[f"adapt/{system}/{lang}"].train.checkpoints() if recipe.curve else 1) + 1
+                             for lang in targets)  # each language its own schedule (early_checkpoints)
             units += count
             runs += count * seeds
             sequences += count * seeds * n
             flops += count * seeds * per_run
+        for s in minis_in_english(recipe) if task in english_tasks(recipe) else []:  # Table 5: one unit each
+            row, pre = system_of(s), cfgs[f"pretrain/{system_of(s).primary}"].model
+            layers = row.adapted_depths(pre, cfgs[f"build_mini/{s}"].mini)[-1]
+            units, runs, sequences = units + 1, runs + seeds, sequences + seeds * n
+            flops += seeds * n * layers * F.flop_layer(min(spec.max_length, pre.max_positions), pre.hidden_size)
     seconds = flops / (cluster.gpus * cluster.peak_tflops * 1e12 * cluster.mfu)
     return EvalPlan(units, runs, sequences, flops, seconds / 3600, seconds / 3600 * cluster.gpus)
 
