@@ -129,13 +129,20 @@ def test_mlm_metrics_on_a_hand_checked_case():
     assert got["acc"] == pytest.approx(1 / 3)
 
 
+def _masked_batch(vocab: int, shape: tuple[int, int], p: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids and MLM labels: a share `p` of positions (and always the first) are targets."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, shape, generator=g)
+    labels = torch.where(torch.rand(shape, generator=g) < p, ids, torch.full_like(ids, IGNORE_INDEX))
+    labels[:, 0] = ids[:, 0]
+    return ids, labels
+
+
 def test_primary_with_swap_of_a_minijoint_checkpoint_equals_a_direct_computation(fake_out):
     ckpt = fake_out / "adapt" / "minijoint" / "t1" / "checkpoints" / checkpoint.tag_for(4)
     meta, sd = checkpoint.load_final(ckpt)
-    vocab, g = sd["embed.tokens.weight"].shape[0], torch.Generator().manual_seed(7)
-    ids = torch.randint(5, vocab, (3, 12), generator=g)
-    labels = torch.where(torch.rand(3, 12, generator=g) < 0.3, ids, torch.full_like(ids, IGNORE_INDEX))
-    labels[:, 0] = ids[:, 0]
+    vocab = sd["embed.tokens.weight"].shape[0]
+    ids, labels = _masked_batch(vocab, (3, 12), 0.3, seed=7)
     batches = [{"input_ids": ids[:2], "labels": labels[:2], "attention_mask": None},
                {"input_ids": ids[2:], "labels": labels[2:], "attention_mask": None}]
     row = align.row_for(ckpt, batches)
@@ -290,10 +297,8 @@ def test_a_baselines_row_and_the_bias_only_row_equal_direct_computations(fake_ou
 
     ckpt = fake_out / "adapt" / "bl_base" / "t1" / "checkpoints" / checkpoint.tag_for(4)
     meta, sd = checkpoint.load_final(ckpt)
-    vocab, g = sd["embed.tokens.weight"].shape[0], torch.Generator().manual_seed(8)
-    ids = torch.randint(5, vocab, (2, 10), generator=g)
-    labels = torch.where(torch.rand(2, 10, generator=g) < 0.4, ids, torch.full_like(ids, IGNORE_INDEX))
-    labels[:, 0] = ids[:, 0]
+    vocab = sd["embed.tokens.weight"].shape[0]
+    ids, labels = _masked_batch(vocab, (2, 10), 0.4, seed=8)
     batches = [{"input_ids": ids, "labels": labels, "attention_mask": None}]
     row = align.row_for(ckpt, batches)
     init = control_group(meta, 3)
