@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import sys
+import traceback
 
 from .config import ConfigError, did_you_mean
 from .runtime.checkpoint import CheckpointError
@@ -108,9 +109,11 @@ def version() -> str:
         return "unknown (not installed: pip install -e .)"
 
 
-def _finish(rc: int) -> int:
+def _finish(rc: int, failed: bool = False) -> int:
     dist = sys.modules.get("mm_ds.runtime.dist")  # only a command that started ranks has anything to tear down
-    return dist.finish(rc) if dist is not None else rc
+    if dist is None:
+        return rc
+    return dist.leave(rc) if failed else dist.finish(rc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,7 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         # The rank that failed says why; of the ranks it stopped (OtherRankFailed), one per node says so.
         if not isinstance(e, OtherRankFailed) or os.environ.get("LOCAL_RANK", "0") == "0":
             print(f"mm-ds {name}: error: {e}", file=sys.stderr)
-        return 2
+        return _finish(2, failed=True)
+    except Exception:  # a bug: in a launched rank, its traceback and the same prompt exit as any failed rank
+        dist = sys.modules.get("mm_ds.runtime.dist")
+        if dist is None or not dist.launched():
+            raise
+        traceback.print_exc()
+        return dist.leave(1)
     hint = did_you_mean(name, [*STAGE_COMMANDS, *TOOL_COMMANDS])
     print(f"mm-ds: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
     return 2

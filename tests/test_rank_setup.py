@@ -101,3 +101,26 @@ def test_finish_ends_the_wandb_run_before_leaving(monkeypatch):
     with pytest.raises(SystemExit):
         dist.finish(0)
     assert order == ["wandb", "barrier", "destroy", "exit 0"], order
+
+
+@pytest.mark.parametrize("argv", [["pretrain", "--preset", "tiny/no-such-system"],
+                                  ["pretrain", "--preset", "tiny/bl_base", "data.corpus=/nowhere"]])
+def test_a_failed_rank_leaves_at_once_with_its_error_code(monkeypatch, tmp_path, capsys, argv):
+    """A launched rank whose command failed exits through `dist.leave`: no barrier (its peers may be gone) and no
+    interpreter finalization, where gloo's threads abort it (SIGABRT, not the error's code)."""
+    from mm_ds import cli
+
+    order = []
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "barrier", lambda: order.append("barrier"))
+
+    def leave(code):
+        order.append(f"exit {code}")
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", leave)
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--out", str(tmp_path / "run")])
+    assert order == ["exit 2"], order
+    assert "error:" in capsys.readouterr().err
