@@ -64,7 +64,7 @@ def test_secondary_head_sees_exactly_layer_n_output(n):
     seen = {}
     m.layers[n - 1].register_forward_hook(lambda mod, inp, out: seen.setdefault("h", out))
     out = m(x)
-    want = m.secondary_head(seen["h"], m.embed.tokens.weight)
+    want = m.secondary_head(seen["h"].view(*x.shape, -1), m.embed.tokens.weight)  # layers run on (B*T, h) rows
     assert torch.equal(out["logits_secondary"], want)
     assert not torch.equal(out["logits_secondary"], out["logits_main"])
 

@@ -110,15 +110,15 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-        B, T, h = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, h // self.num_heads).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs) each
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None, seq_len: int) -> torch.Tensor:
+        h = x.size(-1)  # x: (B*T, h), the rows of `seq_len`-token sequences
+        q, k, v = self.qkv(x).view(-1, seq_len, 3, self.num_heads, h // self.num_heads).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs) each
         p = self.dropout if self.training else 0.0
         if p > 0.0 and x.device.type == "cpu":
             y = _attention_with_dropout(q, k, v, key_mask, p)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)
-        return self.out(y.transpose(1, 2).reshape(B, T, h))
+        return self.out(y.transpose(1, 2).reshape(-1, h))  # (B*T, h)
 
 
 class FeedForward(nn.Module):
@@ -132,7 +132,9 @@ class FeedForward(nn.Module):
 
 
 class Layer(nn.Module):
-    """Post-LayerNorm transformer block, as in BERT/RoBERTa."""
+    """Post-LayerNorm transformer block, as in BERT/RoBERTa, over flat rows (B*T, h): `nn.Linear` on a 2-D input
+    is one addmm; on (B, T, h) it adds a view before and after, and their two backward nodes, to each of the
+    layer's four projections (host work per op on a GPU; the arithmetic is the same)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -142,8 +144,8 @@ class Layer(nn.Module):
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.drop = Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-        x = self.attn_norm(x + self.drop(self.attn(x, key_mask)))
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None, seq_len: int) -> torch.Tensor:
+        x = self.attn_norm(x + self.drop(self.attn(x, key_mask, seq_len)))  # (B*T, h)
         return self.ffn_norm(x + self.drop(self.ffn(x)))
 
 
@@ -193,13 +195,14 @@ class Encoder(nn.Module):
         `taps` (1-based) up to it. Layers above `depth` are not run."""
         # SDPA's boolean mask: True = attend. None keeps the fused no-mask kernels for packed batches.
         key_mask = None if attention_mask is None else attention_mask[:, None, None, :].bool()
-        x = self.embed(input_ids)
+        B, T = input_ids.shape
+        x = self.embed(input_ids).view(B * T, -1)  # flat rows through the layers (see Layer)
         tapped = {}
         for i, layer in enumerate(self.layers[:depth], start=1):
-            x = layer(x, key_mask)
+            x = layer(x, key_mask, T)
             if i in taps:
-                tapped[i] = x
-        return x, tapped
+                tapped[i] = x.view(B, T, -1)
+        return x.view(B, T, -1), tapped
 
     def num_params(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
