@@ -72,7 +72,7 @@ def prepare_main(argv: list[str]) -> int:
     p.add_argument("--sample-sentences", type=int, default=2_000_000,
                    help="sentences sampled for SentencePiece training (bounded, so CC-100-sized inputs work) "
                         "(default: %(default)s)")
-    p.add_argument("--workers", type=int, default=None, help="encoding processes (default: all cores)")
+    p.add_argument("--workers", type=int, default=None, help="encoding threads (default: all cores)")
     p.add_argument("--spm-model", help="reuse this SentencePiece model instead of training one (its size wins "
                    "over --vocab-size)")
     p.add_argument("--model-type", default="unigram", choices=["unigram", "bpe"],

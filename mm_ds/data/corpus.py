@@ -18,9 +18,11 @@ Steps, all streaming (the corpus is never held in memory):
      languages. The vocabulary size is an upper bound (hard_vocab_limit=False): a corpus too small to
      reach it gets the largest vocabulary SentencePiece can build, with a warning; meta.json records the
      real size, and models take their vocab_size from the tokenizer.
-  3. Encode: a process pool over ~1 MiB chunks of whole lines; each worker loads the model once and
-     encodes a chunk with one batched `encode` call; the parent only reads, dispatches and appends numpy
-     arrays to shards of about `shard_tokens` tokens (cut at line boundaries).
+  3. Encode: ~1 MiB chunks of whole lines, each with one batched `encode` call on `workers` SentencePiece
+     threads (which release the GIL), run on a helper thread one chunk ahead of the Python work (splitting
+     the next chunk into lines, turning the last one's ids into numpy arrays, appending them to shards of
+     about `shard_tokens` tokens, cut at line boundaries). One process: a pool of processes did the same
+     work with ~30% more CPU time (pickling, a parent competing with its workers for the cores).
 
 Every non-blank line becomes its ids followed by EOS; a line that encodes to no token (empty, whitespace)
 is blank, i.e. a document boundary. Lines that are not text (invalid UTF-8, control bytes such as NUL) are
@@ -44,11 +46,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import shutil
 import sys
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
@@ -92,18 +94,24 @@ class _Encoded:
     trailing_blank: bool  # the chunk ends with a blank line: the next chunk's first line opens a document
     skipped: int
     heldout: list[str]  # the chunk's held-out lines, stripped, in order
-    source_bytes: int = 0  # compressed bytes consumed, for the progress bar (set by the parent)
+    source_bytes: int = 0  # compressed bytes consumed, for the progress bar (set by `_encoded_chunks`)
 
 
 class _Encoder:
-    """Turns a block of raw lines into shard arrays; one per worker process (loads the model once)."""
+    """Turns a block of raw lines into shard arrays: `split` (Python), `encode` (the tokenizer's threads),
+    `arrays` (Python and numpy)."""
 
-    def __init__(self, model_path: str, dtype: str, heldout: float = 0.0):
-        self.encode = encoder(model_path)
+    def __init__(self, model_path: str, dtype: str, heldout: float = 0.0, threads: int = 1):
+        self.encode = encoder(model_path, threads)
         self.dtype = np.dtype(dtype)
         self.heldout = heldout
 
     def __call__(self, block: bytes) -> _Encoded:
+        lines, skipped, held = self.split(block)
+        return self.arrays(self.encode(lines), skipped, held)
+
+    def split(self, block: bytes) -> tuple[list[str], int, list[str]]:
+        """(lines to encode, lines skipped as not text, held-out lines stripped)."""
         lines, skipped = split_lines(block)
         held = []
         if self.heldout > 0:  # taken out before encoding: a held-out line after a blank one leaves the next line
@@ -112,9 +120,11 @@ class _Encoder:
                 raw = line.encode("utf-8")
                 (held if is_heldout(raw, self.heldout) else keep).append(line)
             lines, held = keep, [line.strip() for line in held]
-        # One batched call; one thread per process, the pool provides the parallelism. Surrounding
-        # whitespace is dropped, so a line is blank exactly when it encodes to no token.
-        ids = self.encode(lines)
+        return lines, skipped, held
+
+    def arrays(self, ids: list[list[int]], skipped: int, held: list[str]) -> _Encoded:
+        """The encoded lines as shard arrays. Surrounding whitespace was dropped by the tokenizer, so a line is
+        blank exactly when it encoded to no token."""
         lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         blank = lens == 0
         flat = np.fromiter(chain.from_iterable(ids), dtype=self.dtype, count=int(lens.sum()))
@@ -131,19 +141,6 @@ class _Encoder:
         return _Encoded(out, lens, doc_starts.astype(np.int64), bool(len(blank) and blank[-1]), skipped, held)
 
 
-_WORKER: _Encoder | None = None
-
-
-def _init_worker(model_path: str, dtype: str, heldout: float) -> None:
-    global _WORKER
-    _WORKER = _Encoder(model_path, dtype, heldout)
-
-
-def _encode_in_worker(block: bytes) -> _Encoded:
-    assert _WORKER is not None
-    return _WORKER(block)
-
-
 def _source_chunks(sources: list[InputSource]) -> Iterator[tuple[bytes, bool, int, int]]:
     """`chunks`, each with the index of the input it comes from."""
     for i, src in enumerate(sources):
@@ -153,31 +150,30 @@ def _source_chunks(sources: list[InputSource]) -> Iterator[tuple[bytes, bool, in
 
 def _encoded_chunks(sources: list[InputSource], model_path: str, dtype: np.dtype,
                     workers: int, heldout: float = 0.0) -> Iterator[tuple[_Encoded, bool, int]]:
-    """(encoded chunk, starts a new input, index of that input) in corpus order, using `workers` processes."""
+    """(encoded chunk, starts a new input, index of that input) in corpus order, encoding on `workers` threads."""
+    enc = _Encoder(model_path, dtype.str, heldout, threads=workers)
     if workers <= 1:
-        enc = _Encoder(model_path, dtype.str, heldout)
         for block, first, consumed, i in _source_chunks(sources):
             r = enc(block)
             r.source_bytes = consumed
             yield r, first, i
         return
-    # Bounded in-flight window: Pool.imap would read the whole input ahead into memory.
-    # fork: workers only run sentencepiece/numpy, and unlike spawn it works from scripts without a
-    # `__main__` guard; spawn where fork does not exist.
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(model_path, dtype.str, heldout)) as pool:
+    # The next chunk encodes (GIL released) while this thread turns the last one into arrays and the caller
+    # writes them; at most two chunks are in memory.
+    with ThreadPoolExecutor(1, thread_name_prefix="mm-ds-encode") as pool:
         pending: deque = deque()
         for block, first, consumed, i in _source_chunks(sources):
-            pending.append((pool.apply_async(_encode_in_worker, (block,)), first, consumed, i))
-            if len(pending) >= 3 * workers:
-                yield _collect(pending.popleft())
+            lines, skipped, held = enc.split(block)
+            pending.append((pool.submit(enc.encode, lines), skipped, held, first, consumed, i))
+            if len(pending) >= 2:
+                yield _collect(enc, pending.popleft())
         while pending:
-            yield _collect(pending.popleft())
+            yield _collect(enc, pending.popleft())
 
 
-def _collect(item: tuple) -> tuple[_Encoded, bool, int]:
-    result, first, consumed, i = item
-    r = result.get()
+def _collect(enc: _Encoder, item: tuple) -> tuple[_Encoded, bool, int]:
+    ids, skipped, held, first, consumed, i = item
+    r = enc.arrays(ids.result(), skipped, held)
     r.source_bytes = consumed
     return r, first, i
 

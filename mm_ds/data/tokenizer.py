@@ -213,11 +213,13 @@ def _spelled(path: str | Path) -> list[str]:
     return [spelled(by_id[i]) for i in range(len(by_id))]
 
 
-def encoder(path: str | Path) -> Callable[[list[str]], list[list[int]]]:
-    """Lines -> their ids (no <s> </s>), as `mm-ds prepare` encodes a corpus; a blank line -> no id."""
+def encoder(path: str | Path, threads: int = 1) -> Callable[[list[str]], list[list[int]]]:
+    """Lines -> their ids (no <s> </s>), as `mm-ds prepare` encodes a corpus; a blank line -> no id. A
+    SentencePiece model encodes a batch on `threads` threads of its own (the ids do not depend on them); a
+    tokenizer.json batch on the `tokenizers` thread pool."""
     if not is_tokenizer_json(path):
         sp = spm.SentencePieceProcessor(model_file=str(path))
-        return lambda lines: sp.encode(lines, out_type=int, num_threads=1)
+        return lambda lines: sp.encode(lines, out_type=int, num_threads=threads)
     tok = load_tokenizer_json(path)
     # stripped, as fairseq encoded RoBERTa's text (and as SentencePiece drops surrounding space itself)
     return lambda lines: [e.ids for e in tok.encode_batch([ln.strip() for ln in lines], add_special_tokens=False)]
