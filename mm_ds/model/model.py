@@ -112,7 +112,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None, seq_len: int) -> torch.Tensor:
         h = x.size(-1)  # x: (B*T, h), the rows of `seq_len`-token sequences
-        q, k, v = self.qkv(x).view(-1, seq_len, 3, self.num_heads, h // self.num_heads).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs) each
+        qkv = self.qkv(x).view(-1, seq_len, 3, self.num_heads, h // self.num_heads)  # (B, T, 3, nh, hs)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (B, nh, T, hs) each
         p = self.dropout if self.training else 0.0
         if p > 0.0 and x.device.type == "cpu":
             y = _attention_with_dropout(q, k, v, key_mask, p)
