@@ -9,21 +9,24 @@ cannot keep up. Per micro-step it must do two things faster than the device runs
            update, shared by its micro-steps) DeepSpeed's optimizer step;
   builder  the prefetcher's thread: pack and mask one micro-batch of the paper's shape.
 
-Method. `loop` is `engine.train_step` timed on one CPU rank with the compute taken out: the paper's
-architecture (12 layers and their ops; the 4-layer MINIJOINT mini-model for Step 2) at near-zero width
-(hidden 12, one dimension per head, FFN 12) and 16 tokens per micro-batch, one thread, ZeRO 1 (the paper's
-optimizer path; in fp32, because this CPU's bf16 kernels cost milliseconds per call even at this width and
-would count as host time) and the gradient accumulation of the paper presets' launch (2048 sequences on their
-8 ranks at `mm-ds plan`'s micro batch of 32: 8 micro-steps per update), batches from the prefetcher. The model issues the calls its
-GPU path issues (`gpu_op_path`): dropout as one `F.dropout` (not the CPU path's cheaper-mask ops) and attention
-as one fused SDPA call (on a GPU the kernel applies attention dropout inside; CPU SDPA with dropout would fall
-back to its composite math, so here it runs without). What remains of the wall time is host work: this CPU's op
-dispatch stands in for a GPU's kernel launches, which cost about as much per op; the tiny kernels' own CPU time
-is counted too, so the figure errs high. `builder` is `MLMBatches` building micro-batches of the paper's shape
-(32 x 512) over the bench corpus. Both are compared with the device time per micro-step that `mm-ds plan`'s
-model predicts for an H100: the analytic FLOPs (A1 for Step 1 BL_BASE, A3 over 4 layers for Step 2) over its
-bf16 peak at the plan's default MFU. PASS when each is below half of it: then even if the two threads never
-overlapped (Python's lock), the host stays ahead with margin.
+Method. `loop` is `engine.train_step` timed on one CPU rank with the compute taken out: the paper's architecture
+(12 layers and their ops; the 4-layer MINIJOINT mini-model for Step 2) at near-zero width (hidden 12, one dimension
+per head, FFN 12) and 16 tokens per micro-batch, one thread, ZeRO 1 (the paper's optimizer path; in fp32, because
+this CPU's bf16 kernels cost milliseconds per call even at this width and would count as host time: the paper's
+bf16 runs DeepSpeed's BF16_Optimizer, which on every micro-step also casts and adds each trainable tensor's
+gradient into its fp32 copy, ~10 us per tensor here, not counted; Step 2 trains 3 tensors, Step 1 about 150) and
+the gradient accumulation of the paper presets' launch (2048 sequences on their 8 ranks at `mm-ds plan`'s micro
+batch of 32: 8 micro-steps per update), batches from the prefetcher. The model issues the calls its GPU path issues
+(`gpu_op_path`): dropout as one `F.dropout` (not the CPU path's cheaper-mask ops) and attention as one fused SDPA
+call (on a GPU the kernel applies attention dropout inside; CPU SDPA with dropout would fall back to its composite
+math, so here it runs without). What remains of the wall time is host work: this CPU's op dispatch stands in for a
+GPU's kernel launches, which cost about as much per op; the tiny kernels' own CPU time is counted too, so the
+figure errs high: the vocabulary-sized ones (the 50k x 12 token embeddings' two gradients and their Adam step,
+logits over 50k) are ~40% of Step 2's loop time here and ~25% of Step 1's. `builder` is `MLMBatches` building
+micro-batches of the paper's shape (32 x 512) over the bench corpus. Both are compared with the device time per
+micro-step that `mm-ds plan`'s model predicts for an H100: the analytic FLOPs (A1 for Step 1 BL_BASE, A3 over 4
+layers for Step 2) over its bf16 peak at the plan's default MFU. PASS when each is below half of it: then even if
+the two threads never overlapped (Python's lock), the host stays ahead with margin.
 """
 
 from __future__ import annotations
