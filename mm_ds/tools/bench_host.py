@@ -14,7 +14,7 @@ Method. `loop` is `engine.train_step` timed on one CPU rank with the compute tak
 per head, FFN 12) and 16 tokens per micro-batch, one thread, ZeRO 1 (the paper's optimizer path; in fp32, because
 this CPU's bf16 kernels cost milliseconds per call even at this width and would count as host time: the paper's
 bf16 runs DeepSpeed's BF16_Optimizer, which on every micro-step also casts and adds each trainable tensor's
-gradient into its fp32 copy, ~10 us per tensor here, not counted; Step 2 trains 3 tensors, Step 1 about 150) and
+gradient into its fp32 copy, ~10 us per tensor here, not counted; Step 2 trains 2 tensors, Step 1 about 150) and
 the gradient accumulation of the paper presets' launch (2048 sequences on their 8 ranks at `mm-ds plan`'s micro
 batch of 32: 8 micro-steps per update), batches from the prefetcher. The model issues the calls its GPU path issues
 (`gpu_op_path`): dropout as one `F.dropout` (not the CPU path's cheaper-mask ops) and attention as one fused SDPA
