@@ -17,7 +17,7 @@ STAMP   := $(VENV)/.mm-ds-installed
 venv: $(STAMP)
 
 $(STAMP): setup.py Makefile constraints.txt
-	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip --version >/dev/null 2>&1 || python3 -m venv --clear $(VENV)  # an interrupted creation is redone
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip wheel setuptools
 	$(PIP) torch
 	build="$$($(PY) tests/gpu/fused_adam.py)" && env $$build DS_BUILD_OPS=0 DS_ENABLE_NINJA=1 \

@@ -257,7 +257,7 @@ def test_a_run_tree_moved_elsewhere_skips_and_scores_the_same(finished, tmp_path
     finally:
         hidden.rename(out)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "in one job" not in proc.stdout and "skip adapt/adapt/minipost/t1: complete" in proc.stdout
+    assert "in one job" not in proc.stdout and "skip adapt/minipost/t1: complete" in proc.stdout
     assert (moved / "results.jsonl").read_text() == (out / "results.jsonl").read_text()
 
 

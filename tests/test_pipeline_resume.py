@@ -49,7 +49,7 @@ def test_killed_pipeline_resumes_where_it_stopped(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     log = again.stdout
     assert "skip prepare en: complete" in log and "skip prepare t1: complete" in log
-    assert "skip pretrain/pretrain/bl_small: complete" in log
+    assert "skip pretrain/bl_small: complete" in log
     assert "resume adapt/adapt/bl_small/t1 from step_00000004" in log
     finetune_log = (out / "logs" / "finetune_finetune_bl_small_xnli_seed1.log").read_text()
     assert "mm-ds finetune" in finetune_log and "--resume" not in finetune_log  # Step 3 starts afresh, packed

@@ -319,7 +319,7 @@ def run(plan: Plan) -> int:
     todo = [n for n in runs if not complete(n.out)]
     for n in runs:
         if n not in todo:
-            say(f"skip {n.name}: complete")
+            say(f"skip {n.name.partition('/')[2]}: complete")  # its run dir under OUT
     run_stages(todo, plan.out / "logs")
     adapted = runs[-1].out
     want = _digest(checkpoint.manifest_of(adapted))

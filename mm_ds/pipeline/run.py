@@ -322,7 +322,7 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     todo = [n for n in runs if not complete(n.out)]
     for n in runs:
         if n not in todo:
-            print(f"[mm-ds run] skip {n.name}: complete", flush=True)
+            print(f"[mm-ds run] skip {n.name.partition('/')[2]}: complete", flush=True)  # its run dir under OUT
     packed, todo = [n for n in todo if n.packed], [n for n in todo if not n.packed]
     job_ran_eval = recipe.mode == "one_job" and bool(todo or packed)
     if job_ran_eval:

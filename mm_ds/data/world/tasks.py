@@ -5,15 +5,22 @@ of the sentences passive) but not subject/object-swap paraphrase pairs (50-53% e
 A first design here that checked a second sentence's claim against the first (an XOR of two readings,
 with template words absent from the pretraining text) stayed at chance after 600 finetuning updates at any
 learning rate. So both pair tasks ask for the class of the DOER (agent) of sentence 1, which needs its
-structure: the by-phrase of a passive, the subject of an active.
+structure: which noun phrase is the subject (English: by order; t2: by case particle).
 
 Bag-of-words proofing: events use the verbs whose agent and patient classes are the same set (follow,
 watch, chase, scare: people and animals in both roles) and always pair one person with one animal, so
 neither nouns nor verb say who acts; both sentences are past tense (active verbs do not agree).
-- PAWS-like (2-way, label 1 = the doer is a person). Sentence 1 is half passive; sentence 2 tells the
-  same event in the active voice (with sentence 2 in the other voice, i.e. sometimes passive, the task
-  stayed at chance after 600 updates). Numbers are independent of roles, so the passive auxiliary
-  (which agrees with the patient) says nothing about the doer's class.
+- PAWS-like (2-way, label 1 = the doer is a person). Sentence 1 is active; sentence 2 tells the same event,
+  half the time in the passive voice. Numbers are independent of roles, so the passive auxiliary (which agrees
+  with the patient) says nothing about the doer's class. (With sentence 2 in the other voice of a half-passive
+  sentence 1 the task stayed at chance after 600 updates.) The passive goes in sentence 2, not sentence 1: with
+  a half-passive sentence 1 and an active sentence 2, English has two readings that agree on every item
+  (sentence 1's by-phrase, sentence 2's subject), and the finetuning seed picked one. On t2 (case-marked,
+  verb-final, agent before a postposition) BL_BASE then got the active half right (85-100%) and the passive
+  half at 3-48%, inverted on some seeds: 51-72% per seed, 62 +- 9 over 5 seeds (control 50.5); no finetuning
+  rate or length tried made it robust. The doer of an active sentence 1 is its subject in every language, as in the
+  XNLI-like task: 95-99% per seed, control 57 (docs/results.md, 2026-11-26). So sentence 2 is a paraphrase a
+  model may ignore, and both pair tasks test reading sentence 1's subject; passives are read in QA only.
 - NLI (XNLI-like in format, 3-way): the doer is singular (entailment), several people (neutral), or
   several animals (contradiction). Agent and patient
   always differ in number, and both sentences are active (no auxiliary), so every bag of words fits two
@@ -99,8 +106,8 @@ def nli_items(sampler: Sampler, rng: random.Random, n: int, prefix: str) -> list
 def paws_items(sampler: Sampler, rng: random.Random, n: int, prefix: str) -> list[PairItem]:
     items = []
     for i in range(n):
-        ev = _event(sampler, rng, person=i % 2 == 0, plural=None, passive_p=0.5)
-        items.append(PairItem(f"{prefix}{i}", ev, replace(ev, passive=False), paws_label(ev, ev), "doer-class"))
+        ev = _event(sampler, rng, person=i % 2 == 0, plural=None, passive_p=0.5)  # sentence 2's voice
+        items.append(PairItem(f"{prefix}{i}", replace(ev, passive=False), ev, paws_label(ev, ev), "doer-class"))
     rng.shuffle(items)
     return items
 

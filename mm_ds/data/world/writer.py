@@ -173,7 +173,7 @@ def generate_world(out_dir: str | Path, *, seed: int = 0, languages: Sequence[st
         "english": {"noun_class_sizes": {c: len(v) for c, v in LEXICON.nouns.items()},
                     "names": len(NAMES), "transitive_verbs": len(LEXICON.transitive),
                     "intransitive_verbs": len(LEXICON.intransitive), "adjectives": len(LEXICON.adjectives)},
-        "tasks": {"xnli": {"labels": list(NLI_LABELS)}, "pawsx": {"labels": ["0", "1"], "1": "same agent number"},
+        "tasks": {"xnli": {"labels": list(NLI_LABELS)}, "pawsx": {"labels": ["0", "1"], "1": "the doer is a person"},
                   "squad": {"note": "mlqa/*test* and xquad/* hold the same questions"}},
         "files": sorted(files + ["world.json"]),
     }
