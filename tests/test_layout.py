@@ -182,3 +182,30 @@ def test_one_definition_per_name():
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in ONE_NAME:
                 where.setdefault(node.name, []).append(module_name(p))
     assert {n: ms for n, ms in where.items() if len(ms) > 1} == {}
+
+
+DEEPSPEED_FILES = re.compile(r"mp_rank_|zero_pp_rank|optim_states|model_states|latest_universal|global_step"
+                             r"|[\"']latest[\"']")
+"""The names of DeepSpeed's checkpoint files and pointers (`mp_rank_00_model_states.pt`, `*_optim_states.pt`, the
+`latest` and `latest_universal` pointers, `global_step*` tags)."""
+LAYOUT_OWNER = PACKAGE / "runtime" / "checkpoint.py"
+
+
+def names_deepspeed_files(text: str) -> list[str]:
+    return sorted({m.group(0) for m in DEEPSPEED_FILES.finditer(text)})
+
+
+def test_only_the_checkpoint_module_knows_deepspeeds_layout():
+    """A module that needs something from an engine checkpoint asks mm_ds/runtime/checkpoint.py for it: one module
+    changes when DeepSpeed's layout does."""
+    bad = {str(p.relative_to(PACKAGE.parent)): found for p in sorted(PACKAGE.rglob("*.py"))
+           if p != LAYOUT_OWNER and (found := names_deepspeed_files(p.read_text()))}
+    assert bad == {}, f"these name DeepSpeed's checkpoint files; add a function to {LAYOUT_OWNER.name} instead: {bad}"
+
+
+def test_the_layout_scan_finds_deepspeeds_file_names():  # a test that cannot fail is a defect
+    assert names_deepspeed_files('torch.load(d / "mp_rank_00_model_states.pt")') == ["model_states", "mp_rank_"]
+    assert names_deepspeed_files("(ckpt / 'latest').read_text()") == ["'latest'"]
+    assert names_deepspeed_files("glob('bf16_zero_pp_rank_*_optim_states.pt')") == ["optim_states", "zero_pp_rank"]
+    assert names_deepspeed_files("latest_tag(run_dir); checkpoint.LATEST") == []
+    assert names_deepspeed_files(LAYOUT_OWNER.read_text())
