@@ -22,7 +22,7 @@ from mm_ds.runtime import checkpoint
 from mm_ds.model import surgery
 from mm_ds.config import ConfigError, model_config_from_dict
 from mm_ds.model.model import LANGUAGE_PARAMS
-from mm_ds.pipeline.recipe import load_recipe
+from mm_ds.recipe import load_recipe
 
 SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.ffn_size=64"]
 MICRO = ["train.micro_batch=8"]  # 32 sequences on 2 ranks: 2 micro-steps, accumulated in fp32
@@ -298,7 +298,7 @@ def test_recipe_errors(tmp_path, bad, needle):
 
 
 def test_task_overrides_reach_only_that_tasks_finetuning(tmp_path):
-    from mm_ds.pipeline.recipe import stage_runs
+    from mm_ds.pipeline.stage_runs import stage_runs
 
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(RECIPE | {"overrides": {"finetune": ["finetune.lr=1e-4"],

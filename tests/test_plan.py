@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mm_ds.pipeline.recipe import load_recipe
+from mm_ds.recipe import load_recipe
 from mm_ds.tools import plan
-from mm_ds.tools.costs import recipe_costs
+from mm_ds.pipeline.costs import recipe_costs
 from mm_ds.config import ModelConfig
 from mm_ds.model.model import LANGUAGE_PARAMS, RobertaMLM
 
@@ -156,7 +156,7 @@ def test_plan_totals_are_what_mm_ds_run_launches():
     from collections import Counter
 
     from mm_ds.model import flops
-    from mm_ds.pipeline.recipe import stage_configs, stage_runs
+    from mm_ds.pipeline.stage_runs import stage_configs, stage_runs
     from mm_ds.tools.plan_totals import makespan, recipe_totals, refusals
 
     recipe, c = load_recipe("paper"), plan.Cluster(nodes=4, gpus_per_node=8)

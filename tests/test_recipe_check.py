@@ -10,10 +10,12 @@ import pytest
 import yaml
 
 from mm_ds.pipeline import run as pipeline
-from mm_ds.pipeline import recipe as recipe_mod
+from mm_ds import recipe as recipe_mod
+from mm_ds.pipeline.stage_runs import stage_runs
 from mm_ds.pipeline.check import check
 from mm_ds.config import ConfigError
-from mm_ds.pipeline.recipe import load_recipe, recipe_names
+from mm_ds.config import recipe_names
+from mm_ds.recipe import load_recipe
 
 PACKAGED = Path(pipeline.__file__).parents[1] / "presets" / "recipes"
 
@@ -69,7 +71,7 @@ def test_the_paper_recipe_passes_the_check_at_every_cluster_size(nodes, ranks, t
     sets = [f"launch.nodes={nodes}", f"launch.ranks={ranks}"] + ([f"launch.hostfile={hosts}"] if nodes > 1 else [])
     report = check(load_recipe("paper", sets), tmp_path / "out", strict=False)
     assert not report.problems, report.format()
-    nodes_of = {n.name: n for n in recipe_mod.stage_runs(load_recipe("paper", sets), tmp_path / "out")}
+    nodes_of = {n.name: n for n in stage_runs(load_recipe("paper", sets), tmp_path / "out")}
     assert all(("launch.launcher=none" in n.argv) == n.packed == n.name.startswith("finetune/")
                for n in nodes_of.values())
 
@@ -93,7 +95,7 @@ def test_a_stage_run_gives_the_config_its_command_line_gives():
     """`mm-ds run` launches `StageRun.argv` but checks and prices `StageRun.config()`: they must be one config."""
     from mm_ds.stages.runner import stage_config
 
-    for node in recipe_mod.stage_runs(load_recipe("paper"), Path("/tmp/out")):
+    for node in stage_runs(load_recipe("paper"), Path("/tmp/out")):
         assert node.config() == stage_config(node.argv[0], node.argv[1:])[1], node.name
 
 
@@ -101,7 +103,7 @@ def _checkpoints(recipe, where: str) -> list[int]:
     """The steps at which each planned Step-2 run under `where` (adapt/SYSTEM/LANG) writes a checkpoint."""
     from mm_ds.runtime.engine import is_checkpoint_step
 
-    cfg = {n.name: n for n in recipe_mod.stage_runs(recipe, Path("/tmp/out"))}[f"adapt/{where}"].config()
+    cfg = {n.name: n for n in stage_runs(recipe, Path("/tmp/out"))}[f"adapt/{where}"].config()
     steps = [s for s in range(1, cfg.train.steps + 1) if is_checkpoint_step(s, cfg)]
     assert cfg.train.checkpoints() == len(steps)  # the plan's count (no walk) is the engine's
     return steps
@@ -141,7 +143,7 @@ def test_the_paper_depth_sweep_is_packaged_as_the_paper_ran_it(tmp_path):
     (the main experiments' MINIJOINT) also at 1000-4000 where those had them (de); BL_BASE every 1000."""
     sweep = load_recipe("paper-depths")
     assert sweep.langs == ["ar", "de", "tr"] and sweep.seeds == [1, 2, 3, 4, 5] and len(sweep.tasks) == 4
-    runs = {n.name: n.argv for n in recipe_mod.stage_runs(sweep, tmp_path)}
+    runs = {n.name: n.argv for n in stage_runs(sweep, tmp_path)}
     for n in (2, 4, 6, 8, 10, 12):
         assert f"model.secondary_head_layer={n}" in runs[f"pretrain/pretrain/minijoint@{n}"]
         assert f"adapt/adapt/minijoint@{n}/tr" in runs
@@ -161,7 +163,7 @@ def test_the_paper_recipe_finetunes_minijoints_mini_model_for_table5():
     from mm_ds.eval.transfer import eval_units
 
     paper = load_recipe("paper")
-    minis = [n.name for n in recipe_mod.stage_runs(paper, Path("/tmp/out")) if "/mini/" in n.name]
+    minis = [n.name for n in stage_runs(paper, Path("/tmp/out")) if "/mini/" in n.name]
     assert minis == [f"finetune/finetune/mini/minijoint/xnli/seed{s}" for s in range(1, 6)]
     units = [u for u in eval_units(load_recipe("paper", ["curve=false"]), Path("/tmp/out")) if u.kind == "mini"]
     assert [(u.task, u.lang, u.systems) for u in units] == [("xnli", "en", ("minijoint",))]
@@ -287,7 +289,7 @@ def test_task_root_hub_reaches_the_stages_and_is_a_note_in_the_check(tmp_path):
     recipe = load_recipe("paper", ["task_root=hub"])
     assert str(recipe_mod.task_root(recipe, out)) == "hub"  # eval.json's data_root
     assert recipe_mod.task_root(load_recipe("paper", ["task_root=./hub"]), out) == Path("hub").absolute()
-    finetuning = [n for n in recipe_mod.stage_runs(recipe, out) if n.argv[0] == "finetune"]
+    finetuning = [n for n in stage_runs(recipe, out) if n.argv[0] == "finetune"]
     assert finetuning and all("finetune.data_root=hub" in n.argv for n in finetuning)
     report = check(recipe, out, strict=False)
     assert not report.problems, report.format()
@@ -339,7 +341,7 @@ def test_a_recipe_without_tasks_is_measured_at_the_mlm_level(tmp_path):
     recipe = load_recipe("real")
     assert recipe.tasks == [] and "finetune" not in recipe.presets
     assert not check(recipe, tmp_path / "out", strict=False).problems
-    assert not [n for n in recipe_mod.stage_runs(recipe, tmp_path / "out") if n.name.startswith("finetune/")]
+    assert not [n for n in stage_runs(recipe, tmp_path / "out") if n.name.startswith("finetune/")]
     with pytest.raises(ConfigError, match=r"needs a task \(tasks\), or the MLM-level measure"):
         load_recipe("real", ["align_sequences=0"])
     assert recipe_mod.prepare_options(recipe)["heldout"] == 0.02  # real text: a held-out slice

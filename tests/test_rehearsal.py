@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from mm_ds.runtime import checkpoint
-from mm_ds.pipeline.recipe import load_recipe, stage_runs
+from mm_ds.pipeline.stage_runs import stage_runs
+from mm_ds.recipe import load_recipe
 
 pytestmark = pytest.mark.rehearsal
 

@@ -377,7 +377,7 @@ def align_recipe(recipe, out: Path, device="cpu", say=print) -> list[Path]:
     """`mm-ds run`'s alignment check and MLM-level measure: every system and target language with held-out text
     (the recipe's `heldout`, the prepared corpus's held-out slice, or the generated world's), the source-language
     rows, OUT/align.jsonl and the report's files (align.md, align_<lang>.png, mlm/)."""
-    from ..pipeline.recipe import data_path
+    from ..recipe import data_path
 
     texts = {lang: str(data_path(recipe, f)) for lang, f in recipe.heldout.items()}
     langs = [lang for lang in recipe.langs if lang in texts or prepared_heldout(out / "data" / lang)

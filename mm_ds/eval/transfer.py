@@ -37,7 +37,7 @@ from ..data.tasks import find_local, get_task, hub_source, is_hub
 from ..data.tokenizer import pieces
 from .evaluate import evaluate, features_for, scoring_precision
 from ..model.heads import RobertaForTask
-from ..pipeline.recipe import MINI_DIR, english_tasks, minis_in_english, primaries, task_root
+from ..recipe import MINI_DIR, english_tasks, minis_in_english, primaries, task_root
 from ..systems import system_of
 
 SOURCE, ADAPTED, CONTROL, MINI = "source", "adapted", "control", "mini"
@@ -408,7 +408,7 @@ def run_eval_main(argv: list[str]) -> int:
     rank, _, world = dist.init()
     if len(argv) == 3:
         from ..config import from_dict
-        from ..pipeline.recipe import Recipe
+        from ..recipe import Recipe
         dist.on_rank0(lambda: write_eval_spec(from_dict(Recipe, json.loads(Path(argv[1]).read_text())),
                                               Path(argv[2])), f"listing the evaluation units into {argv[0]}")
     spec = dist.on_rank0(lambda: json.loads(Path(argv[0]).read_text()), f"reading {argv[0]}")  # rank 0's, for all

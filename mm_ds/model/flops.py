@@ -2,7 +2,7 @@
 
 Symbols follow the paper: h hidden size, V vocabulary size, l layers, s sequence length, p mask probability,
 B global batch (sequences), U updates, l_t trainable layers. Everything is plain numbers, so the training loop,
-`mm-ds flops` (mm_ds/tools/costs.py) and the report can use it without building a model.
+`mm-ds flops` (mm_ds/pipeline/costs.py) and the report can use it without building a model.
 
 Like the paper (after Narayanan et al. 2021) we count matrix multiplies only: no biases, activations, softmax,
 layer norms, optimizer step or embedding lookups, and no activation recomputation.

@@ -58,7 +58,7 @@ class Findings:
 def check(recipe, out: Path, strict: bool) -> Findings:
     """Every problem of running `recipe` into `out`. strict (`mm-ds run`): data must be present; otherwise
     (`--check`) data that is absent here is a note, data that is partly there a problem."""
-    from .recipe import stage_runs
+    from .stage_runs import stage_runs
 
     report = Findings()
     _check_out(out, report)
@@ -99,7 +99,7 @@ def check_stages(nodes, report: Findings, known: dict[Path, RunConfig] | None = 
 def protocol(recipe, nodes, configs: dict[Path, RunConfig]) -> list[str]:
     """What the paper's protocol is made of, read from the planned stage configs: each Step-2 run's checkpoint
     schedule (early_checkpoints), the tasks of Figure 1's headline speedup, and Table 5's models and tasks."""
-    from .recipe import english_tasks, minis_in_english, primaries
+    from ..recipe import english_tasks, minis_in_english, primaries
 
     schedules: dict[str, dict[str, list[str]]] = {}  # schedule -> system -> languages
     for node in nodes:
@@ -159,7 +159,7 @@ def _check_coverage(recipe, report: Findings) -> None:
 
 def _check_data(recipe, out: Path, strict: bool, report: Findings) -> None:
     from ..data.tasks import HUB, TaskDataError, find_local, get_task, hub_source, is_hub
-    from .recipe import data_path, task_root, text_inputs
+    from ..recipe import data_path, task_root, text_inputs
 
     for lang, file in recipe.heldout.items():  # read at the very end of a run: a missing one must fail now
         if not data_path(recipe, file).is_file():

@@ -1,7 +1,7 @@
 """`mm-ds run RECIPE`: a whole experiment, stage by stage, with one results table at the end.
 
 A recipe (packaged `recipes/NAME.yaml` or a file) names the systems, target languages, tasks, seeds, the
-data, and a preset per stage (mm_ds/pipeline/recipe.py). It makes a list of stage runs; each is launched as its own `mm-ds
+data, and a preset per stage (mm_ds/recipe.py). It makes a list of stage runs; each is launched as its own `mm-ds
 <stage>` process (which starts its ranks under the recipe's launcher), skipped when its `final/`
 verifies, and resumed from its newest complete checkpoint when it was interrupted. MINIPOST shares
 BL_BASE's pretrained model and its finetuned models (same primary model, paper §2.2).
@@ -31,8 +31,9 @@ from ..config import ConfigError, from_dict
 from .pack import complete
 from .progress import Follow, StageFailed, Watched, say
 from .progress import run_logged as _run_logged
-from .recipe import (Recipe, load_recipe, minis_in_english, prepare_options, recipe_names, stage_runs, task_root,
-                     text_inputs)
+from ..config import recipe_names
+from ..recipe import Recipe, load_recipe, minis_in_english, prepare_options, task_root, text_inputs
+from .stage_runs import stage_runs
 from ..stages.runner import StageRun
 from ..systems import REFERENCE, system_of
 

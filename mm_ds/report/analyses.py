@@ -111,7 +111,7 @@ def write_sweeps(report: Report, out: Path, t2: dict, t3: dict, plots: bool = Tr
 
 def english_table(recipe, rows: list[dict]) -> str:
     """Table 5: English scores (mean over finetuning seeds) of each primary model and each mini-model."""
-    from ..pipeline.recipe import english_tasks, minis_in_english, primaries
+    from ..recipe import english_tasks, minis_in_english, primaries
 
     def score(kind: str, systems: set[str], task: str):
         got = [r for r in rows if r["kind"] == kind and r["system"] in systems and r["task"] == task

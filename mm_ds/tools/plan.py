@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..model import flops as F
-from .costs import add_recipe_args, costs_from_args
+from ..pipeline.costs import add_recipe_args, costs_from_args
 from .plan_model import (BYTES, PERSISTENCE, RING, Cluster, ParamCount, StagePlan, collectives_per_step,  # noqa: F401
                          comm_bytes_per_step, plan_stages, stage_params)
 from .plan_totals import format_totals, recipe_totals, refusals, totals_json
@@ -75,7 +75,8 @@ def plan_evaluation(recipe, cluster: Cluster, cfgs: dict | None = None) -> EvalP
     seed's finetuned model on the official test set's size (mm_ds/data/tasks.py) at the task's full sequence
     length (an upper bound: evaluation batches by length). Forward passes only, at the plan's MFU."""
     from ..data.tasks import get_task
-    from ..pipeline.recipe import english_tasks, minis_in_english, primaries, stage_configs
+    from ..pipeline.stage_runs import stage_configs
+    from ..recipe import english_tasks, minis_in_english, primaries
     from ..systems import system_of
 
     cfgs = stage_configs(recipe) if cfgs is None else cfgs

@@ -11,7 +11,7 @@ from ..config import ModelConfig
 from ..runtime.ds_config import reduction_dtype
 from ..model.model import LANGUAGE_PARAMS, param_count, param_shapes
 from ..model.surgery import minipost_trainable
-from .costs import StageCost
+from ..pipeline.costs import StageCost
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 

@@ -64,9 +64,9 @@ CHANGES = ("steps", "global_batch", "seq_len", "hidden", "vocab", "mask_prob")
 
 def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = None, **changes) -> list[StageCost]:
     """Steps 1, 1b and 2 of each system (label or config name) of an `mm-ds run` recipe, from its stage configs
-    (`recipe.stage_configs`, parsed here unless given; one target language's Step 2 stands for every language's:
+    (`stage_runs.stage_configs`, parsed here unless given; one target language's Step 2 stands for every language's:
     the one with most checkpoints), with `changes` applied to every stage."""
-    from ..pipeline.recipe import stage_configs
+    from .stage_runs import stage_configs
 
     bad = [k for k in changes if k not in CHANGES]
     if bad:
@@ -87,10 +87,10 @@ def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = N
 
 
 def stage_run_costs(recipe, cfgs: dict, out: Path = Path("OUT")) -> list[tuple[str, list[StageCost]]]:
-    """Every stage run `mm-ds run` would launch (`recipe.stage_runs`: shared stages once, every language, every
+    """Every stage run `mm-ds run` would launch (`stage_runs.stage_runs`: shared stages once, every language, every
     finetuning), with its cost rows: a multi-depth Step 2 has one per depth, MINIJOINT's Step 1b (an extraction)
     none. `cfgs`: `stage_configs(recipe, out)`."""
-    from ..pipeline.recipe import stage_runs
+    from .stage_runs import stage_runs
 
     price, step3 = _Prices(recipe, cfgs, {}), finetune_costs(recipe, cfgs, out)
     rows = []
@@ -167,10 +167,10 @@ def finetune_costs(recipe, cfgs: dict | None = None, out: Path = Path("OUT")) ->
     import dataclasses
     import math
 
-    from ..pipeline.check import model_after
+    from .check import model_after
     from ..data.tasks import get_task
     from ..runtime.ds_config import global_batch
-    from ..pipeline.recipe import stage_configs
+    from .stage_runs import stage_configs
 
     cfgs = stage_configs(recipe, out) if cfgs is None else cfgs
     by_dir = {(out / name).resolve(): cfg for name, cfg in cfgs.items()}
@@ -225,7 +225,8 @@ def add_recipe_args(ap: argparse.ArgumentParser) -> None:
 
 def costs_from_args(a: argparse.Namespace, **extra) -> tuple[object, dict, list[StageCost]]:
     """(the recipe, its stage configs, their costs) as `add_recipe_args`' arguments ask."""
-    from ..pipeline.recipe import load_recipe, stage_configs
+    from .stage_runs import stage_configs
+    from ..recipe import load_recipe
 
     changes = {k: v for k, v in dict(steps=a.steps, global_batch=a.batch, seq_len=a.seq, **extra).items()
                if v is not None}
