@@ -40,12 +40,9 @@ class Recipe:
     split from the Hugging Face hub through `datasets` (needs a network or a populated datasets cache)."""
     data_root: str = ""
     """Where relative `text` inputs, `task_root` and `heldout` files start. Default: the recipe file's folder (a
-    packaged recipe's: the working directory, e.g. the rehearsal's ../shared/data beside the checkout); a relative
+    packaged recipe's: the working directory, e.g. the real recipe's ../shared/data beside the checkout); a relative
     data_root starts there too, also from `--set`. `load_recipe` makes it absolute, so that `--check`, the run and
     every rank resolve each path alike."""
-    rehearsal: bool = False
-    """Make the task files from the public data under data_root (../shared/data's layout), English training
-    sets included (mm_ds/data/rehearsal.py): the real-data rehearsal of the paper recipe."""
     eval_examples: int | None = None
     """Evaluate on the first N examples of each evaluation file only (quick runs; the paper: all)."""
     prepare: dict = field(default_factory=dict)
@@ -130,7 +127,7 @@ class Recipe:
             missing = [lang for lang in [self.source_lang, *self.langs] if lang not in self.text]
             if missing:
                 raise ConfigError(f"{where}: no text inputs for language(s) {missing}; add them under text:")
-            if self.tasks and not self.task_root and not self.rehearsal:
+            if self.tasks and not self.task_root:
                 raise ConfigError(f"{where}: task_root is unset (the directory with the task files)")
         else:
             from .data.world import PRESETS
@@ -138,8 +135,6 @@ class Recipe:
             if bad:
                 raise ConfigError(f"{where}: language(s) {bad} are not generated-world languages "
                                   f"({', '.join(PRESETS)})")
-            if self.rehearsal:
-                raise ConfigError(f"{where}: world (generated data) and rehearsal (real data) exclude each other")
         try:  # prepare: and world: are passed on as they are; typed here only to be checked
             check_numbers(vars(self) | {"prepare": from_dict(PrepareKeys, self.prepare, prefix="prepare."),
                                         "world": from_dict(WorldKeys, self.world or {}, prefix="world.")}, RANGES)
@@ -319,8 +314,6 @@ def task_root(recipe: Recipe, out: Path) -> Path:
     """Where the stages read task data: a directory, or Path(HUB) for the hub (`is_hub`)."""
     if recipe.world is not None:
         return out / "world"
-    if recipe.rehearsal:
-        return out / "tasks"
     if is_hub(recipe.task_root):
         return Path(HUB)
     root = data_path(recipe, recipe.task_root)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rehearsal_tasks import build as build_tasks
 from mm_ds.pipeline import run as pipeline
 from mm_ds import recipe as recipe_mod
 from mm_ds.pipeline.stage_runs import stage_runs
@@ -18,6 +19,7 @@ from mm_ds.config import recipe_names
 from mm_ds.recipe import load_recipe
 
 PACKAGED = Path(pipeline.__file__).parents[1] / "presets" / "recipes"
+REHEARSAL = Path(__file__).parent / "rehearsal.yaml"
 
 
 def run(*argv):
@@ -192,15 +194,15 @@ def test_coverage_follows_the_task_table_and_the_recipe():
     assert paper.evaluated("xnli") == ["en", *paper.langs]
     assert paper.evaluated("pawsx") == ["en", "de", "es", "fr", "zh"]
     assert "sw" not in paper.evaluated("mlqa") and "sw" in paper.evaluated("xnli")
-    rehearsal = load_recipe("rehearsal")
+    rehearsal = load_recipe(str(REHEARSAL), ["task_root=tasks"])
     assert rehearsal.evaluated("pawsx") == ["de"] and rehearsal.evaluated("xquad") == ["en", "de"]
     assert load_recipe("tiny").evaluated("pawsx") == ["en", "t1", "t2"]  # the world has every task everywhere
 
 
 def _real(tmp_path, **change) -> Path:
-    """A copy of the rehearsal recipe with its data in `tmp_path/data` (task files faked, text real-shaped)."""
-    recipe = yaml.safe_load((PACKAGED / "rehearsal.yaml").read_text()) | change
-    recipe["data_root"] = str(tmp_path / "data")
+    """A copy of the rehearsal recipe with its data in `tmp_path/data`, its task files in `tmp_path/tasks`."""
+    recipe = yaml.safe_load(REHEARSAL.read_text()) | change
+    recipe["data_root"], recipe["task_root"] = str(tmp_path / "data"), str(tmp_path / "tasks")
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
@@ -208,12 +210,14 @@ def _real(tmp_path, **change) -> Path:
 
 @pytest.fixture
 def data(tmp_path, shared_data):
-    """The shared data's layout: links to its files, so that single files can be taken away."""
+    """The shared data's layout: links to its files, so that single files can be taken away; and the rehearsal's task
+    directory made from them (tmp_path/tasks)."""
     root = tmp_path / "data"
     for f in shared_data.rglob("*"):
         if f.is_file():
             (root / f.relative_to(shared_data)).parent.mkdir(parents=True, exist_ok=True)
             (root / f.relative_to(shared_data)).symlink_to(f)
+    build_tasks(root, tmp_path / "tasks")
     return root
 
 
@@ -227,14 +231,14 @@ def test_the_rehearsal_passes_the_strict_check_on_the_shared_data(tmp_path, data
     ({"langs": ["de", "ur"], "tasks": ["pawsx"], "coverage": {"pawsx": ["de"]},
       "text": {"en": ["text/en.txt.xz"], "de": ["text/de.txt.xz"], "ur": ["text/ur.txt.xz"]}}, None,
      "no task of the recipe is evaluated in 'ur'"),
-    ({}, "xnli/xnli.test.sw.tsv", "evaluate/xnli/sw: no xnli test file for 'sw'"),
-    ({}, "text/sw.txt.xz", "prepare/sw: text input"),
+    ({}, "tasks/xnli/xnli.test.sw.tsv", "evaluate/xnli/sw: no xnli test file for 'sw'"),
+    ({}, "data/text/sw.txt.xz", "prepare/sw: text input"),
     ({"eval_splits": {"xquad": "dev"}}, None, "xquad has no 'dev' split"),
-    ({}, "squad/dev-v1.1.json", "squad/dev-v1.1.json is missing"),
+    ({}, "tasks/squad/train-v1.1.json", "finetune/xquad: "),
 ])
 def test_bad_input_stops_mm_ds_run_before_any_data_work(tmp_path, data, capsys, change, remove, needle):
     if remove:
-        (data / remove).unlink()
+        (tmp_path / remove).unlink()
     out = tmp_path / "out"
     rc, _, err = run_here(capsys, str(_real(tmp_path, **change)), "--out", str(out))
     assert rc == 2, err
@@ -322,7 +326,7 @@ def test_a_recipe_files_relative_paths_start_at_its_folder_for_the_check_and_the
         assert f"relative paths of the recipe (text, task_root, heldout) start at data_root={proj}" in report.notes
         assert not any("not checked" in n for n in report.notes)
     assert load_recipe("../proj/r.yaml", ["data_root=data"]).data_root == str(proj / "data")  # --set: the same rule
-    assert load_recipe("rehearsal").data_root == str((elsewhere.parent / "shared" / "data"))  # packaged: the cwd
+    assert load_recipe("real").data_root == str((elsewhere.parent / "shared" / "data"))  # packaged: the cwd
 
     for f in (proj / "text").iterdir():  # the data is not here (yet): a note for --check, a refusal for the run
         f.unlink()
@@ -344,6 +348,5 @@ def test_a_recipe_without_tasks_is_measured_at_the_mlm_level(tmp_path):
     assert not [n for n in stage_runs(recipe, tmp_path / "out") if n.name.startswith("finetune/")]
     with pytest.raises(ConfigError, match=r"needs a task \(tasks\), or the MLM-level measure"):
         load_recipe("real", ["align_sequences=0"])
-    assert recipe_mod.prepare_options(recipe)["heldout"] == 0.02  # real text: a held-out slice
+    assert recipe_mod.prepare_options(recipe)["heldout"] == recipe_mod.HELDOUT == 0.02  # real text: a held-out slice
     assert "heldout" not in recipe_mod.prepare_options(load_recipe("tiny"))  # a world brings its own
-    assert recipe_mod.prepare_options(load_recipe("rehearsal"))["heldout"] == recipe_mod.HELDOUT

@@ -40,7 +40,7 @@ class Source:
     """One of `task_files.READERS`: xnli_tsv, mnli_jsonl, pawsx_tsv, squad_json."""
     files: tuple[str, ...]
     """Paths under a data root, `{split}`/`{lang}` filled in; the first that exists is used. The first
-    pattern is the layout of the rehearsal's data (../shared/data), the others the official distributions'."""
+    pattern is the layout of ../shared/data (the rehearsal's data), the others the official distributions'."""
     hub: str
     """`datasets.load_dataset` name, used only when asked to (data root `hub`, or `load_split(..., hub=True)`)."""
     hub_config: str | None

@@ -173,17 +173,10 @@ def _check_data(recipe, out: Path, strict: bool, report: Findings) -> None:
         return
     relative = [p for p in [*(i for v in recipe.text.values() for i in v), recipe.task_root, *recipe.heldout.values()]
                 if p and not p.startswith("hf:") and not is_hub(p) and not Path(p).is_absolute()]
-    if relative or recipe.rehearsal:  # resolved here exactly as the run resolves them (recipe.data_path)
+    if relative:  # resolved here exactly as the run resolves them (recipe.data_path)
         report.notes.append(f"relative paths of the recipe (text, task_root, heldout) start at data_root="
                             f"{recipe.data_root or Path.cwd()}")
-    if recipe.rehearsal:  # the evaluation files are linked from data_root; the English ones are made from it
-        from ..data import rehearsal
-        root = data_path(recipe, "")
-        missing = rehearsal.missing_sources(root) if root.is_dir() else []
-        for m in missing:
-            report.add("rehearsal", f"{m} is missing; the rehearsal's task files are made from it")
-    else:
-        root = task_root(recipe, out)
+    root = task_root(recipe, out)
     hub = is_hub(root)
     if hub:  # the dataset, config and split each (task, language) reads are known here; whether they download is not
         import importlib.util
@@ -203,7 +196,7 @@ def _check_data(recipe, out: Path, strict: bool, report: Findings) -> None:
                 report.add(f"evaluate/{task}", f"{task} has no {split!r} split (it has {', '.join(spec.eval_splits)});"
                                                f" set eval_splits: {{{task}: {spec.eval_splits[-1]}}}")
                 continue
-            wanted = [] if recipe.rehearsal else [("train", "en", f"finetune/{task}")]
+            wanted = [("train", "en", f"finetune/{task}")]
             wanted += [(split, lang, f"evaluate/{task}/{lang}") for lang in recipe.evaluated(task)]
             for sp, lang, where in wanted:
                 try:

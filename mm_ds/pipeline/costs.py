@@ -214,7 +214,7 @@ def format_costs(rows: list[StageCost]) -> str:
 def add_recipe_args(ap: argparse.ArgumentParser) -> None:
     """The recipe and what an estimate may change in it (shared with `mm-ds plan`)."""
     ap.add_argument("recipe", nargs="?", default="paper",
-                    help="an `mm-ds run` recipe: packaged (paper, the default; rehearsal, tiny, quick) or a YAML file")
+                    help="an `mm-ds run` recipe: packaged (paper, the default; tiny, quick, ...) or a YAML file")
     ap.add_argument("--system", action="append", help="only this system (repeatable), e.g. BL_BASE or bl_base")
     ap.add_argument("--steps", type=int, help="updates of every stage (paper: 125000)")
     ap.add_argument("--batch", type=int, help="global batch in sequences of every stage (paper: 2048)")

@@ -138,10 +138,6 @@ def prepare_data(recipe: Recipe, out: Path) -> None:
     if recipe.world is not None and not world_complete(out / "world"):
         from ..data.world import generate_world
         generate_world(out / "world", languages=tuple(recipe.langs), **recipe.world)
-    if recipe.rehearsal:
-        from ..data import rehearsal
-        if not rehearsal.complete(out / "tasks"):
-            rehearsal.build(recipe.data_root or ".", out / "tasks")
     opts = []
     for k, v in prepare_options(recipe).items():
         opts += [f"--{k.replace('_', '-')}", str(v)]
