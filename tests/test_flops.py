@@ -115,7 +115,7 @@ def test_stage_flops_per_step_matches_the_stage_formulas():
 
 def test_stage_flops_errors_name_the_problem():
     shape = dict(hidden=2, vocab=3, layers=1, seq_len=4, mask_prob=0.5, global_batch=1)
-    with pytest.raises(ValueError, match="unknown stage kind 'train'"):
+    with pytest.raises(ValueError, match="unknown FLOPs formula 'train'"):
         F.stage_flops_per_step("train", **shape)
     with pytest.raises(ValueError, match="needs trainable_layers"):
         F.stage_flops_per_step("build_mini", **shape)
@@ -130,7 +130,7 @@ def test_paper_recipe_costs():
     assert round(costs[("MINIPOST", "step1b")].flops / F.EXA, 1) == 21.6
     assert round(costs[("MINIPOST", "step2")].v100_days, 1) == 11.3
     assert round(costs[("MINIJOINT", "step1")].v100_days, 1) == 32.2
-    assert [c.kind for c in costs.values()] == ["pretrain", "adapt", "pretrain", "adapt", "pretrain_secondary", "adapt",
+    assert [c.formula for c in costs.values()] == ["pretrain", "adapt", "pretrain", "adapt", "pretrain_secondary", "adapt",
                                                 "pretrain", "build_mini", "adapt"]  # the systems table's formulas
 
 

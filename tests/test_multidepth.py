@@ -327,4 +327,4 @@ def test_a_multidepth_run_trains_in_bf16_under_zero_on_two_ranks_launched_per_st
     assert meta["depth_phases"] == [[1, 0, 4], [2, 4, 8]]
     assert {"secondary_head.bias", "head.bias"} <= set(sd)
     rows = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
-    assert any(r["system"] == "minijoint@1+2" and r["kind"] == "adapted" and r["lang"] == "t1" for r in rows)
+    assert any(r["system"] == "minijoint@1+2" and r["condition"] == "adapted" and r["lang"] == "t1" for r in rows)

@@ -167,7 +167,7 @@ def test_the_paper_recipe_finetunes_minijoints_mini_model_for_table5():
     paper = load_recipe("paper")
     minis = [n.name for n in stage_runs(paper, Path("/tmp/out")) if "/mini/" in n.name]
     assert minis == [f"finetune/finetune/mini/minijoint/xnli/seed{s}" for s in range(1, 6)]
-    units = [u for u in eval_units(load_recipe("paper", ["curve=false"]), Path("/tmp/out")) if u.kind == "mini"]
+    units = [u for u in eval_units(load_recipe("paper", ["curve=false"]), Path("/tmp/out")) if u.condition == "mini"]
     assert [(u.task, u.lang, u.systems) for u in units] == [("xnli", "en", ("minijoint",))]
 
 

@@ -65,7 +65,7 @@ def test_tasks_are_evaluated_where_they_have_data_and_leave_gaps_elsewhere(rehea
     for r in rows:
         assert r["seeds"] == 2 and len(r["per_seed"]) == 2 and 0.0 <= r["score"] <= 100.0
         assert r["examples"] == min(200, r["examples"]) and r["split"] == ("dev" if r["task"] == "mlqa" else "test")
-    steps = sorted({r["step"] for r in rows if r["kind"] == "adapted" and r["system"] == "bl_base"})
+    steps = sorted({r["step"] for r in rows if r["condition"] == "adapted" and r["system"] == "bl_base"})
     assert steps == [5, 10]  # the curve
     tables = {}  # task -> its Table 2 (head, rows) in results.md
     for block in (out / "results.md").read_text().split("## ")[1:]:

@@ -164,7 +164,7 @@ def test_variants_train_with_their_depth(swept):
     assert checkpoint.load_final(out / "build_mini" / "minijoint@1")[0]["model"]["num_layers"] == 1
     assert checkpoint.load_final(out / "build_mini" / "minipost@1")[0]["model"]["num_layers"] == 1 + 2
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert {r["system"] for r in rows if r["kind"] == "adapted"} == set(RECIPE["systems"])
+    assert {r["system"] for r in rows if r["condition"] == "adapted"} == set(RECIPE["systems"])
 
 
 def test_sweep_and_english_tables_are_written(swept):

@@ -265,13 +265,13 @@ def _inherited(cfg: RunConfig, configs: dict[Path, RunConfig]) -> None:
         return  # an existing run given as parent: its checkpoint is checked at launch
     pm = model_after(parent, configs)
     if cfg.stage == "build_mini":
-        kind = system_of(cfg.system).mini
-        if kind is None:
+        mini = system_of(cfg.system).mini
+        if mini is None:
             raise ConfigError(f"build-mini is for {' or '.join(MINI_SYSTEMS)}, not system={cfg.system!r}")
-        if kind == "extract" and pm.secondary_head_layer is None:
+        if mini == "extract" and pm.secondary_head_layer is None:
             raise ConfigError(f"the parent ({parent.system} pretraining) has no secondary head; MINIJOINT's mini-model "
                               f"is cut from a model pretrained with model.secondary_head_layer=N")
-        if kind == "build" and not 0 < cfg.mini.layers < pm.num_layers:
+        if mini == "build" and not 0 < cfg.mini.layers < pm.num_layers:
             raise ConfigError(f"mini.layers={cfg.mini.layers} must lie in [1, {pm.num_layers}) (the parent's layers)")
     if cfg.stage in ("build_mini", "adapt") and cfg.data.seq_len > pm.max_positions:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the parent's model.max_positions="

@@ -23,8 +23,8 @@ class StageCost:
     """The paper's name (BL_BASE, ...)."""
     stage: str
     """The paper's step: step1, step1b, step2 (multi-depth: one step2 row per depth, in order)."""
-    kind: str
-    """The formula (flops.FORMULAS)."""
+    formula: str
+    """The FLOPs formula (flops.FORMULAS)."""
     layers: int
     """Layers the stage runs through (for build_mini: the whole mini-model, N + trainable)."""
     trainable_layers: int | None
@@ -41,7 +41,7 @@ class StageCost:
 
     @property
     def flops_per_step(self) -> float:
-        return flops.stage_flops_per_step(self.kind, hidden=self.hidden, vocab=self.vocab, layers=self.layers,
+        return flops.stage_flops_per_step(self.formula, hidden=self.hidden, vocab=self.vocab, layers=self.layers,
                                           seq_len=self.seq_len, mask_prob=self.mask_prob,
                                           global_batch=self.global_batch, trainable_layers=self.trainable_layers,
                                           secondary_heads=self.secondary_heads)
@@ -96,9 +96,9 @@ def stage_run_costs(recipe, cfgs: dict, out: Path = Path("OUT")) -> list[tuple[s
     rows = []
     for run in stage_runs(recipe, out):
         key = run.name.split("/", 1)[1]
-        kind, system, *rest = key.split("/")
-        rows.append((key, [price.step1(system)] if kind == "pretrain" else price.step1b(system)
-                     if kind == "build_mini" else price.step2(system, rest[0]) if kind == "adapt" else [step3[key]]))
+        stage, system, *rest = key.split("/")
+        rows.append((key, [price.step1(system)] if stage == "pretrain" else price.step1b(system)
+                     if stage == "build_mini" else price.step2(system, rest[0]) if stage == "adapt" else [step3[key]]))
     return rows
 
 
@@ -109,11 +109,11 @@ class _Prices:
         self.cfgs, self.changes = cfgs, changes
         self.vocab = int(recipe.prepare.get("vocab_size", 50_000))
 
-    def _row(self, label, primary, stage, kind, cfg, layers, trainable=None) -> StageCost:
+    def _row(self, label, primary, stage, formula, cfg, layers, trainable=None) -> StageCost:
         from ..runtime.ds_config import global_batch
 
         model = self.cfgs[f"pretrain/{primary}"].model
-        row = StageCost(label, stage, kind, layers, trainable, cfg.train.steps, global_batch(cfg), cfg.data.seq_len,
+        row = StageCost(label, stage, formula, layers, trainable, cfg.train.steps, global_batch(cfg), cfg.data.seq_len,
                         model.hidden_size, model.vocab_size or self.vocab, cfg.data.mask_prob, cfg.train.checkpoints())
         return replace(row, **self.changes)
 
@@ -203,10 +203,10 @@ def step2_phases(cfg, depths: tuple[int, ...], steps: int | None = None) -> list
 
 
 def format_costs(rows: list[StageCost]) -> str:
-    head = "| system | stage | kind | layers | trainable | steps | batch | seq | EFLOPs | V100-days |"
+    head = "| system | stage | formula | layers | trainable | steps | batch | seq | EFLOPs | V100-days |"
     lines = [head, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r.system} | {r.stage} | {r.kind} | {r.layers} | {r.trainable_layers or ''} | "
+        lines.append(f"| {r.system} | {r.stage} | {r.formula} | {r.layers} | {r.trainable_layers or ''} | "
                      f"{r.steps:,} | {r.global_batch} | {r.seq_len} | {r.flops / flops.EXA:.3g} | {r.v100_days:.3g} |")
     return "\n".join(lines)
 

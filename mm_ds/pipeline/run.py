@@ -218,8 +218,8 @@ def stage_runs_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, boo
 
     world = from_dict(LaunchConfig, recipe.launch).world_size
     lines = [f"# {len(runs)} stage runs into {out}, {sum(done.values())} done (final/ verifies):"]
-    for kind, title in STEP_NAMES.items():
-        mine = [n for n in runs if n.name.startswith(kind + "/")]
+    for stage, title in STEP_NAMES.items():
+        mine = [n for n in runs if n.name.startswith(stage + "/")]
         if mine:
             how = (f"single-device runs, {min(world, len(mine))} at once" if mine[0].packed
                    else f"each data-parallel on {world} rank(s), one after another")

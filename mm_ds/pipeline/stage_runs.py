@@ -23,35 +23,35 @@ def stage_runs(recipe: Recipe, out: Path) -> list[StageRun]:
     launch = [f"launch.{k}={v}" for k, v in recipe.launch.items()]
     runs: list[StageRun] = []
 
-    def stage(kind: str, run: Path, system: str, lang: str, parent: Path | None, extra: list[str]) -> None:
+    def add(stage: str, run: Path, system: str, lang: str, parent: Path | None, extra: list[str]) -> None:
         row = system_of(system)  # a variant takes its row's presets and overrides, then its own, then its depth
-        preset = recipe.presets.get(kind, "").format(system=row.base)
-        own = [*recipe.overrides.get(f"{kind}/{row.base}", [])] + (
-            recipe.overrides.get(f"{kind}/{system}", []) if system != row.base else [])
-        protocol = ["train.checkpoint_steps=[]"] if kind == "adapt" and not recipe.early(system, lang) else []
-        overrides = [f"system={system}", f"lang={lang}", *(ONE_DEVICE if kind in PACKED else launch),
-                     *recipe.overrides.get(kind, []), *own, *row.overrides(kind), *protocol, *extra]
+        preset = recipe.presets.get(stage, "").format(system=row.base)
+        own = [*recipe.overrides.get(f"{stage}/{row.base}", [])] + (
+            recipe.overrides.get(f"{stage}/{system}", []) if system != row.base else [])
+        protocol = ["train.checkpoint_steps=[]"] if stage == "adapt" and not recipe.early(system, lang) else []
+        overrides = [f"system={system}", f"lang={lang}", *(ONE_DEVICE if stage in PACKED else launch),
+                     *recipe.overrides.get(stage, []), *own, *row.overrides(stage), *protocol, *extra]
         if parent is not None:
             overrides.append(f"parent={parent}")
-        runs.append(StageRun(kind, run, preset, tuple(overrides), f"{kind}/{run.relative_to(out)}", kind in PACKED))
+        runs.append(StageRun(stage, run, preset, tuple(overrides), f"{stage}/{run.relative_to(out)}", stage in PACKED))
 
     for p in primaries(recipe):
-        stage("pretrain", out / "pretrain" / p, p, recipe.source_lang, None, [f"data.corpus={data / recipe.source_lang}"])
+        add("pretrain", out / "pretrain" / p, p, recipe.source_lang, None, [f"data.corpus={data / recipe.source_lang}"])
     for s in recipe.systems:
         if system_of(s).mini:
-            stage("build_mini", out / "build_mini" / s, s, recipe.source_lang, out / "pretrain" / system_of(s).primary,
-                  [f"data.corpus={data / recipe.source_lang}"])
+            add("build_mini", out / "build_mini" / s, s, recipe.source_lang, out / "pretrain" / system_of(s).primary,
+                [f"data.corpus={data / recipe.source_lang}"])
     for s in recipe.systems:
         parent = out / "build_mini" / s if system_of(s).mini else out / "pretrain" / system_of(s).primary
         for lang in recipe.langs:
-            stage("adapt", out / "adapt" / s / lang, s, lang, parent, [f"data.corpus={data / lang}"])
+            add("adapt", out / "adapt" / s / lang, s, lang, parent, [f"data.corpus={data / lang}"])
     def finetune(model: str, system: str, parent: Path, tasks: list[str]) -> None:
         for task in tasks:
             for seed in recipe.seeds:
-                stage("finetune", out / "finetune" / model / task / f"seed{seed}", system, recipe.source_lang,
-                      parent, [f"finetune.task={task}", f"train.seed={seed}",
-                               f"finetune.data_root={task_root(recipe, out)}",
-                               *recipe.overrides.get(f"finetune/{task}", [])])
+                add("finetune", out / "finetune" / model / task / f"seed{seed}", system, recipe.source_lang,
+                    parent, [f"finetune.task={task}", f"train.seed={seed}",
+                             f"finetune.data_root={task_root(recipe, out)}",
+                             *recipe.overrides.get(f"finetune/{task}", [])])
 
     for p in primaries(recipe):
         finetune(p, p, out / "pretrain" / p, recipe.tasks)

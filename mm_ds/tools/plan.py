@@ -129,14 +129,14 @@ def format_plan(rows: list[StagePlan], c: Cluster) -> str:
             f"{c.micro_batch}; all-reduce busbw "
             f"{c.intra_gbps:g} GB/s intra-node, {c.inter_gbps:g} GB/s inter-node (using "
             f"{c.busbw / 1e9:g}); overlap {c.overlap:g}")
-    cols = ["system", "stage", "kind", "layers", "params M", "trainable M", "steps", "accum", "PFLOP/step",
+    cols = ["system", "stage", "formula", "layers", "params M", "trainable M", "steps", "accum", "PFLOP/step",
             "compute s", "comm GB/GPU", "comm s", "step s", "hours", "GPU-h"]
     if c.usd_per_gpu_hour:
         cols.append("USD")
     cols += ["ckpt GB", "x ckpts", "final GB"]
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        cells = [r.system, r.stage, r.kind, str(r.layers), f"{r.params / 1e6:.1f}", f"{r.trainable / 1e6:.2f}",
+        cells = [r.system, r.stage, r.formula, str(r.layers), f"{r.params / 1e6:.1f}", f"{r.trainable / 1e6:.2f}",
                  f"{r.steps:,}", str(r.grad_accum), f"{r.flops_per_step / 1e15:.2f}", f"{r.compute_s:.3f}",
                  _gb(r.comm_bytes), f"{r.comm_s:.4f}", f"{r.step_s:.3f}", f"{r.hours:.1f}", f"{r.gpu_hours:,.0f}"]
         if c.usd_per_gpu_hour:
@@ -161,7 +161,7 @@ _BENCH_KIND = {"adapt_full": "adapt", "adapt_mini": "adapt"}
 
 
 def read_bench(path: str | Path) -> tuple[float | None, list[dict]]:
-    """(peak FLOP/s of the run or None, [{name, kind, flops_per_step, step_time_s}]) of an `mm-ds bench --json`."""
+    """(peak FLOP/s of the run or None, [{name, formula, flops_per_step, step_time_s}]) of an `mm-ds bench --json`."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -177,7 +177,7 @@ def read_bench(path: str | Path) -> tuple[float | None, list[dict]]:
         if "flops_per_step" not in r or "step_time_s" not in r:
             raise ValueError(f"--bench {path}: stage {r.get('name', r)!r} lacks flops_per_step or step_time_s")
         name = r.get("name", r.get("kind", "?"))
-        rows.append({"name": name, "kind": r.get("kind") or _BENCH_KIND.get(name, name),
+        rows.append({"name": name, "formula": r.get("kind") or _BENCH_KIND.get(name, name),  # bench's name for it
                      "flops_per_step": float(r["flops_per_step"]), "step_time_s": float(r["step_time_s"])})
     peak = data.get("peak", {})
     peak = peak.get("used_flops") if isinstance(peak, dict) else None
@@ -187,18 +187,18 @@ def read_bench(path: str | Path) -> tuple[float | None, list[dict]]:
 
 def bench_check(peak: float | None, bench: list[dict], mfu: float) -> str:
     """Estimated vs measured step time of each benchmarked stage on the machine that ran the benchmark."""
-    ref = next((r for r in bench if r["kind"] == "pretrain"), bench[0])
+    ref = next((r for r in bench if r["formula"] == "pretrain"), bench[0])
     ref_mfu = ref["flops_per_step"] / ref["step_time_s"] / peak if peak else None
     lines = [f"compute model vs `mm-ds bench` (peak {peak / 1e12:.3f} TFLOP/s measured in that run)" if peak else
              "compute model vs `mm-ds bench` (no peak in the file: calibrated estimate only)",
-             "| stage | kind | GFLOP/step | measured s | TFLOP/s | MFU | est. s at plan MFU | est. s calibrated "
+             "| stage | formula | GFLOP/step | measured s | TFLOP/s | MFU | est. s at plan MFU | est. s calibrated "
              f"on {ref['name']} | measured / calibrated |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in bench:
         achieved = r["flops_per_step"] / r["step_time_s"]
         est = f"{r['flops_per_step'] / (peak * mfu):.3f}" if peak else "-"
         # The same achieved FLOP/s as the reference stage: how well the formulas predict relative cost.
         cal = r["flops_per_step"] / (ref["flops_per_step"] / ref["step_time_s"])
-        lines.append(f"| {r['name']} | {r['kind']} | {r['flops_per_step'] / 1e9:.1f} | {r['step_time_s']:.3f} | "
+        lines.append(f"| {r['name']} | {r['formula']} | {r['flops_per_step'] / 1e9:.1f} | {r['step_time_s']:.3f} | "
                      f"{achieved / 1e12:.4f} | {f'{achieved / peak:.1%}' if peak else '-'} | {est} | {cal:.3f} | "
                      f"{r['step_time_s'] / cal:.2f} |")
     if ref_mfu is not None:

@@ -52,11 +52,11 @@ def recipe_totals(recipe, cfgs: dict, cluster, evaluation) -> list[StepTotal]:
 
     runs = stage_run_costs(recipe, cfgs)
     out, n = [], cluster.gpus
-    for kind, step in STEPS.items():
-        mine = [(key, rows) for key, rows in runs if key.split("/")[0] == kind]
+    for stage, step in STEPS.items():
+        mine = [(key, rows) for key, rows in runs if key.split("/")[0] == stage]
         if not mine:
             continue
-        if kind == "finetune":
+        if stage == "finetune":
             costs = [c for _, rows in mine for c in rows]
             one_gpu = cluster.peak_tflops * 1e12 * cluster.mfu
             seconds = [c.flops / one_gpu for c in costs]
@@ -64,7 +64,7 @@ def recipe_totals(recipe, cfgs: dict, cluster, evaluation) -> list[StepTotal]:
             w = BYTES[cluster.dtype]
             disk = 0.0
             for c in costs:
-                p = stage_params(c.kind, c.hidden, c.vocab, c.layers, c.seq_len)
+                p = stage_params(c.formula, c.hidden, c.vocab, c.layers, c.seq_len)
                 disk += (p.total * w + p.trainable * 12) * c.checkpoints + p.total * 4
             out.append(StepTotal(step, len(mine), f"single-GPU runs, {min(n, len(mine))} at once",
                                  hours, hours * n, sum(seconds) / 3600, disk))
