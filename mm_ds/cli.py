@@ -44,7 +44,7 @@ TOOL_COMMANDS = {
     "presets": ("mm_ds.tools.discover:presets_main", "list the packaged presets, recipes and engine configs; "
                 "--show NAME prints one"),
     "verify": ("mm_ds.tools.verify:main", "check checkpoints or final weights against their manifests"),
-    "bench": ("mm_ds.tools.bench:main", "time every stage kind vs. a matmul peak and transformers; CPU speed targets"),
+    "bench": ("mm_ds.tools.bench:main", "time every stage vs. a matmul peak and transformers; CPU speed targets"),
 }
 
 # Started by `mm-ds run` for its ranks, not by users: they work but `mm-ds --help` does not list them.

@@ -205,11 +205,11 @@ def test_recipe_costs_count_step2_per_depth():
                                   "overrides.adapt/minijoint@1+2=['mini.depth_shares=[1,3]']"])
     rows = recipe_costs(recipe, vocab=200)
     multi = [r for r in rows if r.system == "MINIJOINT@1+2"]
-    step2 = [r for r in multi if r.stage == "step2"]
+    step2 = [r for r in multi if r.step == "step2"]
     steps = sum(r.steps for r in step2)
     assert [(r.layers, r.steps) for r in step2] == [(1, round(steps / 4)), (2, steps - round(steps / 4))]
-    assert [r.secondary_heads for r in multi if r.stage == "step1"] == [2]
-    single = next(r for r in rows if r.system == "MINIJOINT" and r.stage == "step1")
+    assert [r.secondary_heads for r in multi if r.step == "step1"] == [2]
+    single = next(r for r in rows if r.system == "MINIJOINT" and r.step == "step1")
     assert multi[0].flops > single.flops  # one extra head's cost
 
 

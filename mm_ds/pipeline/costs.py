@@ -21,7 +21,7 @@ from ..systems import system_of
 class StageCost:
     system: str
     """The paper's name (BL_BASE, ...)."""
-    stage: str
+    step: str
     """The paper's step: step1, step1b, step2 (multi-depth: one step2 row per depth, in order)."""
     formula: str
     """The FLOPs formula (flops.FORMULAS)."""
@@ -109,11 +109,11 @@ class _Prices:
         self.cfgs, self.changes = cfgs, changes
         self.vocab = int(recipe.prepare.get("vocab_size", 50_000))
 
-    def _row(self, label, primary, stage, formula, cfg, layers, trainable=None) -> StageCost:
+    def _row(self, label, primary, step, formula, cfg, layers, trainable=None) -> StageCost:
         from ..runtime.ds_config import global_batch
 
         model = self.cfgs[f"pretrain/{primary}"].model
-        row = StageCost(label, stage, formula, layers, trainable, cfg.train.steps, global_batch(cfg), cfg.data.seq_len,
+        row = StageCost(label, step, formula, layers, trainable, cfg.train.steps, global_batch(cfg), cfg.data.seq_len,
                         model.hidden_size, model.vocab_size or self.vocab, cfg.data.mask_prob, cfg.train.checkpoints())
         return replace(row, **self.changes)
 
@@ -203,10 +203,10 @@ def step2_phases(cfg, depths: tuple[int, ...], steps: int | None = None) -> list
 
 
 def format_costs(rows: list[StageCost]) -> str:
-    head = "| system | stage | formula | layers | trainable | steps | batch | seq | EFLOPs | V100-days |"
+    head = "| system | step | formula | layers | trainable | steps | batch | seq | EFLOPs | V100-days |"
     lines = [head, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r.system} | {r.stage} | {r.formula} | {r.layers} | {r.trainable_layers or ''} | "
+        lines.append(f"| {r.system} | {r.step} | {r.formula} | {r.layers} | {r.trainable_layers or ''} | "
                      f"{r.steps:,} | {r.global_batch} | {r.seq_len} | {r.flops / flops.EXA:.3g} | {r.v100_days:.3g} |")
     return "\n".join(lines)
 

@@ -248,7 +248,7 @@ def _one_job(recipe: Recipe, out: Path, todo: list[StageRun], packed: list[Stage
     entries += [["run-align", str(a)]] if (a := align_spec(recipe, out)) else []  # after Step 4, on every rank
     job_file.write_text(json.dumps(entries, indent=1))
     cfg = from_dict(LaunchConfig, recipe.launch)
-    say(f"{len(todo)} stages, {len(packed)} single-device Step-3 runs and the evaluation in one job of "
+    say(f"{len(todo)} stage runs, {len(packed)} single-device Step-3 runs and the evaluation in one job of "
         f"{cfg.world_size} ranks; its log: {out / 'logs' / 'job.log'}")
     try:
         _run_logged(command(cfg, ["run-job", str(job_file)]) if cfg.launcher != "none"
@@ -332,7 +332,7 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     spread_alignment(recipe, out, job_ran_it=job_ran_eval)
     _write_results(recipe, out, rows)
     from ..report.report import MLM_DIR
-    say(f"{len(runs)} stages, {time.time() - t0:.0f} s; "
+    say(f"{len(runs)} stage runs, {time.time() - t0:.0f} s; "
         + (f"results: {out / 'results.md'} (rows: {out / 'results.jsonl'})" if recipe.tasks
            else f"MLM-level results: {out / 'report' / MLM_DIR / 'tables.md'} (rows: {out / 'align.jsonl'})"))
     return 0

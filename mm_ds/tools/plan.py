@@ -129,14 +129,14 @@ def format_plan(rows: list[StagePlan], c: Cluster) -> str:
             f"{c.micro_batch}; all-reduce busbw "
             f"{c.intra_gbps:g} GB/s intra-node, {c.inter_gbps:g} GB/s inter-node (using "
             f"{c.busbw / 1e9:g}); overlap {c.overlap:g}")
-    cols = ["system", "stage", "formula", "layers", "params M", "trainable M", "steps", "accum", "PFLOP/step",
+    cols = ["system", "step", "formula", "layers", "params M", "trainable M", "steps", "accum", "PFLOP/step",
             "compute s", "comm GB/GPU", "comm s", "step s", "hours", "GPU-h"]
     if c.usd_per_gpu_hour:
         cols.append("USD")
     cols += ["ckpt GB", "x ckpts", "final GB"]
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        cells = [r.system, r.stage, r.formula, str(r.layers), f"{r.params / 1e6:.1f}", f"{r.trainable / 1e6:.2f}",
+        cells = [r.system, r.step, r.formula, str(r.layers), f"{r.params / 1e6:.1f}", f"{r.trainable / 1e6:.2f}",
                  f"{r.steps:,}", str(r.grad_accum), f"{r.flops_per_step / 1e15:.2f}", f"{r.compute_s:.3f}",
                  _gb(r.comm_bytes), f"{r.comm_s:.4f}", f"{r.step_s:.3f}", f"{r.hours:.1f}", f"{r.gpu_hours:,.0f}"]
         if c.usd_per_gpu_hour:
@@ -146,7 +146,7 @@ def format_plan(rows: list[StagePlan], c: Cluster) -> str:
     lines.append("")
     for system in dict.fromkeys(r.system for r in rows):
         rs = [r for r in rows if r.system == system]
-        s2 = [r for r in rs if r.stage == "step2"]
+        s2 = [r for r in rs if r.step == "step2"]
         disk = sum(r.ckpt_bytes * r.checkpoints + r.final_bytes for r in rs)
         usd = f", {sum(r.usd for r in rs):,.0f} USD" if c.usd_per_gpu_hour else ""
         lines.append(f"{system}: {sum(r.hours for r in rs):.1f} h, {sum(r.gpu_hours for r in rs):,.0f} GPU-h{usd} "
@@ -211,12 +211,12 @@ def bench_check(peak: float | None, bench: list[dict], mfu: float) -> str:
 def measured_check(rows: list[StagePlan], c: Cluster, tflops: float) -> str:
     lines = [f"compute at a measured {tflops:g} TFLOP/s per GPU (MFU {tflops / c.peak_tflops:.1%} of "
              f"{c.peak_tflops:g}) vs the plan's {c.mfu:g}:",
-             "| system | stage | est. compute s/step | at measured s/step | est. hours | at measured hours |",
+             "| system | step | est. compute s/step | at measured s/step | est. hours | at measured hours |",
              "|---|---|---:|---:|---:|---:|"]
     for r in rows:
         meas = r.flops_per_step / (c.gpus * tflops * 1e12)
         step = meas + (1 - c.overlap) * r.comm_s
-        lines.append(f"| {r.system} | {r.stage} | {r.compute_s:.3f} | {meas:.3f} | {r.hours:.1f} | "
+        lines.append(f"| {r.system} | {r.step} | {r.compute_s:.3f} | {meas:.3f} | {r.hours:.1f} | "
                      f"{step * r.steps / 3600:.1f} |")
     return "\n".join(lines)
 

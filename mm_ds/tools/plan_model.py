@@ -134,7 +134,7 @@ def comm_bytes_per_step(zero: int, n: int, trainable: int, total: int, grad_accu
 @dataclass(frozen=True)
 class StagePlan:
     system: str
-    stage: str
+    step: str
     formula: str
     layers: int
     steps: int
@@ -162,7 +162,7 @@ def plan_stages(costs: list[StageCost], cluster: Cluster) -> list[StagePlan]:
         B, s = cost.global_batch, cost.seq_len
         n = cluster.gpus
         if B % (cluster.micro_batch * n):
-            raise ValueError(f"{cost.system} {cost.stage}: global batch {B} is not divisible by micro batch "
+            raise ValueError(f"{cost.system} {cost.step}: global batch {B} is not divisible by micro batch "
                              f"{cluster.micro_batch} x {n} GPUs; change --micro-batch or the cluster size")
         accum = B // (cluster.micro_batch * n)
         pc = stage_params(cost.formula, cost.hidden, cost.vocab, cost.layers, s, cost.trainable_layers,
@@ -176,7 +176,7 @@ def plan_stages(costs: list[StageCost], cluster: Cluster) -> list[StagePlan]:
         gpu_hours = hours * n
         w = BYTES[cluster.dtype]
         rows.append(StagePlan(
-            cost.system, cost.stage, cost.formula, cost.layers, cost.steps, B, accum, pc.total, pc.trainable,
+            cost.system, cost.step, cost.formula, cost.layers, cost.steps, B, accum, pc.total, pc.trainable,
             cost.flops_per_step, compute, vol, comm, step, hours, gpu_hours,
             gpu_hours * cluster.usd_per_gpu_hour if cluster.usd_per_gpu_hour else None,
             pc.total * w + pc.trainable * 12, pc.total * 4, cost.checkpoints))
