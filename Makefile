@@ -40,7 +40,8 @@ test-gpu: $(STAMP)
 	$(PY) tests/gpu/fused_adam.py --gpu
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests/gpu -m gpu
 
-# The paper recipe's structure on the real data in ../shared/data, per-stage launches (about 15 minutes).
+# tests/rehearsal.yaml: the paper recipe's structure on the real data in ../shared/data, per-stage launches (about 15
+# minutes; the test makes the English training files the data lacks and passes them in as task_root).
 rehearsal: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m rehearsal
 

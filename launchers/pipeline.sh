@@ -9,7 +9,7 @@
 # Knobs (environment; unset ones keep the recipe's `launch:`): LAUNCH_WITH=deepspeed|mpirun|srun|none;
 # NPROC_PER_NODE (launch.ranks); NNODES (launch.nodes); HOSTFILE (launch.hostfile); MASTER_ADDR; MASTER_PORT;
 # LAUNCHER=pdsh|openmpi|mvapich|slurm|mpich|impi (deepspeed's way to the other nodes); PYTHON.
-# Run it on one machine (it starts every node itself); finished stages are skipped on a re-run.
+# Run it on one machine (it starts every node itself); finished stage runs are skipped on a re-run.
 set -euo pipefail
 exec "${PYTHON:-python}" -m mm_ds.cli run "$@" ${LAUNCH_WITH:+--launch launcher="$LAUNCH_WITH"} \
     ${NPROC_PER_NODE:+--launch ranks="$NPROC_PER_NODE"} ${NNODES:+--launch nodes="$NNODES"} \

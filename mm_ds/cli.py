@@ -32,7 +32,7 @@ TOOL_COMMANDS = {
                "model for the new language: import, Step 1b, prepare, Step 2, export, with resume and --check"),
     "world": ("mm_ds.data.world:main", "generate the synthetic multilingual world (the embedded default data)"),
     "score": ("mm_ds.eval.score:main", "score a predictions file as the official evaluation scripts would"),
-    "flops": ("mm_ds.tools.costs:main", "analytic training FLOPs and V100-days of a recipe's stages"),
+    "flops": ("mm_ds.pipeline.costs:main", "analytic training FLOPs and V100-days of a recipe's stages"),
     "plan": ("mm_ds.tools.plan:main", "time, GPU-hours, communication and disk of a recipe's stages on a GPU cluster"),
     "report": ("mm_ds.report.report:main", "tables, curves and speedups from evaluated checkpoints"),
     "align": ("mm_ds.eval.align:main", "alignment check: held-out target MLM of each Step-2 mini-model and of its "
@@ -44,7 +44,7 @@ TOOL_COMMANDS = {
     "presets": ("mm_ds.tools.discover:presets_main", "list the packaged presets, recipes and engine configs; "
                 "--show NAME prints one"),
     "verify": ("mm_ds.tools.verify:main", "check checkpoints or final weights against their manifests"),
-    "bench": ("mm_ds.tools.bench:main", "time every stage kind vs. a matmul peak and transformers; CPU speed targets"),
+    "bench": ("mm_ds.tools.bench:main", "time every stage vs. a matmul peak and transformers; CPU speed targets"),
 }
 
 # Started by `mm-ds run` for its ranks, not by users: they work but `mm-ds --help` does not list them.

@@ -332,7 +332,7 @@ def _rank0_points(root: Path, corpus: Path) -> dict:
         return pipeline.job_main([str(run / "job.json")])
 
     def evaluation(run: Path):
-        from mm_ds.pipeline.recipe import load_recipe
+        from mm_ds.recipe import load_recipe
         (run / "recipe.json").write_text(json.dumps(asdict(load_recipe("tiny", ["curve=false"]))))
         return transfer.run_eval_main([str(run / "logs" / "eval.json"), str(run / "recipe.json"), str(run)])
 

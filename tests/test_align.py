@@ -249,7 +249,7 @@ def test_the_command_writes_the_table_and_curves(fake_out, tmp_path, capsys):
 def test_the_recipe_checks_its_heldout_files(tmp_path):
     from mm_ds.pipeline.check import check
     from mm_ds.config import ConfigError
-    from mm_ds.pipeline.recipe import load_recipe
+    from mm_ds.recipe import load_recipe
 
     with pytest.raises(ConfigError, match="heldout.t9 is not a target language"):
         load_recipe("tiny", ["heldout.t9=x.txt"])

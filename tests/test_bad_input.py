@@ -14,7 +14,7 @@ import pytest
 from mm_ds.runtime import checkpoint, ds_config, launch
 from mm_ds import config
 from mm_ds.pipeline import run as pipeline
-from mm_ds.pipeline import recipe as recipe_mod
+from mm_ds import recipe as recipe_mod
 from mm_ds.tools import verify
 from mm_ds.config import ConfigError, LaunchConfig
 from mm_ds.data import task_files, tasks

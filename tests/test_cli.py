@@ -19,7 +19,8 @@ from mm_ds import cli, config
 from mm_ds.runtime import ds_config
 from mm_ds.pipeline import run as pipeline
 from mm_ds.config import ConfigError
-from mm_ds.pipeline.recipe import load_recipe, recipe_names
+from mm_ds.config import recipe_names
+from mm_ds.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +54,7 @@ def test_help_lists_every_packaged_recipe(capsys):
     _, out, _ = run(capsys, "--help")
     (line,) = [line for line in out.splitlines() if line.startswith("  run ")]
     assert f"({', '.join(recipe_names())}; or your YAML file)" in line
-    assert {"depths", "rehearsal", "tiny", "quick", "paper"} <= set(recipe_names())
+    assert {"depths", "tiny", "quick", "paper"} <= set(recipe_names())
     _, out, _ = run(capsys, "run", "--help")
     assert all(name in out for name in recipe_names())
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mm_ds import cli, config
-from mm_ds.pipeline.recipe import recipe_names
+from mm_ds.config import recipe_names
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "docs" / "bench.md", *sorted((ROOT / "mm_ds").rglob("*.py")), *sorted((ROOT / "launchers").glob("*"))]

@@ -45,7 +45,7 @@ def test_predictions_do_not_depend_on_batching(world, task):
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=sp.get_piece_size(), hidden_size=32, num_layers=2, num_heads=2, ffn_size=64,
                       max_positions=128, init_std=0.5)  # at 0.02 a random model predicts one class for all
-    model = RobertaForTask(cfg, spec.kind, spec.num_labels)
+    model = RobertaForTask(cfg, spec.task_type, spec.num_labels)
     one_by_one, _ = predict(model, spec, examples, sp, batch_size=1)  # no padding at all
     batched, _ = predict(model, spec, examples, sp, batch_size=16)
     assert batched == one_by_one
@@ -65,8 +65,8 @@ def test_a_result_scored_on_another_kind_of_device_is_scored_again(world, tmp_pa
     cfg = ModelConfig(vocab_size=sp.get_piece_size(), hidden_size=16, num_layers=1, num_heads=2, ffn_size=32,
                       max_positions=64, init_std=0.5)
     torch.manual_seed(0)
-    checkpoint.write_final(tmp_path / "ft" / "final", RobertaForTask(cfg, spec.kind, spec.num_labels).state_dict(),
-                           {"stage": "finetune", "system": "bl_base", "task": "xnli", "kind": spec.kind,
+    checkpoint.write_final(tmp_path / "ft" / "final", RobertaForTask(cfg, spec.task_type, spec.num_labels).state_dict(),
+                           {"stage": "finetune", "system": "bl_base", "task": "xnli", "kind": spec.task_type,
                             "num_labels": spec.num_labels, "model": to_dict(cfg), "tokenizer": str(tok)})
     units = [u for s in ("bl_base", "minipost")
              for u in transfer.units_for("xnli", "en", [s], [str(tmp_path / "ft")], "test", limit=20)]

@@ -3,9 +3,9 @@ import json
 import pytest
 
 from mm_ds.model import flops as F
-from mm_ds.pipeline.recipe import load_recipe
-from mm_ds.tools import costs
-from mm_ds.tools.costs import recipe_costs
+from mm_ds.recipe import load_recipe
+from mm_ds.pipeline import costs
+from mm_ds.pipeline.costs import recipe_costs
 
 # The paper's setting (§3, A.1).
 PAPER = dict(h=768, V=50_000, s=512, p=0.15, B=2048, U=125_000)
@@ -115,7 +115,7 @@ def test_stage_flops_per_step_matches_the_stage_formulas():
 
 def test_stage_flops_errors_name_the_problem():
     shape = dict(hidden=2, vocab=3, layers=1, seq_len=4, mask_prob=0.5, global_batch=1)
-    with pytest.raises(ValueError, match="unknown stage kind 'train'"):
+    with pytest.raises(ValueError, match="unknown FLOPs formula 'train'"):
         F.stage_flops_per_step("train", **shape)
     with pytest.raises(ValueError, match="needs trainable_layers"):
         F.stage_flops_per_step("build_mini", **shape)
@@ -125,19 +125,19 @@ def test_stage_flops_errors_name_the_problem():
 
 def test_paper_recipe_costs():
     """The paper recipe is presets/recipes/paper.yaml and its presets: its costs are the paper's."""
-    costs = {(r.system, r.stage): r for r in recipe_costs(load_recipe("paper"))}
+    costs = {(r.system, r.step): r for r in recipe_costs(load_recipe("paper"))}
     assert round(costs[("BL_BASE", "step2")].flops / F.EXA, 1) == 54.1
     assert round(costs[("MINIPOST", "step1b")].flops / F.EXA, 1) == 21.6
     assert round(costs[("MINIPOST", "step2")].v100_days, 1) == 11.3
     assert round(costs[("MINIJOINT", "step1")].v100_days, 1) == 32.2
-    assert [c.kind for c in costs.values()] == ["pretrain", "adapt", "pretrain", "adapt", "pretrain_secondary", "adapt",
+    assert [c.formula for c in costs.values()] == ["pretrain", "adapt", "pretrain", "adapt", "pretrain_secondary", "adapt",
                                                 "pretrain", "build_mini", "adapt"]  # the systems table's formulas
 
 
 def test_changes_apply_to_every_stage():
     rows = recipe_costs(load_recipe("paper"), ["BL_BASE"], steps=10, global_batch=1, hidden=2, vocab=3, seq_len=4,
                         mask_prob=0.5)
-    assert [(r.stage, r.steps, r.flops) for r in rows] == [("step1", 10, F.pretrain_flops(2, 3, 12, 4, 0.5, 1, 10)),
+    assert [(r.step, r.steps, r.flops) for r in rows] == [("step1", 10, F.pretrain_flops(2, 3, 12, 4, 0.5, 1, 10)),
                                                            ("step2", 10, F.adapt_flops(2, 3, 12, 4, 0.5, 1, 10))]
     with pytest.raises(ValueError, match="cannot change layers"):
         recipe_costs(load_recipe("paper"), layers=3)
@@ -153,7 +153,7 @@ def test_main_prints_every_stage(capsys):
 def test_the_paper_run_recipe_costs_what_the_paper_says(capsys):
     """`mm-ds flops paper` reads the stage presets `mm-ds run paper` would use."""
     assert costs.main(["paper", "--json"]) == 0
-    rows = {(r["system"], r["stage"]): r for r in json.loads(capsys.readouterr().out)["stages"]}
+    rows = {(r["system"], r["step"]): r for r in json.loads(capsys.readouterr().out)["stages"]}
     # Table 2's Step-2 costs and A4's 21.6 for MINIPOST's Step 1b, from the presets themselves.
     expect = {("BL_BASE", "step2"): 54.1, ("BL_SMALL", "step2"): 21.1, ("MINIJOINT", "step2"): 21.1,
               ("MINIPOST", "step2"): 29.3, ("MINIPOST", "step1b"): 21.6}
@@ -164,7 +164,7 @@ def test_the_paper_run_recipe_costs_what_the_paper_says(capsys):
 def test_main_overrides_and_json(capsys):
     assert costs.main(["--system", "MINIPOST", "--steps", "10000", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    step2 = [r for r in doc["stages"] if r["stage"] == "step2"][0]
+    step2 = [r for r in doc["stages"] if r["step"] == "step2"][0]
     assert round(step2["flops"] / F.EXA, 2) == 2.35 and {r["steps"] for r in doc["stages"]} == {10000}
     assert costs.main(["--system", "NOPE"]) == 2
     assert "--system NOPE not in the recipe" in capsys.readouterr().err

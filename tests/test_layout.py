@@ -13,27 +13,37 @@ MAX_FUNCTION_LINES = 80
 DISPATCH = re.compile(r"mm_ds(\.\w+)+(:\w+)?")
 """A string that is a module's name, or module:function: `importlib.import_module` and the CLI's tables call it."""
 
-# Where a module lives: its folder under mm_ds/, or "base" for the top-level modules every folder reads (config,
-# coerce, systems, tokens) and "entry" for the entry points (the package's __init__, cli, rank).
-ENTRY = {"mm_ds", "mm_ds.cli", "mm_ds.rank"}
+# The layers, bottom-up, as the README's code map lists them: a module imports its own layer and those below, never
+# one above. "base" is the top-level modules every folder reads (config, coerce, systems, tokens); "entry" the entry
+# points (the package's __init__, cli, rank). The last column names arrows that must stay forbidden (the order
+# already forbids them; test_the_table_forbids_the_named_arrows keeps it so when the table changes).
+LAYERS = (
+    # layer              owns                                                     never imports, e.g.
+    (("base", "data"),   "configs, the systems table, corpora, the task table",   ()),
+    (("model",),         "the MLM, heads, surgery, FLOPs formulas",               ()),
+    (("runtime",),       "one stage on many ranks: engine, dist, checkpoint",     ("stages", "eval", "report", "pipeline")),
+    (("interop",),       "foreign checkpoints in, Hugging Face out",              ()),
+    (("stages",),        "one module per training stage",                         ("recipe", "pipeline")),
+    (("recipe",),        "mm_ds/recipe.py: a recipe's keys, its run tree's layout", ()),
+    (("report",),        "records -> tables, curves, figures",                    ("eval", "pipeline")),
+    (("eval",),          "Step 4, metrics, the alignment check",                  ("pipeline",)),
+    (("pipeline",),      "`mm-ds run`: stage runs, check, packing, costs, extend", ("tools",)),
+    (("tools",),         "plan, bench, discover, verify: around the pipeline",    ()),
+    (("entry",),         "cli, rank: nothing imports them",                       ()),
+)
 FOLDERS = ("data", "model", "runtime", "interop", "stages", "eval", "report", "pipeline", "tools")
-LAYERS = (("base", "data"), ("model",), ("runtime",), ("interop",), ("stages",), ("report",), ("eval",),
-          ("pipeline",), ("tools",), ("entry",))
-"""Bottom-up, as the README's code map lists them: a module imports its own layer and those below, never above."""
-LAYER = {f: i for i, names in enumerate(LAYERS) for f in names}
-UPWARD_TODAY = {
-    # the run tree's layout (MINI_DIR, primaries, task_root, data_path) lives in the recipe
-    ("mm_ds.eval.align", "mm_ds.pipeline.recipe"), ("mm_ds.eval.align_spread", "mm_ds.pipeline.recipe"),
-    ("mm_ds.eval.transfer", "mm_ds.pipeline.recipe"), ("mm_ds.report.analyses", "mm_ds.pipeline.recipe"),
-    # Step 3's packing orders its runs by their analytic cost
-    ("mm_ds.pipeline.pack", "mm_ds.tools.costs"),
-}
-"""The arrows that still climb, each named: no other may join them; moving the shared piece down removes one."""
+MODULE_LAYER = {"mm_ds.recipe": "recipe"}
+"""Top-level modules with a layer of their own (the others are base)."""
+ENTRY = {"mm_ds", "mm_ds.cli", "mm_ds.rank"}
+LAYER = {name: i for i, (names, _, _) in enumerate(LAYERS) for name in names}
+FORBIDDEN = {(name, above) for names, _, never in LAYERS for name in names for above in never}
 
 
 def folder(module: str) -> str:
     if module in ENTRY:
         return "entry"
+    if module in MODULE_LAYER:
+        return MODULE_LAYER[module]
     part = module.split(".")[1]
     return part if part in FOLDERS else "base"
 
@@ -131,29 +141,31 @@ def climbs(module: str, imported: str) -> bool:
 
 
 def test_arrows_do_not_climb_back_up():
-    """runtime never imports stages, eval, report or the pipeline; stages never import the recipe; ..."""
-    bad = sorted(f"{m} -> {d}" for m, deps in graph().items() for d in deps
-                 if climbs(m, d) and (m, d) not in UPWARD_TODAY)
+    """runtime never imports stages, eval, report or the pipeline; stages never import the recipe; ... (LAYERS)."""
+    bad = sorted(f"{m} -> {d}" for m, deps in graph().items() for d in deps if climbs(m, d))
     assert bad == [], "these imports climb back up; move the shared piece down instead:\n" + "\n".join(bad)
 
 
-def test_the_named_climbing_arrows_still_exist():  # one that is gone leaves the list
-    g = graph()
-    assert {(m, d) for m, d in UPWARD_TODAY if d in g[m]} == UPWARD_TODAY
+def test_the_table_forbids_the_named_arrows():
+    assert [(a, b) for a, b in sorted(FORBIDDEN) if not LAYER[b] > LAYER[a]] == []
 
 
 def test_the_folder_rule_finds_a_climbing_arrow():  # a test that cannot fail is a defect
-    assert climbs("mm_ds.stages.adapt", "mm_ds.pipeline.recipe")
+    assert climbs("mm_ds.stages.adapt", "mm_ds.recipe")
+    assert climbs("mm_ds.eval.transfer", "mm_ds.pipeline.stage_runs")
+    assert climbs("mm_ds.report.analyses", "mm_ds.pipeline.run")
+    assert climbs("mm_ds.pipeline.pack", "mm_ds.tools.plan")
     assert climbs("mm_ds.runtime.engine", "mm_ds.pipeline.run")
     assert climbs("mm_ds.runtime.engine", "mm_ds.stages.adapt")
     assert climbs("mm_ds.pipeline.run", "mm_ds.cli")
     assert not climbs("mm_ds.stages.adapt", "mm_ds.runtime.engine")
+    assert not climbs("mm_ds.eval.transfer", "mm_ds.recipe")
     assert not climbs("mm_ds.config", "mm_ds.data.tasks")
 
 
 def test_relative_imports_resolve_to_package_modules():
     g = graph()
-    assert "mm_ds.model.flops" in g["mm_ds.tools.costs"] and "mm_ds.pipeline.recipe" in g["mm_ds.tools.costs"]
+    assert "mm_ds.model.flops" in g["mm_ds.pipeline.costs"] and "mm_ds.pipeline.stage_runs" in g["mm_ds.pipeline.costs"]
     assert "mm_ds.runtime.checkpoint" in g["mm_ds.pipeline.run"]
 
 
@@ -182,3 +194,30 @@ def test_one_definition_per_name():
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in ONE_NAME:
                 where.setdefault(node.name, []).append(module_name(p))
     assert {n: ms for n, ms in where.items() if len(ms) > 1} == {}
+
+
+DEEPSPEED_FILES = re.compile(r"mp_rank_|zero_pp_rank|optim_states|model_states|latest_universal|global_step"
+                             r"|[\"']latest[\"']")
+"""The names of DeepSpeed's checkpoint files and pointers (`mp_rank_00_model_states.pt`, `*_optim_states.pt`, the
+`latest` and `latest_universal` pointers, `global_step*` tags)."""
+LAYOUT_OWNER = PACKAGE / "runtime" / "checkpoint.py"
+
+
+def names_deepspeed_files(text: str) -> list[str]:
+    return sorted({m.group(0) for m in DEEPSPEED_FILES.finditer(text)})
+
+
+def test_only_the_checkpoint_module_knows_deepspeeds_layout():
+    """A module that needs something from an engine checkpoint asks mm_ds/runtime/checkpoint.py for it: one module
+    changes when DeepSpeed's layout does."""
+    bad = {str(p.relative_to(PACKAGE.parent)): found for p in sorted(PACKAGE.rglob("*.py"))
+           if p != LAYOUT_OWNER and (found := names_deepspeed_files(p.read_text()))}
+    assert bad == {}, f"these name DeepSpeed's checkpoint files; add a function to {LAYOUT_OWNER.name} instead: {bad}"
+
+
+def test_the_layout_scan_finds_deepspeeds_file_names():  # a test that cannot fail is a defect
+    assert names_deepspeed_files('torch.load(d / "mp_rank_00_model_states.pt")') == ["model_states", "mp_rank_"]
+    assert names_deepspeed_files("(ckpt / 'latest').read_text()") == ["'latest'"]
+    assert names_deepspeed_files("glob('bf16_zero_pp_rank_*_optim_states.pt')") == ["optim_states", "zero_pp_rank"]
+    assert names_deepspeed_files("latest_tag(run_dir); checkpoint.LATEST") == []
+    assert names_deepspeed_files(LAYOUT_OWNER.read_text())

@@ -19,7 +19,7 @@ from mm_ds.config import ConfigError, ModelConfig
 from mm_ds.model.model import RobertaMLM, is_language_param, param_shapes
 from mm_ds.runtime.phases import DepthSchedule, schedule_for
 from mm_ds.systems import system_of
-from mm_ds.tools.costs import recipe_costs, step2_phases
+from mm_ds.pipeline.costs import recipe_costs, step2_phases
 from mm_ds.runtime.train_log import Settled
 
 TINY = dict(vocab_size=40, hidden_size=16, num_layers=5, num_heads=2, ffn_size=32, max_positions=32)
@@ -200,16 +200,16 @@ def test_flops_per_phase_and_per_head():
 
 
 def test_recipe_costs_count_step2_per_depth():
-    from mm_ds.pipeline.recipe import load_recipe
+    from mm_ds.recipe import load_recipe
     recipe = load_recipe("tiny", ["systems=[minijoint,minijoint@1+2]", "seeds=[1]", "tasks=[xnli]", "langs=[t1]",
                                   "overrides.adapt/minijoint@1+2=['mini.depth_shares=[1,3]']"])
     rows = recipe_costs(recipe, vocab=200)
     multi = [r for r in rows if r.system == "MINIJOINT@1+2"]
-    step2 = [r for r in multi if r.stage == "step2"]
+    step2 = [r for r in multi if r.step == "step2"]
     steps = sum(r.steps for r in step2)
     assert [(r.layers, r.steps) for r in step2] == [(1, round(steps / 4)), (2, steps - round(steps / 4))]
-    assert [r.secondary_heads for r in multi if r.stage == "step1"] == [2]
-    single = next(r for r in rows if r.system == "MINIJOINT" and r.stage == "step1")
+    assert [r.secondary_heads for r in multi if r.step == "step1"] == [2]
+    single = next(r for r in rows if r.system == "MINIJOINT" and r.step == "step1")
     assert multi[0].flops > single.flops  # one extra head's cost
 
 
@@ -282,7 +282,7 @@ def test_step2_resumes_exactly_across_a_depth_switch(tmp_path, mode):
 
 def test_the_recipe_check_passes_a_multidepth_recipe_and_refuses_a_bad_schedule(tmp_path):
     from mm_ds.pipeline.check import check
-    from mm_ds.pipeline.recipe import load_recipe
+    from mm_ds.recipe import load_recipe
     base = ["systems=[bl_base,minijoint@1+2]", "seeds=[1]", "tasks=[xnli]", "langs=[t1]"]
     report = check(load_recipe("tiny", [*base, "overrides.adapt/minijoint@1+2=['mini.plateau_window=20']"]),
                    tmp_path / "a", strict=False)
@@ -327,4 +327,4 @@ def test_a_multidepth_run_trains_in_bf16_under_zero_on_two_ranks_launched_per_st
     assert meta["depth_phases"] == [[1, 0, 4], [2, 4, 8]]
     assert {"secondary_head.bias", "head.bias"} <= set(sd)
     rows = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
-    assert any(r["system"] == "minijoint@1+2" and r["kind"] == "adapted" and r["lang"] == "t1" for r in rows)
+    assert any(r["system"] == "minijoint@1+2" and r["condition"] == "adapted" and r["lang"] == "t1" for r in rows)

@@ -81,9 +81,9 @@ def models(tmp_path_factory):
         for seed in (1, 2):
             torch.manual_seed(seed)
             runs[task, seed] = root / "finetune" / task / f"seed{seed}"
-            checkpoint.write_final(runs[task, seed] / "final", RobertaForTask(cfg, spec.kind, spec.num_labels)
+            checkpoint.write_final(runs[task, seed] / "final", RobertaForTask(cfg, spec.task_type, spec.num_labels)
                                    .state_dict(), {"stage": "finetune", "system": "bl_base", "task": task,
-                                                   "kind": spec.kind, "num_labels": spec.num_labels,
+                                                   "kind": spec.task_type, "num_labels": spec.num_labels,
                                                    "model": to_dict(cfg), "tokenizer": str(toks["en"])})
     group = {"embed.tokens.weight": torch.randn(sizes["t1"], 16), "head.bias": torch.zeros(sizes["t1"])}
     checkpoint.write_final(root / "adapt" / "final", group, {"stage": "adapt", "system": "bl_base", "lang": "t1",

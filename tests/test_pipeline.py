@@ -22,7 +22,7 @@ from mm_ds.runtime import checkpoint
 from mm_ds.model import surgery
 from mm_ds.config import ConfigError, model_config_from_dict
 from mm_ds.model.model import LANGUAGE_PARAMS
-from mm_ds.pipeline.recipe import load_recipe
+from mm_ds.recipe import load_recipe
 
 SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.ffn_size=64"]
 MICRO = ["train.micro_batch=8"]  # 32 sequences on 2 ranks: 2 micro-steps, accumulated in fp32
@@ -80,10 +80,10 @@ def test_all_four_systems_have_results(finished):
     _, out, stdout = finished
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     for system in RECIPE["systems"]:
-        kinds = {r["kind"] for r in rows if r["system"] == system}
+        kinds = {r["condition"] for r in rows if r["system"] == system}
         assert kinds == {"source", "adapted", "control"}, (system, kinds)
         steps = sorted(r["step"] for r in rows
-                       if r["system"] == system and r["kind"] == "adapted" and r["task"] == "xnli")
+                       if r["system"] == system and r["condition"] == "adapted" and r["task"] == "xnli")
         assert steps == [4, 5, 8] if system == "bl_base" else [4, 8]  # the curve: every Step-2 checkpoint
     assert "MINIPOST" in stdout and "ctrl" in stdout
     # What a person watching sees: each stage start and end, with its log; the results' paths at the end.
@@ -120,11 +120,11 @@ def test_qa_runs_through_every_step(finished):
     _, out, _ = finished
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     qa = [r for r in rows if r["task"] == "xquad"]
-    assert {(r["system"], r["kind"]) for r in qa} >= {(s, k) for s in RECIPE["systems"]
+    assert {(r["system"], r["condition"]) for r in qa} >= {(s, k) for s in RECIPE["systems"]
                                                        for k in ("source", "adapted", "control")}
     assert all(0.0 <= r["score"] <= 100.0 for r in qa)
     meta, _ = weights(out / "finetune" / "bl_base" / "xquad" / "seed1")
-    assert meta["kind"] == "extractive_qa" and meta["train_features"] >= 50
+    assert meta["task_type"] == "extractive_qa" and meta["train_features"] >= 50
 
 
 def test_qa_training_windows_fit_the_model(finished):
@@ -298,7 +298,7 @@ def test_recipe_errors(tmp_path, bad, needle):
 
 
 def test_task_overrides_reach_only_that_tasks_finetuning(tmp_path):
-    from mm_ds.pipeline.recipe import stage_runs
+    from mm_ds.pipeline.stage_runs import stage_runs
 
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(RECIPE | {"overrides": {"finetune": ["finetune.lr=1e-4"],

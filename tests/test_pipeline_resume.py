@@ -110,6 +110,6 @@ def test_step3_runs_packed_one_per_device_and_a_killed_one_resumes_alone(tmp_pat
     assert {n: (out / n / "final" / "mm_ds.json").stat().st_mtime_ns for n in names[2:]} == finished
     assert sorted(json.loads(f.read_text())["name"] for f in (out / "logs" / "step3").glob("*.json")) == names[:2]
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert {(r["task"], r["kind"]) for r in rows} == {(t, k) for t in ("xnli", "pawsx")
+    assert {(r["task"], r["condition"]) for r in rows} == {(t, k) for t in ("xnli", "pawsx")
                                                      for k in ("source", "adapted", "control")}
     assert all(r["seeds"] == 2 for r in rows)

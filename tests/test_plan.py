@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mm_ds.pipeline.recipe import load_recipe
+from mm_ds.recipe import load_recipe
 from mm_ds.tools import plan
-from mm_ds.tools.costs import recipe_costs
+from mm_ds.pipeline.costs import recipe_costs
 from mm_ds.config import ModelConfig
 from mm_ds.model.model import LANGUAGE_PARAMS, RobertaMLM
 
@@ -64,7 +64,7 @@ def test_the_reduction_dtype_is_the_configs():
 
 def test_paper_plan_numbers():
     c = plan.Cluster(nodes=4, gpus_per_node=8, peak_tflops=989, mfu=0.45)
-    rows = {(r.system, r.stage): r for r in plan.plan_stages(recipe_costs(load_recipe("paper")), c)}
+    rows = {(r.system, r.step): r for r in plan.plan_stages(recipe_costs(load_recipe("paper")), c)}
     r = rows[("BL_BASE", "step1")]
     assert r.compute_s == pytest.approx(r.flops_per_step / (32 * 989e12 * 0.45))
     assert r.grad_accum == 2 and r.checkpoints == 29  # steps 1000-4000, every 5000, the last
@@ -78,7 +78,7 @@ def test_paper_plan_numbers():
     # Checkpoint: bf16 weights of everything + fp32 master and two moments of what trains.
     s2 = rows[("BL_BASE", "step2")]
     assert s2.ckpt_bytes == s2.params * 2 + s2.trainable * 12 and s2.final_bytes == s2.params * 4
-    one_node = {(r.system, r.stage): r for r in plan.plan_stages(recipe_costs(load_recipe("paper")), plan.Cluster(nodes=1))}
+    one_node = {(r.system, r.step): r for r in plan.plan_stages(recipe_costs(load_recipe("paper")), plan.Cluster(nodes=1))}
     assert one_node[("BL_BASE", "step1")].comm_s < r.comm_s  # NVLink instead of the network
 
 
@@ -102,7 +102,7 @@ def test_plan_cli_prints_the_paper_plan():
     assert "Step 2 (per new language)" in out.stdout and "USD" in out.stdout
     assert "measured 300 TFLOP/s per GPU" in out.stdout
     js = json.loads(mm_ds("plan", "--json", "--system", "BL_BASE").stdout)  # registered in the CLI
-    assert [s["stage"] for s in js["stages"]] == ["step1", "step2"]
+    assert [s["step"] for s in js["stages"]] == ["step1", "step2"]
 
 
 def test_plan_bad_input(capsys):
@@ -156,7 +156,7 @@ def test_plan_totals_are_what_mm_ds_run_launches():
     from collections import Counter
 
     from mm_ds.model import flops
-    from mm_ds.pipeline.recipe import stage_configs, stage_runs
+    from mm_ds.pipeline.stage_runs import stage_configs, stage_runs
     from mm_ds.tools.plan_totals import makespan, recipe_totals, refusals
 
     recipe, c = load_recipe("paper"), plan.Cluster(nodes=4, gpus_per_node=8)
@@ -167,7 +167,7 @@ def test_plan_totals_are_what_mm_ds_run_launches():
     assert {s: totals[s].runs for s in ("Step 1", "Step 1b", "Step 2", "Step 3")} == {
         "Step 1": launched["pretrain"], "Step 1b": launched["build_mini"], "Step 2": launched["adapt"],
         "Step 3": launched["finetune"]} == {"Step 1": 3, "Step 1b": 2, "Step 2": 56, "Step 3": 65}
-    per_system = {(r.system, r.stage): r for r in plan.plan_stages(recipe_costs(recipe, cfgs=cfgs), c)}
+    per_system = {(r.system, r.step): r for r in plan.plan_stages(recipe_costs(recipe, cfgs=cfgs), c)}
     assert totals["Step 1"].hours == pytest.approx(sum(per_system[s, "step1"].hours
                                                        for s in ("BL_BASE", "BL_SMALL", "MINIJOINT")))
     assert totals["Step 2"].gpu_hours == pytest.approx(14 * sum(r.gpu_hours for (s, st), r in per_system.items()
@@ -196,7 +196,7 @@ def test_the_paper_depth_sweep_is_planned(capsys):
     """`mm-ds plan paper-depths`: each depth's own Step 1 and its Step 2 over N layers, costed by the same formulas."""
     out = Out(capsys, "paper-depths")
     assert out.returncode == 0, out.stderr
-    rows = {(r.system, r.stage): r for r in plan.plan_stages(recipe_costs(load_recipe("paper-depths")), plan.Cluster())}
+    rows = {(r.system, r.step): r for r in plan.plan_stages(recipe_costs(load_recipe("paper-depths")), plan.Cluster())}
     assert {s for s, _ in rows} == {"BL_BASE", *(f"MINIJOINT@{n}" for n in (2, 4, 6, 8, 10, 12))}
     step2 = [rows[(f"MINIJOINT@{n}", "step2")] for n in (2, 4, 6, 8, 10, 12)]
     assert [r.layers for r in step2] == [2, 4, 6, 8, 10, 12]

@@ -214,7 +214,7 @@ def test_hf_disk_dataset_rows_are_documents(tmp_path):
 
 def test_hf_specs_parse_without_network():
     (src,) = inputs_mod.resolve_inputs(["hf:cc100:de::content"])
-    assert (src.kind, src.path, src.config, src.split, src.column) == ("hf", "cc100", "de", "train", "content")
+    assert (src.origin, src.path, src.config, src.split, src.column) == ("hf", "cc100", "de", "train", "content")
     (src,) = inputs_mod.resolve_inputs(["hf:wikitext"])
     assert (src.config, src.split, src.column) == (None, "train", "text")
 

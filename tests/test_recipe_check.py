@@ -9,13 +9,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rehearsal_tasks import build as build_tasks
 from mm_ds.pipeline import run as pipeline
-from mm_ds.pipeline import recipe as recipe_mod
+from mm_ds import recipe as recipe_mod
+from mm_ds.pipeline.stage_runs import stage_runs
 from mm_ds.pipeline.check import check
 from mm_ds.config import ConfigError
-from mm_ds.pipeline.recipe import load_recipe, recipe_names
+from mm_ds.config import recipe_names
+from mm_ds.recipe import load_recipe
 
 PACKAGED = Path(pipeline.__file__).parents[1] / "presets" / "recipes"
+REHEARSAL = Path(__file__).parent / "rehearsal.yaml"
 
 
 def run(*argv):
@@ -69,7 +73,7 @@ def test_the_paper_recipe_passes_the_check_at_every_cluster_size(nodes, ranks, t
     sets = [f"launch.nodes={nodes}", f"launch.ranks={ranks}"] + ([f"launch.hostfile={hosts}"] if nodes > 1 else [])
     report = check(load_recipe("paper", sets), tmp_path / "out", strict=False)
     assert not report.problems, report.format()
-    nodes_of = {n.name: n for n in recipe_mod.stage_runs(load_recipe("paper", sets), tmp_path / "out")}
+    nodes_of = {n.name: n for n in stage_runs(load_recipe("paper", sets), tmp_path / "out")}
     assert all(("launch.launcher=none" in n.argv) == n.packed == n.name.startswith("finetune/")
                for n in nodes_of.values())
 
@@ -93,7 +97,7 @@ def test_a_stage_run_gives_the_config_its_command_line_gives():
     """`mm-ds run` launches `StageRun.argv` but checks and prices `StageRun.config()`: they must be one config."""
     from mm_ds.stages.runner import stage_config
 
-    for node in recipe_mod.stage_runs(load_recipe("paper"), Path("/tmp/out")):
+    for node in stage_runs(load_recipe("paper"), Path("/tmp/out")):
         assert node.config() == stage_config(node.argv[0], node.argv[1:])[1], node.name
 
 
@@ -101,7 +105,7 @@ def _checkpoints(recipe, where: str) -> list[int]:
     """The steps at which each planned Step-2 run under `where` (adapt/SYSTEM/LANG) writes a checkpoint."""
     from mm_ds.runtime.engine import is_checkpoint_step
 
-    cfg = {n.name: n for n in recipe_mod.stage_runs(recipe, Path("/tmp/out"))}[f"adapt/{where}"].config()
+    cfg = {n.name: n for n in stage_runs(recipe, Path("/tmp/out"))}[f"adapt/{where}"].config()
     steps = [s for s in range(1, cfg.train.steps + 1) if is_checkpoint_step(s, cfg)]
     assert cfg.train.checkpoints() == len(steps)  # the plan's count (no walk) is the engine's
     return steps
@@ -141,7 +145,7 @@ def test_the_paper_depth_sweep_is_packaged_as_the_paper_ran_it(tmp_path):
     (the main experiments' MINIJOINT) also at 1000-4000 where those had them (de); BL_BASE every 1000."""
     sweep = load_recipe("paper-depths")
     assert sweep.langs == ["ar", "de", "tr"] and sweep.seeds == [1, 2, 3, 4, 5] and len(sweep.tasks) == 4
-    runs = {n.name: n.argv for n in recipe_mod.stage_runs(sweep, tmp_path)}
+    runs = {n.name: n.argv for n in stage_runs(sweep, tmp_path)}
     for n in (2, 4, 6, 8, 10, 12):
         assert f"model.secondary_head_layer={n}" in runs[f"pretrain/pretrain/minijoint@{n}"]
         assert f"adapt/adapt/minijoint@{n}/tr" in runs
@@ -161,9 +165,9 @@ def test_the_paper_recipe_finetunes_minijoints_mini_model_for_table5():
     from mm_ds.eval.transfer import eval_units
 
     paper = load_recipe("paper")
-    minis = [n.name for n in recipe_mod.stage_runs(paper, Path("/tmp/out")) if "/mini/" in n.name]
+    minis = [n.name for n in stage_runs(paper, Path("/tmp/out")) if "/mini/" in n.name]
     assert minis == [f"finetune/finetune/mini/minijoint/xnli/seed{s}" for s in range(1, 6)]
-    units = [u for u in eval_units(load_recipe("paper", ["curve=false"]), Path("/tmp/out")) if u.kind == "mini"]
+    units = [u for u in eval_units(load_recipe("paper", ["curve=false"]), Path("/tmp/out")) if u.condition == "mini"]
     assert [(u.task, u.lang, u.systems) for u in units] == [("xnli", "en", ("minijoint",))]
 
 
@@ -190,15 +194,15 @@ def test_coverage_follows_the_task_table_and_the_recipe():
     assert paper.evaluated("xnli") == ["en", *paper.langs]
     assert paper.evaluated("pawsx") == ["en", "de", "es", "fr", "zh"]
     assert "sw" not in paper.evaluated("mlqa") and "sw" in paper.evaluated("xnli")
-    rehearsal = load_recipe("rehearsal")
+    rehearsal = load_recipe(str(REHEARSAL), ["task_root=tasks"])
     assert rehearsal.evaluated("pawsx") == ["de"] and rehearsal.evaluated("xquad") == ["en", "de"]
     assert load_recipe("tiny").evaluated("pawsx") == ["en", "t1", "t2"]  # the world has every task everywhere
 
 
 def _real(tmp_path, **change) -> Path:
-    """A copy of the rehearsal recipe with its data in `tmp_path/data` (task files faked, text real-shaped)."""
-    recipe = yaml.safe_load((PACKAGED / "rehearsal.yaml").read_text()) | change
-    recipe["data_root"] = str(tmp_path / "data")
+    """A copy of the rehearsal recipe with its data in `tmp_path/data`, its task files in `tmp_path/tasks`."""
+    recipe = yaml.safe_load(REHEARSAL.read_text()) | change
+    recipe["data_root"], recipe["task_root"] = str(tmp_path / "data"), str(tmp_path / "tasks")
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
@@ -206,12 +210,14 @@ def _real(tmp_path, **change) -> Path:
 
 @pytest.fixture
 def data(tmp_path, shared_data):
-    """The shared data's layout: links to its files, so that single files can be taken away."""
+    """The shared data's layout: links to its files, so that single files can be taken away; and the rehearsal's task
+    directory made from them (tmp_path/tasks)."""
     root = tmp_path / "data"
     for f in shared_data.rglob("*"):
         if f.is_file():
             (root / f.relative_to(shared_data)).parent.mkdir(parents=True, exist_ok=True)
             (root / f.relative_to(shared_data)).symlink_to(f)
+    build_tasks(root, tmp_path / "tasks")
     return root
 
 
@@ -225,14 +231,14 @@ def test_the_rehearsal_passes_the_strict_check_on_the_shared_data(tmp_path, data
     ({"langs": ["de", "ur"], "tasks": ["pawsx"], "coverage": {"pawsx": ["de"]},
       "text": {"en": ["text/en.txt.xz"], "de": ["text/de.txt.xz"], "ur": ["text/ur.txt.xz"]}}, None,
      "no task of the recipe is evaluated in 'ur'"),
-    ({}, "xnli/xnli.test.sw.tsv", "evaluate/xnli/sw: no xnli test file for 'sw'"),
-    ({}, "text/sw.txt.xz", "prepare/sw: text input"),
+    ({}, "tasks/xnli/xnli.test.sw.tsv", "evaluate/xnli/sw: no xnli test file for 'sw'"),
+    ({}, "data/text/sw.txt.xz", "prepare/sw: text input"),
     ({"eval_splits": {"xquad": "dev"}}, None, "xquad has no 'dev' split"),
-    ({}, "squad/dev-v1.1.json", "squad/dev-v1.1.json is missing"),
+    ({}, "tasks/squad/train-v1.1.json", "finetune/xquad: "),
 ])
 def test_bad_input_stops_mm_ds_run_before_any_data_work(tmp_path, data, capsys, change, remove, needle):
     if remove:
-        (data / remove).unlink()
+        (tmp_path / remove).unlink()
     out = tmp_path / "out"
     rc, _, err = run_here(capsys, str(_real(tmp_path, **change)), "--out", str(out))
     assert rc == 2, err
@@ -287,7 +293,7 @@ def test_task_root_hub_reaches_the_stages_and_is_a_note_in_the_check(tmp_path):
     recipe = load_recipe("paper", ["task_root=hub"])
     assert str(recipe_mod.task_root(recipe, out)) == "hub"  # eval.json's data_root
     assert recipe_mod.task_root(load_recipe("paper", ["task_root=./hub"]), out) == Path("hub").absolute()
-    finetuning = [n for n in recipe_mod.stage_runs(recipe, out) if n.argv[0] == "finetune"]
+    finetuning = [n for n in stage_runs(recipe, out) if n.argv[0] == "finetune"]
     assert finetuning and all("finetune.data_root=hub" in n.argv for n in finetuning)
     report = check(recipe, out, strict=False)
     assert not report.problems, report.format()
@@ -320,7 +326,7 @@ def test_a_recipe_files_relative_paths_start_at_its_folder_for_the_check_and_the
         assert f"relative paths of the recipe (text, task_root, heldout) start at data_root={proj}" in report.notes
         assert not any("not checked" in n for n in report.notes)
     assert load_recipe("../proj/r.yaml", ["data_root=data"]).data_root == str(proj / "data")  # --set: the same rule
-    assert load_recipe("rehearsal").data_root == str((elsewhere.parent / "shared" / "data"))  # packaged: the cwd
+    assert load_recipe("real").data_root == str((elsewhere.parent / "shared" / "data"))  # packaged: the cwd
 
     for f in (proj / "text").iterdir():  # the data is not here (yet): a note for --check, a refusal for the run
         f.unlink()
@@ -339,9 +345,8 @@ def test_a_recipe_without_tasks_is_measured_at_the_mlm_level(tmp_path):
     recipe = load_recipe("real")
     assert recipe.tasks == [] and "finetune" not in recipe.presets
     assert not check(recipe, tmp_path / "out", strict=False).problems
-    assert not [n for n in recipe_mod.stage_runs(recipe, tmp_path / "out") if n.name.startswith("finetune/")]
+    assert not [n for n in stage_runs(recipe, tmp_path / "out") if n.name.startswith("finetune/")]
     with pytest.raises(ConfigError, match=r"needs a task \(tasks\), or the MLM-level measure"):
         load_recipe("real", ["align_sequences=0"])
-    assert recipe_mod.prepare_options(recipe)["heldout"] == 0.02  # real text: a held-out slice
+    assert recipe_mod.prepare_options(recipe)["heldout"] == recipe_mod.HELDOUT == 0.02  # real text: a held-out slice
     assert "heldout" not in recipe_mod.prepare_options(load_recipe("tiny"))  # a world brings its own
-    assert recipe_mod.prepare_options(load_recipe("rehearsal"))["heldout"] == recipe_mod.HELDOUT

@@ -1,32 +1,46 @@
-"""The real-data rehearsal (`make rehearsal`): `mm-ds run rehearsal` end to end on the public text and task files
-in ../shared/data, with the paper recipe's structure (the four systems, per-stage launches of 2 ranks under the
+"""The real-data rehearsal (`make rehearsal`): `mm-ds run tests/rehearsal.yaml` end to end on the public text and
+task files in ../shared/data (the English training files made first, tests/rehearsal_tasks.py), with the paper recipe's structure (the four systems, per-stage launches of 2 ranks under the
 deepspeed launcher, the paper presets and their bf16 engine config, four tasks over languages with holes in
 coverage, two finetuning seeds, training curves). It takes minutes of process start-ups, so `make test`
 leaves it out; CI runs it after the suite. It proves the path runs, not that a tiny model transfers."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from rehearsal_tasks import build as build_tasks
 from mm_ds.runtime import checkpoint
-from mm_ds.pipeline.recipe import load_recipe, stage_runs
+from mm_ds.pipeline.stage_runs import stage_runs
+from mm_ds.recipe import load_recipe
 
 pytestmark = pytest.mark.rehearsal
+RECIPE = Path(__file__).parent / "rehearsal.yaml"
+
+
+def free_port() -> int:  # not 29500: another run on the machine may hold DeepSpeed's default
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory, request):
     shared = request.getfixturevalue("shared_data")
     out = tmp_path_factory.mktemp("rehearsal") / "run"
-    cmd = [sys.executable, "-m", "mm_ds.cli", "run", "rehearsal", "--out", str(out), "--set", f"data_root={shared}"]
+    tasks = out.with_name("tasks")
+    build_tasks(shared, tasks)  # what ../shared/data lacks: the English training sets
+    sets = [f"data_root={shared}", f"task_root={tasks}", f"launch.master_port={free_port()}"]
+    cmd = [sys.executable, "-m", "mm_ds.cli", "run", str(RECIPE), "--out", str(out), *(f"--set={s}" for s in sets)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     print(proc.stdout)  # the results table and report, for the log
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    return out, rows, proc.stdout, load_recipe("rehearsal", [f"data_root={shared}"])
+    return out, rows, proc.stdout, load_recipe(str(RECIPE), sets)
 
 
 def test_every_stage_ran_on_its_own_launch_in_bf16(rehearsal):
@@ -51,7 +65,7 @@ def test_tasks_are_evaluated_where_they_have_data_and_leave_gaps_elsewhere(rehea
     for r in rows:
         assert r["seeds"] == 2 and len(r["per_seed"]) == 2 and 0.0 <= r["score"] <= 100.0
         assert r["examples"] == min(200, r["examples"]) and r["split"] == ("dev" if r["task"] == "mlqa" else "test")
-    steps = sorted({r["step"] for r in rows if r["kind"] == "adapted" and r["system"] == "bl_base"})
+    steps = sorted({r["step"] for r in rows if r["condition"] == "adapted" and r["system"] == "bl_base"})
     assert steps == [5, 10]  # the curve
     tables = {}  # task -> its Table 2 (head, rows) in results.md
     for block in (out / "results.md").read_text().split("## ")[1:]:
@@ -67,11 +81,11 @@ def test_tasks_are_evaluated_where_they_have_data_and_leave_gaps_elsewhere(rehea
 
 def test_the_english_training_files_are_made_from_what_is_there(rehearsal):
     out, *_ = rehearsal
-    made = json.loads((out / "tasks" / "tasks.json").read_text())
+    made = json.loads((out.with_name("tasks") / "tasks.json").read_text())
     assert set(made["english_training"]) == {"mnli/multinli_1.0_train.jsonl", "squad/train-v1.1.json",
                                              "paws-x/train.en.tsv"}
-    squad = json.loads((out / "tasks" / "squad" / "train-v1.1.json").read_text())
-    xquad = json.loads((out / "tasks" / "xquad" / "xquad.en.json").read_text())
+    squad = json.loads((out.with_name("tasks") / "squad" / "train-v1.1.json").read_text())
+    xquad = json.loads((out.with_name("tasks") / "xquad" / "xquad.en.json").read_text())
     contexts = {p["context"] for a in xquad["data"] for p in a["paragraphs"]}
     assert not any(p["context"] in contexts for a in squad["data"] for p in a["paragraphs"])
     assert sum(len(p["qas"]) for a in squad["data"] for p in a["paragraphs"]) == 9380

@@ -170,13 +170,17 @@ def test_a_reference_that_does_not_beat_its_control_sets_no_target(tmp_path):
     performance, so that language gets no target (a run's control rows come through results.jsonl)."""
     res = curve([30, 38.7], system="BL_BASE", lang="t2") + curve([40, 45], system="MINIJOINT", lang="t2")
     res += curve([60, 90], system="BL_BASE", lang="t1") + curve([80, 90], system="MINIJOINT", lang="t1")
-    rows = [dict(kind="adapted", system=r.system, task=r.task, lang=r.lang, step=r.step, flops=r.flops,
+    rows = [dict(condition="adapted", system=r.system, task=r.task, lang=r.lang, step=r.step, flops=r.flops,
                  v100_days=r.v100_days, score=r.score) for r in res]
-    rows += [dict(kind="control", system="bl_base", task="xnli", lang=l, step=0, score=52.0) for l in ("t1", "t2")]
+    rows += [dict(condition="control", system="bl_base", task="xnli", lang=l, step=0, score=52.0) for l in ("t1", "t2")]
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     controls = {}
     got, _ = records.load_results([tmp_path / "results.jsonl"], controls)
     assert {k: c.score for k, c in controls.items()} == {("xnli", "t1", "BL_BASE"): 52.0, ("xnli", "t2", "BL_BASE"): 52.0}
+    old = [{("kind" if k == "condition" else k): v for k, v in r.items()} for r in rows]  # results files before the rename
+    (tmp_path / "old.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    old_controls = {}
+    assert records.load_results([tmp_path / "old.jsonl"], old_controls)[0] == got and old_controls == controls
     rep = R.build_report(got, controls=controls)
     assert ("xnli", "t2") not in rep.targets and ("xnli", "t1") in rep.targets
     assert any("xnli/t2: BL_BASE's final score 38.7 does not beat its control 52.0" in w for w in rep.warnings)
@@ -277,20 +281,20 @@ def run_rows(seeds=2):
     rows = []
     for system, scores in (("minipost", [88, 95]), ("bl_base", [60, 90])):  # not in table order
         for task in ("xnli", "pawsx"):
-            rows.append(dict(kind="source", system=system, task=task, lang="en", step=0, flops=0.0, v100_days=0.0,
+            rows.append(dict(condition="source", system=system, task=task, lang="en", step=0, flops=0.0, v100_days=0.0,
                              score=99.0, seeds=seeds, split="test"))
             for lang in ("t1", "t2"):
-                rows += [dict(kind="adapted", system=system, task=task, lang=lang, step=st, flops=st * 1e15,
+                rows += [dict(condition="adapted", system=system, task=task, lang=lang, step=st, flops=st * 1e15,
                               v100_days=st * 1e-3, score=sc, seeds=seeds, split="test")
                          for st, sc in zip((100, 200), scores)]
-                rows.append(dict(kind="control", system=system, task=task, lang=lang, step=0, flops=0.0,
+                rows.append(dict(condition="control", system=system, task=task, lang=lang, step=0, flops=0.0,
                                  v100_days=0.0, score=50.5, seeds=seeds, split="test"))
     return rows
 
 
 def test_results_md_and_the_reports_tables_show_the_same_captioned_table2(tmp_path):
     from mm_ds.pipeline.run import results_table
-    from mm_ds.pipeline.recipe import Recipe
+    from mm_ds.recipe import Recipe
 
     recipe = Recipe(systems=["bl_base", "minipost"], langs=["t1", "t2"], tasks=["xnli", "pawsx"], world={"seed": 0})
     text, rep = results_table(recipe, run_rows(), tmp_path)

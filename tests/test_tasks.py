@@ -24,8 +24,8 @@ def test_table_matches_paper():
     assert set(XQUAD.languages) == {"en", "ar", "de", "el", "es", "hi", "ru", "th", "tr", "vi", "zh"}
     assert {"de", "es", "fr", "zh", "ja", "ko"} < set(PAWSX.languages)
     for t in TASKS.values():
-        assert t.kind in (PAIR_CLASSIFICATION, EXTRACTIVE_QA) and "en" in t.languages
-        if t.kind == EXTRACTIVE_QA:
+        assert t.task_type in (PAIR_CLASSIFICATION, EXTRACTIVE_QA) and "en" in t.languages
+        if t.task_type == EXTRACTIVE_QA:
             assert (t.max_length, t.doc_stride, t.max_query_length, t.max_answer_length) == (384, 128, 64, 30)
         else:
             assert t.max_length == 128 and t.num_labels >= 2
@@ -334,9 +334,9 @@ def test_finetuning_and_evaluation_read_the_hub(hub, tmp_path):
     cfg = ModelConfig(vocab_size=spm.SentencePieceProcessor(model_file=tok).get_piece_size(), hidden_size=16,
                       num_layers=1, num_heads=2, ffn_size=32, max_positions=40)
     torch.manual_seed(0)
-    model = RobertaForTask(cfg, XNLI.kind, XNLI.num_labels)
+    model = RobertaForTask(cfg, XNLI.task_type, XNLI.num_labels)
     checkpoint.write_final(tmp_path / "ft" / "final", model.state_dict(), {
-        "stage": "finetune", "system": "bl_base", "task": "xnli", "kind": XNLI.kind, "num_labels": XNLI.num_labels,
+        "stage": "finetune", "system": "bl_base", "task": "xnli", "kind": XNLI.task_type, "num_labels": XNLI.num_labels,
         "model": to_dict(cfg), "tokenizer": tok})
     units = transfer.units_for("xnli", "de", ["bl_base"], [str(tmp_path / "ft")], "test")
     transfer.run_units(units, "hub", tmp_path / "eval", say=lambda m: None)

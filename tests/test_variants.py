@@ -14,7 +14,8 @@ from mm_ds.runtime import checkpoint
 from mm_ds.stages.runner import stage_config
 from mm_ds.config import ConfigError
 from mm_ds.report.records import Result
-from mm_ds.pipeline.recipe import load_recipe, stage_runs
+from mm_ds.pipeline.stage_runs import stage_runs
+from mm_ds.recipe import load_recipe
 from mm_ds.report.report import build_report, table2, table3, write_report
 from mm_ds.systems import SYSTEMS, SystemNameError, sort_key, system_of
 
@@ -163,7 +164,7 @@ def test_variants_train_with_their_depth(swept):
     assert checkpoint.load_final(out / "build_mini" / "minijoint@1")[0]["model"]["num_layers"] == 1
     assert checkpoint.load_final(out / "build_mini" / "minipost@1")[0]["model"]["num_layers"] == 1 + 2
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert {r["system"] for r in rows if r["kind"] == "adapted"} == set(RECIPE["systems"])
+    assert {r["system"] for r in rows if r["condition"] == "adapted"} == set(RECIPE["systems"])
 
 
 def test_sweep_and_english_tables_are_written(swept):

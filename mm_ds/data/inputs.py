@@ -34,20 +34,20 @@ _DECOMPRESSORS = {".gz": lambda f: gzip.GzipFile(fileobj=f, mode="rb"), ".xz": l
 
 @dataclass(frozen=True)
 class InputSource:
-    """One resolved input: a local file, or a `datasets` spec (kind 'hf' / 'hf-disk')."""
-    kind: str  # "file" | "hf" | "hf-disk"
+    """One resolved input: a local file, or a `datasets` spec (origin 'hf' / 'hf-disk')."""
+    origin: str  # "file" | "hf" | "hf-disk"
     path: str  # file path, dataset name or dataset directory
     config: str | None = None
     split: str = "train"
     column: str = "text"
 
     def describe(self) -> str:
-        if self.kind == "file":
+        if self.origin == "file":
             return self.path
-        return f"{self.kind}:{self.path}:{self.config or ''}:{self.split}:{self.column}"
+        return f"{self.origin}:{self.path}:{self.config or ''}:{self.split}:{self.column}"
 
     def size(self) -> int:
-        return os.path.getsize(self.path) if self.kind == "file" else 0
+        return os.path.getsize(self.path) if self.origin == "file" else 0
 
 
 def resolve_inputs(inputs: list[str]) -> list[InputSource]:
@@ -132,7 +132,7 @@ def _file_chunks(path: str, chunk_bytes: int) -> Iterator[tuple[bytes, bool, int
 def _dataset_rows(src: InputSource) -> Iterator[str]:
     import datasets  # only needed for hf inputs; keeps `mm-ds prepare` on files import-light
 
-    if src.kind == "hf-disk":
+    if src.origin == "hf-disk":
         ds = datasets.load_from_disk(src.path)
         if isinstance(ds, datasets.DatasetDict):
             if src.split not in ds:
@@ -169,14 +169,14 @@ def _dataset_chunks(src: InputSource, chunk_bytes: int) -> Iterator[tuple[bytes,
 
 def total_bytes(sources: list[InputSource]) -> int | None:
     """Progress-bar total: input file bytes (compressed, as read); unknown with `datasets` sources."""
-    return sum(s.size() for s in sources) if all(s.kind == "file" for s in sources) else None
+    return sum(s.size() for s in sources) if all(s.origin == "file" for s in sources) else None
 
 
 def chunks(sources: list[InputSource], chunk_bytes: int | None = None) -> Iterator[tuple[bytes, bool, int]]:
     """(block of whole lines, starts a new input, bytes consumed) over all inputs, in order."""
     chunk_bytes = chunk_bytes or CHUNK_BYTES  # read at call time: tests shrink it to cut many chunks
     for src in sources:
-        yield from (_file_chunks(src.path, chunk_bytes) if src.kind == "file"
+        yield from (_file_chunks(src.path, chunk_bytes) if src.origin == "file"
                     else _dataset_chunks(src, chunk_bytes))
 
 

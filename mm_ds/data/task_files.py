@@ -297,7 +297,7 @@ def examples_from_hub(spec: TaskSpec, rows: Any, source: str, *,
     seen: set[str] = set()
     for i, row in enumerate(rows):
         where = f"row {i}"
-        if spec.kind == EXTRACTIVE_QA:
+        if spec.task_type == EXTRACTIVE_QA:
             answers = row.get("answers") or {}
             texts, starts = answers.get("text", []), answers.get("answer_start", [])
             context = row.get("context")

@@ -40,7 +40,7 @@ class Source:
     """One of `task_files.READERS`: xnli_tsv, mnli_jsonl, pawsx_tsv, squad_json."""
     files: tuple[str, ...]
     """Paths under a data root, `{split}`/`{lang}` filled in; the first that exists is used. The first
-    pattern is the layout of the rehearsal's data (../shared/data), the others the official distributions'."""
+    pattern is the layout of ../shared/data (the rehearsal's data), the others the official distributions'."""
     hub: str
     """`datasets.load_dataset` name, used only when asked to (data root `hub`, or `load_split(..., hub=True)`)."""
     hub_config: str | None
@@ -52,8 +52,9 @@ class Source:
 @dataclass(frozen=True)
 class TaskSpec:
     name: str
-    kind: str
-    """PAIR_CLASSIFICATION or EXTRACTIVE_QA: picks the features, head and decoding."""
+    task_type: str
+    """PAIR_CLASSIFICATION or EXTRACTIVE_QA: picks the features, head and decoding (a finetuned model's meta
+    records it as `task_type`; `task_type_of` reads older ones too)."""
     metric: str
     """accuracy | squad (evaluate-v1.1.py) | mlqa (mlqa_evaluation_v1.py, per-language normalisation)."""
     labels: tuple[str, ...]
@@ -106,7 +107,7 @@ XNLI_LANGS = ("en", "ar", "bg", "de", "el", "es", "fr", "hi", "ru", "sw", "th", 
 # 384-token window fits most SQuAD paragraphs whole. Learning rates, warmup and epochs: paper §3.
 TASKS: dict[str, TaskSpec] = {t.name: t for t in (
     TaskSpec(
-        name="xnli", kind=PAIR_CLASSIFICATION, metric="accuracy",
+        name="xnli", task_type=PAIR_CLASSIFICATION, metric="accuracy",
         labels=("entailment", "neutral", "contradiction"), languages=XNLI_LANGS,
         train=Source("mnli_jsonl", ("mnli/multinli_1.0_train.jsonl", "multinli_1.0/multinli_1.0_train.jsonl"),
                      "nyu-mll/multi_nli", None, {"train": "train"}),
@@ -116,7 +117,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
         eval_splits=("dev", "test"), max_length=128, lr=1e-5, eval_sizes={"dev": 2490, "test": 5010},
         chance=100 / 3, world_chance=50.0),  # balanced; the world's: the doer is singular in half the pairs
     TaskSpec(
-        name="pawsx", kind=PAIR_CLASSIFICATION, metric="accuracy",
+        name="pawsx", task_type=PAIR_CLASSIFICATION, metric="accuracy",
         labels=("0", "1"),  # 1 = paraphrase, as in the files and the hub
         languages=("en", "de", "es", "fr", "ja", "ko", "zh"),
         train=Source("pawsx_tsv", ("paws-x/train.en.tsv", "x-final/en/train.tsv"),
@@ -127,7 +128,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
         eval_splits=("dev", "test"), max_length=128, lr=1e-5, eval_sizes={"dev": 2000, "test": 2000},
         chance=55.3, world_chance=50.0),  # 1105 of 2000 test pairs are no paraphrases; the world's: balanced
     TaskSpec(
-        name="mlqa", kind=EXTRACTIVE_QA, metric="mlqa", labels=(),
+        name="mlqa", task_type=EXTRACTIVE_QA, metric="mlqa", labels=(),
         languages=("en", "ar", "de", "es", "hi", "vi", "zh"),  # context and question in the same language
         train=Source("squad_json", ("squad/train-v1.1.json",), "rajpurkar/squad", None, {"train": "train"}),
         train_size=87_599,  # SQuAD v1.1 questions; windows of long contexts add a few percent
@@ -137,7 +138,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
         eval_splits=("dev", "test"), max_length=384, doc_stride=128, max_query_length=64,
         max_answer_length=30, lr=3e-5, eval_sizes={"dev": 500, "test": 5000}),  # typical; English: 1148 / 11590
     TaskSpec(
-        name="xquad", kind=EXTRACTIVE_QA, metric="squad", labels=(),
+        name="xquad", task_type=EXTRACTIVE_QA, metric="squad", labels=(),
         # The paper's Table A2 languages + English. xquad.ro.json exists but no paper model covers ro.
         languages=("en", "ar", "de", "el", "es", "hi", "ru", "th", "tr", "vi", "zh"),
         train=Source("squad_json", ("squad/train-v1.1.json",), "rajpurkar/squad", None, {"train": "train"}),
@@ -161,6 +162,12 @@ def get_task(name: str) -> TaskSpec:
     if name not in TASKS:
         raise TaskDataError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     return TASKS[name]
+
+
+def task_type_of(meta: dict) -> str | None:
+    """A finetuned model's task type, from its meta (`kind` in models finetuned before it was called task_type);
+    None for a model without a task head."""
+    return meta.get("task_type", meta.get("kind"))
 
 
 def check_split(spec: TaskSpec, split: str, lang: str) -> Source:

@@ -319,7 +319,7 @@ def source_rows(out: Path, settings: Settings = Settings(), device="cpu", say=pr
     learnt more than word frequencies? [] (and a line saying why) when there is no held-out source text."""
     runs = [(r.name, "primary", r) for r in sorted((out / "pretrain").glob("*"))] + \
         [(r.name, "mini-model", r) for r in sorted((out / "build_mini").glob("*"))]
-    runs = [(s, kind, r) for s, kind, r in runs if (r / checkpoint.FINAL / checkpoint.META).is_file()]
+    runs = [(s, which, r) for s, which, r in runs if (r / checkpoint.FINAL / checkpoint.META).is_file()]
     if not runs:
         return []
     metas = {r: checkpoint.read_meta(r / checkpoint.FINAL) for _, _, r in runs}
@@ -334,7 +334,7 @@ def source_rows(out: Path, settings: Settings = Settings(), device="cpu", say=pr
         return []
     corpus = out / "data" / lang  # the training shards: the unigram predictor's frequencies
     rows, batches = [], {}
-    for system, kind, run in runs:
+    for system, which, run in runs:
         tokenizer = metas[run]["tokenizer"]
         heldout = heldout_corpus(text, lang, tokenizer, out / "align")
 
@@ -343,15 +343,15 @@ def source_rows(out: Path, settings: Settings = Settings(), device="cpu", say=pr
                 batches[tokenizer] = eval_batches(heldout, data, settings)
             meta, sd = checkpoint.load_final(run)
             cfg = model_config_from_dict(meta["model"])
-            if kind == "primary" and cfg.secondary_head_layer is not None:  # its prediction is the main head's
+            if which == "primary" and cfg.secondary_head_layer is not None:  # its prediction is the main head's
                 cfg, sd = surgery.drop_secondary_head(cfg, sd)
             m = mlm_metrics(cfg, sd, batches[tokenizer], device)
             u = unigram_metrics(corpus, batches[tokenizer]) if (corpus / "meta.json").is_file() else \
                 {"loss": None, "acc": None}
-            return {"kind": "source", "system": system, "model": kind, "lang": lang, "layers": cfg.num_layers,
+            return {"kind": "source", "system": system, "model": which, "lang": lang, "layers": cfg.num_layers,
                     "sequences": sum(len(b["input_ids"]) for b in batches[tokenizer]), "targets": m["targets"],
                     "loss": m["loss"], "acc": m["acc"], "unigram_loss": u["loss"], "unigram_acc": u["acc"]}
-        rows.append(_cached(out / "align" / "source" / f"{kind}.{system}.json",
+        rows.append(_cached(out / "align" / "source" / f"{which}.{system}.json",
                             row_fingerprint(run, str(run), heldout, settings, "source"), compute))
     u = rows[0]["unigram_acc"]
     say(f"[mm-ds] align {lang}: held-out MLM accuracy " + ", ".join(f"{r['system']} {r['model']} {100 * r['acc']:.1f}%"
@@ -377,7 +377,7 @@ def align_recipe(recipe, out: Path, device="cpu", say=print) -> list[Path]:
     """`mm-ds run`'s alignment check and MLM-level measure: every system and target language with held-out text
     (the recipe's `heldout`, the prepared corpus's held-out slice, or the generated world's), the source-language
     rows, OUT/align.jsonl and the report's files (align.md, align_<lang>.png, mlm/)."""
-    from ..pipeline.recipe import data_path
+    from ..recipe import data_path
 
     texts = {lang: str(data_path(recipe, f)) for lang, f in recipe.heldout.items()}
     langs = [lang for lang in recipe.langs if lang in texts or prepared_heldout(out / "data" / lang)

@@ -22,7 +22,7 @@ def runs_to_align(recipe, out: Path) -> tuple[list[list[Path]], dict[str, str]]:
     """(the Step-2 runs `align.align_recipe` scores, by target language; the held-out texts it is given): each
     mini-model system's, in every target language with held-out text (the recipe's `heldout`, or a generated
     world's)."""
-    from ..pipeline.recipe import data_path
+    from ..recipe import data_path
     from ..systems import system_of
 
     texts = {lang: str(data_path(recipe, f)) for lang, f in recipe.heldout.items()}

@@ -41,7 +41,7 @@ def features_for(model_cfg, spec: TaskSpec, examples, sp: spm.SentencePieceProce
     """The model inputs of `examples`: encode once, score with every seed and checkpoint that shares `sp`.
     Never past the model's position table (tiny models have fewer positions than the task's length)."""
     max_length = min(max_length or spec.max_length, model_cfg.max_positions)
-    if spec.kind == EXTRACTIVE_QA:
+    if spec.task_type == EXTRACTIVE_QA:
         return feats.qa_features(examples, sp, spec.fitted(max_length))
     return feats.pair_features(examples, sp, max_length)
 
@@ -66,7 +66,7 @@ def predict(model, spec: TaskSpec, examples, sp: spm.SentencePieceProcessor, bat
     model.eval()
     if features is None:
         features = features_for(model.cfg, spec, examples, sp, max_length)
-    if spec.kind == EXTRACTIVE_QA:
+    if spec.task_type == EXTRACTIVE_QA:
         fitted = spec.fitted(min(max_length or spec.max_length, model.cfg.max_positions))
         starts, ends = [None] * len(features), [None] * len(features)
         for idx in length_batches(features, batch_size):
@@ -85,7 +85,7 @@ def predict(model, spec: TaskSpec, examples, sp: spm.SentencePieceProcessor, bat
 def evaluate(model, spec: TaskSpec, examples, sp: spm.SentencePieceProcessor, lang: str,
              batch_size: int = 64, max_length: int | None = None, features: list | None = None) -> Score:
     preds, features = predict(model, spec, examples, sp, batch_size, max_length, features)
-    if spec.kind == EXTRACTIVE_QA:
+    if spec.task_type == EXTRACTIVE_QA:
         golds = {ex.id: [a for a, _ in ex.answers] for ex in examples}
         s = metrics.qa_scores(golds, preds, metrics.normalizer(spec.metric, metric_lang(lang)))
         return Score(s["f1"], s)

@@ -73,7 +73,7 @@ def score(task: str, lang: str, dataset_path: str | Path, predictions_path: str 
     `lang` has none of its own (e.g. "hi" -- whitespace tokens, no articles -- for generated languages).
     """
     spec = get_task(task)
-    if spec.kind == EXTRACTIVE_QA:
+    if spec.task_type == EXTRACTIVE_QA:
         try:
             norm = normalizer(spec.metric, metric_lang or lang)
         except ValueError as e:

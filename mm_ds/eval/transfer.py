@@ -33,11 +33,11 @@ from ..runtime import checkpoint
 from ..model import flops, surgery
 from ..config import ConfigError, model_config_from_dict
 from ..data.task_files import load_split
-from ..data.tasks import find_local, get_task, hub_source, is_hub
+from ..data.tasks import find_local, get_task, hub_source, is_hub, task_type_of
 from ..data.tokenizer import pieces
 from .evaluate import evaluate, features_for, scoring_precision
 from ..model.heads import RobertaForTask
-from ..pipeline.recipe import MINI_DIR, english_tasks, minis_in_english, primaries, task_root
+from ..recipe import MINI_DIR, english_tasks, minis_in_english, primaries, task_root
 from ..systems import system_of
 
 SOURCE, ADAPTED, CONTROL, MINI = "source", "adapted", "control", "mini"
@@ -53,7 +53,8 @@ class Unit:
     task: str
     lang: str
     split: str
-    kind: str
+    condition: str
+    """SOURCE, ADAPTED, CONTROL or MINI: what the finetuned models are scored with (results rows' `condition`)."""
     systems: tuple[str, ...]
     finetuned: tuple[str, ...]
     adapted: str | None = None
@@ -65,7 +66,7 @@ class Unit:
     @property
     def name(self) -> str:
         step = Path(self.adapted).name if self.adapted else "-"
-        return f"{self.task}.{self.lang}.{'+'.join(self.systems)}.{self.kind}.{step}"
+        return f"{self.task}.{self.lang}.{'+'.join(self.systems)}.{self.condition}.{step}"
 
 
 def load_finetuned(run: str | Path, task: str):
@@ -93,10 +94,10 @@ def units_for(task: str, lang: str, systems: list[str], finetuned: list[str], sp
               limit: int | None = None) -> list[Unit]:
     common = dict(task=task, lang=lang, split=split, systems=tuple(systems), finetuned=tuple(finetuned), limit=limit)
     if adapted is None:
-        return [Unit(kind=SOURCE, **common)]
+        return [Unit(condition=SOURCE, **common)]
     ckpts = adapted_checkpoints(adapted, curve)
-    units = [Unit(kind=ADAPTED, adapted=str(c), **common) for c in ckpts]
-    return units + ([Unit(kind=CONTROL, adapted=str(ckpts[-1]), **common)] if control else [])
+    units = [Unit(condition=ADAPTED, adapted=str(c), **common) for c in ckpts]
+    return units + ([Unit(condition=CONTROL, adapted=str(ckpts[-1]), **common)] if control else [])
 
 
 # ---------------------------------------------------------------- one unit
@@ -154,10 +155,10 @@ def score(finetuned: list, group: dict | None, spec, examples, sp, lang: str, de
     for meta, cfg, sd in finetuned:
         if group is not None:
             cfg, sd = surgery.swap_embeddings(cfg, sd, group)
-        if (cfg, meta["kind"], meta["num_labels"]) != made:
+        if (cfg, task_type_of(meta), meta["num_labels"]) != made:
             with torch.device("meta"):
-                model = RobertaForTask(cfg, meta["kind"], meta["num_labels"])
-            model, made = model.to_empty(device=device), (cfg, meta["kind"], meta["num_labels"])
+                model = RobertaForTask(cfg, task_type_of(meta), meta["num_labels"])
+            model, made = model.to_empty(device=device), (cfg, task_type_of(meta), meta["num_labels"])
             features = features_for(cfg, spec, examples, sp)
         model.load_state_dict(sd, strict=True)
         scores.append(evaluate(model, spec, examples, sp, lang, batch_size=batch, features=features).score)
@@ -183,9 +184,9 @@ def run_unit(unit: Unit, data_root: str, device="cpu") -> list[dict]:
     spec = get_task(unit.task)
     finetuned = _finetuned(unit.finetuned, unit.task)
     examples, skipped = _examples(unit.task, unit.split, unit.lang, str(data_root), unit.limit)
-    row = {"task": unit.task, "lang": unit.lang, "split": unit.split, "seeds": len(finetuned), "kind": unit.kind,
+    row = {"task": unit.task, "lang": unit.lang, "split": unit.split, "seeds": len(finetuned), "condition": unit.condition,
            "examples": len(examples), "skipped": skipped}
-    if unit.kind in (SOURCE, MINI):
+    if unit.condition in (SOURCE, MINI):
         sp = _tokenizer(finetuned[0][0]["tokenizer"])
         s = score(finetuned, None, spec, examples, sp, unit.lang, device)
         row |= {"step": 0, "flops": 0.0, "v100_days": 0.0, "layers": finetuned[0][1].num_layers}
@@ -193,7 +194,7 @@ def run_unit(unit: Unit, data_root: str, device="cpu") -> list[dict]:
         meta, group = _step2(unit.adapted)
         _check_same_primary(unit.adapted, meta, unit.finetuned[0], finetuned[0][0])
         sp = _tokenizer(meta["tokenizer"])
-        if unit.kind == ADAPTED:
+        if unit.condition == ADAPTED:
             surgery.check_vocab(group, sp.get_piece_size())
             row |= {"step": meta["step"], "flops": meta["flops"], "v100_days": flops.to_v100_days(meta["flops"])}
         else:
@@ -226,6 +227,7 @@ def unit_fingerprint(unit: Unit, data_root: str, base: Path, how: str | None) ->
 
     fields = asdict(unit) | {"finetuned": [rel(r) for r in unit.finetuned],
                              "adapted": rel(unit.adapted) if unit.adapted else None, "scored_with": how}
+    fields["kind"] = fields.pop("condition")  # its name when earlier results were hashed: they stay current
     h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     for run in (*unit.finetuned, *([unit.adapted] if unit.adapted else [])):
         man = checkpoint.manifest_of(run)
@@ -408,7 +410,7 @@ def run_eval_main(argv: list[str]) -> int:
     rank, _, world = dist.init()
     if len(argv) == 3:
         from ..config import from_dict
-        from ..pipeline.recipe import Recipe
+        from ..recipe import Recipe
         dist.on_rank0(lambda: write_eval_spec(from_dict(Recipe, json.loads(Path(argv[1]).read_text())),
                                               Path(argv[2])), f"listing the evaluation units into {argv[0]}")
     spec = dist.on_rank0(lambda: json.loads(Path(argv[0]).read_text()), f"reading {argv[0]}")  # rank 0's, for all

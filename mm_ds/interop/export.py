@@ -1,8 +1,8 @@
 """Any stage's checkpoint -> a Hugging Face directory loadable by `transformers`.
 
     pretrain / build_mini / adapt (an MLM)   RobertaForMaskedLM         AutoModelForMaskedLM
-    finetune, kind pair_classification      RobertaForSequenceClassification
-    finetune, kind extractive_qa             RobertaForQuestionAnswering
+    finetune, pair_classification            RobertaForSequenceClassification
+    finetune, extractive_qa                  RobertaForQuestionAnswering
 
 `lang_from=ADAPT_RUN` swaps that run's language group (token embeddings, output bias) into the model and
 takes its tokenizer: Step 4 of the paper, as a shareable model. A MINIJOINT model exports its main head;
@@ -28,6 +28,7 @@ import torch
 from ..runtime import checkpoint
 from ..model import surgery
 from ..config import ModelConfig, model_config_from_dict
+from ..data.tasks import task_type_of
 from ..data.tokenizer import check_tokenizer, is_tokenizer_json
 from ..model.model import param_shapes
 from ..tokens import SPECIAL_IDS, SPECIAL_PIECES
@@ -38,26 +39,26 @@ ARCHS = {None: "RobertaForMaskedLM", "pair_classification": "RobertaForSequenceC
          "extractive_qa": "RobertaForQuestionAnswering"}
 
 
-def task_to_hf(cfg: ModelConfig, kind: str, sd: dict) -> dict[str, torch.Tensor]:
+def task_to_hf(cfg: ModelConfig, task_type: str, sd: dict) -> dict[str, torch.Tensor]:
     """A `RobertaForTask` state dict as HF's: body by hf.HF_KEYS (no MLM head), head by hf.HF_TASK_KEYS."""
-    if kind not in hf.HF_TASK_KEYS:
-        raise InteropError(f"task kind {kind!r} has no HF architecture; kinds: {', '.join(hf.HF_TASK_KEYS)}")
+    if task_type not in hf.HF_TASK_KEYS:
+        raise InteropError(f"task type {task_type!r} has no HF architecture; types: {', '.join(hf.HF_TASK_KEYS)}")
     body = {k: s for k, s in param_shapes(dataclasses.replace(cfg, secondary_head_layer=None)).items()
             if not k.startswith("head.")}
-    head = dict(hf.HF_TASK_KEYS[kind])
+    head = dict(hf.HF_TASK_KEYS[task_type])
     missing = sorted(set(body) - set(sd)) + sorted(set(head) - set(sd))
     extra = sorted(set(sd) - set(body) - set(head))
     if missing or extra:
-        raise InteropError(f"{kind} model does not match its config: missing {surgery.few_keys(missing)}; "
+        raise InteropError(f"{task_type} model does not match its config: missing {surgery.few_keys(missing)}; "
                            f"unexpected {surgery.few_keys(extra)}")
     for k, s in body.items():
         if tuple(sd[k].shape) != s:
-            raise InteropError(f"{kind} model: {k} has shape {tuple(sd[k].shape)}, expected {s} from its config")
+            raise InteropError(f"{task_type} model: {k} has shape {tuple(sd[k].shape)}, expected {s} from its config")
     return hf.to_hf_keys(cfg, sd, mlm_head=False) | {name: sd[ours].clone() for ours, name in head.items()}
 
 
-def _labels(meta: dict, kind: str, n: int) -> list[str]:
-    if kind == "extractive_qa":
+def _labels(meta: dict, task_type: str, n: int) -> list[str]:
+    if task_type == "extractive_qa":
         return ["start", "end"]
     try:
         from ..data.tasks import TASKS
@@ -74,9 +75,9 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
     """Write `out` as an HF model directory; returns a summary (architecture, config, tokenizer, notes)."""
     meta, sd = checkpoint.load_final(src)
     cfg = model_config_from_dict(meta["model"])
-    kind = meta.get("kind") if meta.get("stage") == "finetune" or "kind" in meta else None
+    task_type = task_type_of(meta)  # None: an MLM, not a finetuned model
     notes = []
-    if kind is None and cfg.secondary_head_layer is not None:
+    if task_type is None and cfg.secondary_head_layer is not None:
         if mini:
             cfg, sd = surgery.extract_minijoint(cfg, sd)
             notes.append(f"mini-model: layers 1-{cfg.num_layers} and the secondary head of the MINIJOINT model")
@@ -89,7 +90,7 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
             notes.append("MINIJOINT: main head exported; `mm-ds export --mini` exports the secondary head's mini-model")
     elif mini:
         raise InteropError(f"--mini exports a MINIJOINT model's secondary head, but {src} has none "
-                           f"(model.secondary_head_layer is null{', kind ' + kind if kind else ''})")
+                           f"(model.secondary_head_layer is null{', task type ' + task_type if task_type else ''})")
     lang = meta.get("lang")
     spm_path = tokenizer or meta.get("tokenizer")
     if lang_from is not None:
@@ -114,20 +115,20 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
         notes.append("no tokenizer recorded: exported without one")
     hf_tok = _hf_tokenizer(spm_path, cfg.max_positions, notes) if spm_path is not None else None
 
-    hf_cfg = hf.hf_config(cfg) | {"architectures": [ARCHS[kind]]}
-    if kind is None:
+    hf_cfg = hf.hf_config(cfg) | {"architectures": [ARCHS[task_type]]}
+    if task_type is None:
         hf_sd = hf.to_hf_roberta(cfg, sd)
     else:
-        hf_sd = task_to_hf(cfg, kind, sd)
-        n = int(meta.get("num_labels") or (2 if kind == "extractive_qa" else 0))
-        names = _labels(meta, kind, n)
+        hf_sd = task_to_hf(cfg, task_type, sd)
+        n = int(meta.get("num_labels") or (2 if task_type == "extractive_qa" else 0))
+        names = _labels(meta, task_type, n)
         hf_cfg |= {"id2label": {str(i): s for i, s in enumerate(names)},
                    "label2id": {s: i for i, s in enumerate(names)}}
-        if kind == "pair_classification":
+        if task_type == "pair_classification":
             hf_cfg["classifier_dropout"] = None  # = hidden_dropout_prob, as in our head
     _write_dir(Path(out), hf_cfg, hf_sd, spm_path, hf_tok, meta | {"exported_from": str(Path(src).resolve())},
                force, lang)
-    return {"out": str(out), "architecture": ARCHS[kind], "lang": lang, "vocab_size": cfg.vocab_size,
+    return {"out": str(out), "architecture": ARCHS[task_type], "lang": lang, "vocab_size": cfg.vocab_size,
             "num_layers": cfg.num_layers, "tokenizer": str(spm_path) if spm_path else None,
             "tokenizer_class": type(hf_tok).__name__ if hf_tok is not None else None, "notes": notes}
 

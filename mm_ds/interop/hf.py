@@ -2,7 +2,7 @@
 
 Pure functions on (config, state dict), like mm_ds.model.surgery: no files, no engines.
 
-    HF_KEYS, HF_TASK_KEYS   the key tables (MLM body and head; task heads by task kind)
+    HF_KEYS, HF_TASK_KEYS   the key tables (MLM body and head; task heads by task type)
     hf_rows(cfg)            the table expanded for a config's layers
     to_hf_keys              our keys -> HF names for the rows of HF_KEYS a state dict has: the one loop both
                             MLM and task exports (mm_ds.interop.export) go through
@@ -51,7 +51,7 @@ HF_KEYS: tuple[tuple[str, str | tuple[str, ...]], ...] = (
     ("head.bias", "lm_head.bias"),
 )
 # Downstream heads (mm_ds.model.heads, `task_head.*`) <-> HF RobertaForSequenceClassification / ...ForQuestionAnswering,
-# by task kind (mm_ds.data.tasks); their body is HF_KEYS without the MLM head rows.
+# by task type (mm_ds.data.tasks); their body is HF_KEYS without the MLM head rows.
 HF_TASK_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     "pair_classification": (("task_head.dense.weight", "classifier.dense.weight"),
                             ("task_head.dense.bias", "classifier.dense.bias"),

@@ -2,7 +2,7 @@
 
 Symbols follow the paper: h hidden size, V vocabulary size, l layers, s sequence length, p mask probability,
 B global batch (sequences), U updates, l_t trainable layers. Everything is plain numbers, so the training loop,
-`mm-ds flops` (mm_ds/tools/costs.py) and the report can use it without building a model.
+`mm-ds flops` (mm_ds/pipeline/costs.py) and the report can use it without building a model.
 
 Like the paper (after Narayanan et al. 2021) we count matrix multiplies only: no biases, activations, softmax,
 layer norms, optimizer step or embedding lookups, and no activation recomputation.
@@ -77,24 +77,24 @@ FORMULAS = ("pretrain", "pretrain_secondary", "build_mini", "adapt", "finetune")
 """The cost formulas; each system's row in mm_ds/systems.py says which of its stages uses which."""
 
 
-def stage_flops_per_step(kind: str, *, hidden: int, vocab: int, layers: int, seq_len: int, mask_prob: float,
+def stage_flops_per_step(formula: str, *, hidden: int, vocab: int, layers: int, seq_len: int, mask_prob: float,
                          global_batch: int, trainable_layers: int | None = None, secondary_heads: int = 1) -> float:
     """FLOPs of one optimizer update of a stage; the training loop divides by step time for achieved FLOP/s.
     `secondary_heads`: pretrain_secondary's secondary MLM heads (multi-depth MINIJOINT has several)."""
     h, V, l, s, p, B = hidden, vocab, layers, seq_len, mask_prob, global_batch
-    if kind == "pretrain":
+    if formula == "pretrain":
         return pretrain_flops(h, V, l, s, p, B, 1)
-    if kind == "pretrain_secondary":
+    if formula == "pretrain_secondary":
         return pretrain_secondary_flops(h, V, l, s, p, B, 1, secondary_heads)
-    if kind == "adapt":
+    if formula == "adapt":
         return adapt_flops(h, V, l, s, p, B, 1)
-    if kind == "build_mini":
+    if formula == "build_mini":
         if trainable_layers is None:
-            raise ValueError("stage kind 'build_mini' needs trainable_layers (the new layers on top of the frozen N)")
+            raise ValueError("formula 'build_mini' needs trainable_layers (the new layers on top of the frozen N)")
         return build_mini_flops(h, V, l, s, p, B, 1, trainable_layers)
-    if kind == "finetune":
+    if formula == "finetune":
         return finetune_flops(h, l, s, B, 1)
-    raise ValueError(f"unknown stage kind {kind!r}; expected one of {', '.join(FORMULAS)}")
+    raise ValueError(f"unknown FLOPs formula {formula!r}; expected one of {', '.join(FORMULAS)}")
 
 
 def to_v100_days(flops: float) -> float:

@@ -66,15 +66,15 @@ class SpanHead(nn.Module):
         return (ce(start_logits, start_positions) + ce(end_logits, end_positions)) / 2
 
 
-def build_head(kind: str, hidden: int, num_labels: int = 0, dropout: float = 0.1) -> nn.Module:
-    """The head for a task kind (mm_ds.data.tasks.TaskSpec.kind)."""
-    if kind == PAIR_CLASSIFICATION:
+def build_head(task_type: str, hidden: int, num_labels: int = 0, dropout: float = 0.1) -> nn.Module:
+    """The head for a task type (mm_ds.data.tasks.TaskSpec.task_type)."""
+    if task_type == PAIR_CLASSIFICATION:
         if num_labels < 2:
             raise ValueError(f"a classification head needs at least 2 labels, got num_labels={num_labels}")
         return ClassificationHead(hidden, num_labels, dropout)
-    if kind == EXTRACTIVE_QA:
+    if task_type == EXTRACTIVE_QA:
         return SpanHead(hidden)
-    raise ValueError(f"no head for task kind {kind!r}; kinds: {PAIR_CLASSIFICATION}, {EXTRACTIVE_QA}")
+    raise ValueError(f"no head for task type {task_type!r}; types: {PAIR_CLASSIFICATION}, {EXTRACTIVE_QA}")
 
 
 class RobertaForTask(Encoder):
@@ -82,10 +82,10 @@ class RobertaForTask(Encoder):
 
     Body keys are the MLM's (`embed.*`, `layers.*`), so embeddings swap between the two unchanged."""
 
-    def __init__(self, cfg: ModelConfig, kind: str, num_labels: int = 0) -> None:
+    def __init__(self, cfg: ModelConfig, task_type: str, num_labels: int = 0) -> None:
         super().__init__(cfg)
-        self.kind = kind
-        self.task_head = build_head(kind, cfg.hidden_size, num_labels, cfg.dropout)
+        self.task_type = task_type
+        self.task_head = build_head(task_type, cfg.hidden_size, num_labels, cfg.dropout)
         self.init_weights()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -93,7 +93,7 @@ class RobertaForTask(Encoder):
                 end_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         # Pair/QA batches are padded: the mask must reach attention (None only when nothing is padding).
         hidden, _ = self.encode(input_ids, attention_mask)
-        if self.kind == PAIR_CLASSIFICATION:
+        if self.task_type == PAIR_CLASSIFICATION:
             logits = self.task_head(hidden)
             out = {"logits": logits}
             if labels is not None:

@@ -58,7 +58,7 @@ class Findings:
 def check(recipe, out: Path, strict: bool) -> Findings:
     """Every problem of running `recipe` into `out`. strict (`mm-ds run`): data must be present; otherwise
     (`--check`) data that is absent here is a note, data that is partly there a problem."""
-    from .recipe import stage_runs
+    from .stage_runs import stage_runs
 
     report = Findings()
     _check_out(out, report)
@@ -99,7 +99,7 @@ def check_stages(nodes, report: Findings, known: dict[Path, RunConfig] | None = 
 def protocol(recipe, nodes, configs: dict[Path, RunConfig]) -> list[str]:
     """What the paper's protocol is made of, read from the planned stage configs: each Step-2 run's checkpoint
     schedule (early_checkpoints), the tasks of Figure 1's headline speedup, and Table 5's models and tasks."""
-    from .recipe import english_tasks, minis_in_english, primaries
+    from ..recipe import english_tasks, minis_in_english, primaries
 
     schedules: dict[str, dict[str, list[str]]] = {}  # schedule -> system -> languages
     for node in nodes:
@@ -159,7 +159,7 @@ def _check_coverage(recipe, report: Findings) -> None:
 
 def _check_data(recipe, out: Path, strict: bool, report: Findings) -> None:
     from ..data.tasks import HUB, TaskDataError, find_local, get_task, hub_source, is_hub
-    from .recipe import data_path, task_root, text_inputs
+    from ..recipe import data_path, task_root, text_inputs
 
     for lang, file in recipe.heldout.items():  # read at the very end of a run: a missing one must fail now
         if not data_path(recipe, file).is_file():
@@ -173,17 +173,10 @@ def _check_data(recipe, out: Path, strict: bool, report: Findings) -> None:
         return
     relative = [p for p in [*(i for v in recipe.text.values() for i in v), recipe.task_root, *recipe.heldout.values()]
                 if p and not p.startswith("hf:") and not is_hub(p) and not Path(p).is_absolute()]
-    if relative or recipe.rehearsal:  # resolved here exactly as the run resolves them (recipe.data_path)
+    if relative:  # resolved here exactly as the run resolves them (recipe.data_path)
         report.notes.append(f"relative paths of the recipe (text, task_root, heldout) start at data_root="
                             f"{recipe.data_root or Path.cwd()}")
-    if recipe.rehearsal:  # the evaluation files are linked from data_root; the English ones are made from it
-        from ..data import rehearsal
-        root = data_path(recipe, "")
-        missing = rehearsal.missing_sources(root) if root.is_dir() else []
-        for m in missing:
-            report.add("rehearsal", f"{m} is missing; the rehearsal's task files are made from it")
-    else:
-        root = task_root(recipe, out)
+    root = task_root(recipe, out)
     hub = is_hub(root)
     if hub:  # the dataset, config and split each (task, language) reads are known here; whether they download is not
         import importlib.util
@@ -203,7 +196,7 @@ def _check_data(recipe, out: Path, strict: bool, report: Findings) -> None:
                 report.add(f"evaluate/{task}", f"{task} has no {split!r} split (it has {', '.join(spec.eval_splits)});"
                                                f" set eval_splits: {{{task}: {spec.eval_splits[-1]}}}")
                 continue
-            wanted = [] if recipe.rehearsal else [("train", "en", f"finetune/{task}")]
+            wanted = [("train", "en", f"finetune/{task}")]
             wanted += [(split, lang, f"evaluate/{task}/{lang}") for lang in recipe.evaluated(task)]
             for sp, lang, where in wanted:
                 try:
@@ -272,13 +265,13 @@ def _inherited(cfg: RunConfig, configs: dict[Path, RunConfig]) -> None:
         return  # an existing run given as parent: its checkpoint is checked at launch
     pm = model_after(parent, configs)
     if cfg.stage == "build_mini":
-        kind = system_of(cfg.system).mini
-        if kind is None:
+        mini = system_of(cfg.system).mini
+        if mini is None:
             raise ConfigError(f"build-mini is for {' or '.join(MINI_SYSTEMS)}, not system={cfg.system!r}")
-        if kind == "extract" and pm.secondary_head_layer is None:
+        if mini == "extract" and pm.secondary_head_layer is None:
             raise ConfigError(f"the parent ({parent.system} pretraining) has no secondary head; MINIJOINT's mini-model "
                               f"is cut from a model pretrained with model.secondary_head_layer=N")
-        if kind == "build" and not 0 < cfg.mini.layers < pm.num_layers:
+        if mini == "build" and not 0 < cfg.mini.layers < pm.num_layers:
             raise ConfigError(f"mini.layers={cfg.mini.layers} must lie in [1, {pm.num_layers}) (the parent's layers)")
     if cfg.stage in ("build_mini", "adapt") and cfg.data.seq_len > pm.max_positions:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the parent's model.max_positions="

@@ -46,7 +46,7 @@ SETTINGS = "extend.json"
 """OUT/extend.json: the arguments that made OUT; a re-run with other ones would mix two models' stages."""
 EXPORTED = "export.json"
 """OUT/export.json: --hf-out is this run's (written before the export) and which Step-2 result it holds (after)."""
-KINDS = ("build_mini", "adapt")
+EXTEND_STAGES = ("build_mini", "adapt")
 """The training stages extend may run; `STAGE/key=value` overrides name one of them."""
 PAPER_VOCAB = 50_000
 """Pieces per language in the paper (§3), as many as its English model has."""
@@ -74,7 +74,7 @@ class Plan:
     source_lang: str = "en"
     presets: str = "extend"
     overrides: dict[str, list[str]] = field(default_factory=dict)
-    """"" (every stage) or a stage of KINDS -> key=value list."""
+    """"" (every stage) or a stage of EXTEND_STAGES -> key=value list."""
     tokenizer: str | None = None
     vocab_size: int | None = None
     model_type: str = "unigram"
@@ -195,19 +195,19 @@ def extend_runs(plan: Plan, model: ModelConfig) -> list[StageRun]:
     runs: list[StageRun] = []
     row = plan.row
     parent = plan.primary
-    for kind in KINDS:
-        if kind == "build_mini" and not row.mini:
+    for stage in EXTEND_STAGES:
+        if stage == "build_mini" and not row.mini:
             continue
-        run = plan.out / kind if kind == "build_mini" else plan.out / "adapt" / plan.lang
-        lang = plan.lang if kind == "adapt" else plan.source_lang
+        run = plan.out / stage if stage == "build_mini" else plan.out / "adapt" / plan.lang
+        lang = plan.lang if stage == "adapt" else plan.source_lang
         # the paper's mini-model is 4 of 12 layers: a third of SRC's, before any override of the user's
         default = [f"mini.layers={min(max(1, model.num_layers // 3), model.num_layers - 1)}"] \
-            if kind == "build_mini" and row.mini == "build" and model.num_layers > 1 else []
+            if stage == "build_mini" and row.mini == "build" and model.num_layers > 1 else []
         overrides = [f"system={plan.system}", f"lang={lang}", *default, *plan.overrides.get("", []),
-                     *plan.overrides.get(kind, []), *row.overrides(kind),
+                     *plan.overrides.get(stage, []), *row.overrides(stage),
                      f"data.corpus={plan.out / 'data' / lang}", f"parent={parent}"]
-        runs.append(StageRun(kind, run, f"{plan.presets}/{kind}", tuple(overrides),
-                             f"{kind}/{run.relative_to(plan.out)}"))
+        runs.append(StageRun(stage, run, f"{plan.presets}/{stage}", tuple(overrides),
+                             f"{stage}/{run.relative_to(plan.out)}"))
         parent = run
     return runs
 
@@ -246,9 +246,9 @@ def check(plan: Plan) -> Findings:
         report.add("--hf-out", f"{plan.hf_out} exists, is not empty and was not written by this extend run "
                    f"({plan.out}); choose another --hf-out or remove it")
     _check_settings(plan, report)
-    bad = [k for k in plan.overrides if k and (k not in KINDS or k == "build_mini" and not plan.row.mini)]
+    bad = [k for k in plan.overrides if k and (k not in EXTEND_STAGES or k == "build_mini" and not plan.row.mini)]
     if bad:
-        stages = [k for k in KINDS if k != "build_mini" or plan.row.mini]
+        stages = [k for k in EXTEND_STAGES if k != "build_mini" or plan.row.mini]
         report.add("overrides", f"{bad[0]}/... names no stage of this plan ({plan.system}: {', '.join(stages)})")
     if model is not None:
         known = {plan.primary.resolve(): RunConfig(stage="pretrain", system=system, model=model)}

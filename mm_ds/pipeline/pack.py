@@ -270,8 +270,8 @@ STEP3 = "step3"
 def step3_spec(runs: list, recipe, out: Path) -> Path:
     """The pack file of Step 3's runs, longest first (their costs as `mm-ds plan` counts them): the last to start
     are the shortest, so the devices finish close together."""
-    from .recipe import stage_configs
-    from ..tools.costs import finetune_costs
+    from .stage_runs import stage_configs
+    from .costs import finetune_costs
 
     costs = finetune_costs(recipe, stage_configs(recipe, out), out)
     order = sorted(runs, key=lambda r: -costs[r.name.split("/", 1)[1]].flops)

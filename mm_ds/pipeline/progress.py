@@ -186,5 +186,5 @@ def run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: dic
         errors = [line for line in lines[:-15] if " error: " in line and "mm-ds " in line][-3:]
         shown = "".join(errors + (["...\n"] if errors else []) + lines[-15:])
         raise StageFailed(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}; its output is in {log}:\n"
-                          f"{shown}\nFix the cause and re-run the same `mm-ds run` command: finished stages are "
+                          f"{shown}\nFix the cause and re-run the same `mm-ds run` command: finished stage runs are "
                           f"skipped and interrupted ones resume")

@@ -1,7 +1,7 @@
 """`mm-ds run RECIPE`: a whole experiment, stage by stage, with one results table at the end.
 
 A recipe (packaged `recipes/NAME.yaml` or a file) names the systems, target languages, tasks, seeds, the
-data, and a preset per stage (mm_ds/pipeline/recipe.py). It makes a list of stage runs; each is launched as its own `mm-ds
+data, and a preset per stage (mm_ds/recipe.py). It makes a list of stage runs; each is launched as its own `mm-ds
 <stage>` process (which starts its ranks under the recipe's launcher), skipped when its `final/`
 verifies, and resumed from its newest complete checkpoint when it was interrupted. MINIPOST shares
 BL_BASE's pretrained model and its finetuned models (same primary model, paper §2.2).
@@ -31,8 +31,9 @@ from ..config import ConfigError, from_dict
 from .pack import complete
 from .progress import Follow, StageFailed, Watched, say
 from .progress import run_logged as _run_logged
-from .recipe import (Recipe, load_recipe, minis_in_english, prepare_options, recipe_names, stage_runs, task_root,
-                     text_inputs)
+from ..config import recipe_names
+from ..recipe import Recipe, load_recipe, minis_in_english, prepare_options, task_root, text_inputs
+from .stage_runs import stage_runs
 from ..stages.runner import StageRun
 from ..systems import REFERENCE, system_of
 
@@ -137,10 +138,6 @@ def prepare_data(recipe: Recipe, out: Path) -> None:
     if recipe.world is not None and not world_complete(out / "world"):
         from ..data.world import generate_world
         generate_world(out / "world", languages=tuple(recipe.langs), **recipe.world)
-    if recipe.rehearsal:
-        from ..data import rehearsal
-        if not rehearsal.complete(out / "tasks"):
-            rehearsal.build(recipe.data_root or ".", out / "tasks")
     opts = []
     for k, v in prepare_options(recipe).items():
         opts += [f"--{k.replace('_', '-')}", str(v)]
@@ -221,8 +218,8 @@ def stage_runs_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, boo
 
     world = from_dict(LaunchConfig, recipe.launch).world_size
     lines = [f"# {len(runs)} stage runs into {out}, {sum(done.values())} done (final/ verifies):"]
-    for kind, title in STEP_NAMES.items():
-        mine = [n for n in runs if n.name.startswith(kind + "/")]
+    for stage, title in STEP_NAMES.items():
+        mine = [n for n in runs if n.name.startswith(stage + "/")]
         if mine:
             how = (f"single-device runs, {min(world, len(mine))} at once" if mine[0].packed
                    else f"each data-parallel on {world} rank(s), one after another")
@@ -251,7 +248,7 @@ def _one_job(recipe: Recipe, out: Path, todo: list[StageRun], packed: list[Stage
     entries += [["run-align", str(a)]] if (a := align_spec(recipe, out)) else []  # after Step 4, on every rank
     job_file.write_text(json.dumps(entries, indent=1))
     cfg = from_dict(LaunchConfig, recipe.launch)
-    say(f"{len(todo)} stages, {len(packed)} single-device Step-3 runs and the evaluation in one job of "
+    say(f"{len(todo)} stage runs, {len(packed)} single-device Step-3 runs and the evaluation in one job of "
         f"{cfg.world_size} ranks; its log: {out / 'logs' / 'job.log'}")
     try:
         _run_logged(command(cfg, ["run-job", str(job_file)]) if cfg.launcher != "none"
@@ -335,7 +332,7 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     spread_alignment(recipe, out, job_ran_it=job_ran_eval)
     _write_results(recipe, out, rows)
     from ..report.report import MLM_DIR
-    say(f"{len(runs)} stages, {time.time() - t0:.0f} s; "
+    say(f"{len(runs)} stage runs, {time.time() - t0:.0f} s; "
         + (f"results: {out / 'results.md'} (rows: {out / 'results.jsonl'})" if recipe.tasks
            else f"MLM-level results: {out / 'report' / MLM_DIR / 'tables.md'} (rows: {out / 'align.jsonl'})"))
     return 0

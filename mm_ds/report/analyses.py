@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from . import captions
 from .mdtable import cost, days_cell, fmt, md
+from .records import condition
 from ..systems import SystemNameError, system_of
 
 if TYPE_CHECKING:  # report.py calls this module when it writes its files
@@ -111,10 +112,10 @@ def write_sweeps(report: Report, out: Path, t2: dict, t3: dict, plots: bool = Tr
 
 def english_table(recipe, rows: list[dict]) -> str:
     """Table 5: English scores (mean over finetuning seeds) of each primary model and each mini-model."""
-    from ..pipeline.recipe import english_tasks, minis_in_english, primaries
+    from ..recipe import english_tasks, minis_in_english, primaries
 
-    def score(kind: str, systems: set[str], task: str):
-        got = [r for r in rows if r["kind"] == kind and r["system"] in systems and r["task"] == task
+    def score(cond: str, systems: set[str], task: str):
+        got = [r for r in rows if condition(r) == cond and r["system"] in systems and r["task"] == task
                and r["lang"] == recipe.source_lang]
         return got[0] if got else None
 
@@ -122,8 +123,8 @@ def english_table(recipe, rows: list[dict]) -> str:
               for p in primaries(recipe)]
     models += [(f"{system_of(s).label} mini-model", "mini", {s}) for s in minis_in_english(recipe)]
     body, tasks = [], english_tasks(recipe)
-    for name, kind, systems in models:
-        cells = [score(kind, systems, t) for t in tasks]
+    for name, cond, systems in models:
+        cells = [score(cond, systems, t) for t in tasks]
         layers = next((c["layers"] for c in cells if c and "layers" in c), None)
         body.append([name, str(layers or "-")] + [f"{c['score']:.1f}" if c else "-" for c in cells])
     about = " ".join(captions.scores(t, [len(recipe.seeds)], recipe.world is not None) for t in tasks)

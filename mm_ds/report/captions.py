@@ -43,7 +43,7 @@ def chance(task: str, world: bool) -> str:
     level = chance_level(task, world)
     if level is None:
         return "chance level unknown (no task of mm_ds/data/tasks.py)"
-    how = "F1 floor: no answer word right" if TASKS[task].kind == EXTRACTIVE_QA else "always the most frequent label"
+    how = "F1 floor: no answer word right" if TASKS[task].task_type == EXTRACTIVE_QA else "always the most frequent label"
     files = "the generated world's" if world else "the official"
     return f"chance {level:.1f} ({how}, on {files} test files)"
 

@@ -55,6 +55,12 @@ class _Problems:
         return out
 
 
+def condition(rec: dict, default: str | None = None) -> str | None:
+    """A results row's condition (source, adapted, control, mini: mm_ds/eval/transfer.py); results files written
+    before it had that name call it `kind`."""
+    return rec.get("condition", rec.get("kind", default))
+
+
 def _number(v, cast):
     if v is None or (isinstance(v, str) and not v.strip()):
         return None
@@ -74,7 +80,7 @@ def clean_records(raw: Iterable[dict], source: str = "records") -> tuple[list[Re
         if not isinstance(rec, dict):
             problems.add("record is not an object/row", loc)
             continue
-        if rec.get("kind", "adapted") != "adapted":  # mm-ds run also records source-language and control rows
+        if condition(rec, "adapted") != "adapted":  # mm-ds run also records source-language and control rows
             continue
         missing = [k for k in ("system", "task", "lang") if not str(rec.get(k) or "").strip()]
         if missing:
@@ -123,8 +129,8 @@ def _n_and_seeds(rec: dict) -> tuple[int | None, tuple[float, ...]]:
 def control_scores(raw: Iterable[dict]) -> dict[tuple[str, str, str], Result]:
     """(task, lang, SYSTEM) -> the control row `mm-ds run` records (the finetuned model with untrained target
     embeddings, with its examples and per-seed scores): what a transfer must beat to have learned anything."""
-    controls = [{"step": 0, "flops": 0.0} | rec | {"kind": "adapted"} for rec in raw  # no cost: step 0
-                if isinstance(rec, dict) and rec.get("kind") == "control"]
+    controls = [{"step": 0, "flops": 0.0} | rec | {"condition": "adapted"} for rec in raw  # no cost: step 0
+                if isinstance(rec, dict) and condition(rec) == "control"]
     return {(r.task, r.lang, r.system): r for r in clean_records(controls, "controls")[0]}
 
 
@@ -149,7 +155,7 @@ def source_scores(raw: Iterable[dict]) -> dict[tuple[str, str, str], float]:
     finetuned and scored in English, no swap): Table 2's source column."""
     out = {}
     for rec in raw:
-        if isinstance(rec, dict) and rec.get("kind") == "source":
+        if isinstance(rec, dict) and condition(rec) == "source":
             score = _number(rec.get("score"), float)
             if score is not None:
                 out[(str(rec["task"]).strip(), str(rec["lang"]).strip(), str(rec["system"]).strip().upper())] = score

@@ -1,19 +1,16 @@
-"""The one module that knows DeepSpeed's checkpoint layout, and the self-describing run directory.
+"""The one module that knows DeepSpeed's checkpoint layout: the files `engine.save_checkpoint` writes, which of
+them hold what, and how to read weights out of them without an engine. What mm-ds writes beside them (meta,
+manifest, frozen/, final/) is mm_ds/runtime/rundir.py's; its names are re-exported here, so that a caller reads
+checkpoints through one module.
 
-    RUN/
-      run_config.yaml  ds_config.json      effective configs of the stage
-      logs/                                DeepSpeed monitor output (CSV; TensorBoard/W&B when enabled)
-      checkpoints/
-        latest                             tag of the newest *complete* checkpoint (written last)
-        step_00001000/                     engine.save_checkpoint() files (model, ZeRO optimizer shards)
-          mm_ds.json                       meta: stage, system, lang, step, tokens, FLOPs, parent, model config
-          manifest.json                    size and sha256 of every file: written last, checked on load
-      frozen/
-        model.safetensors  mm_ds.json      fp32 weights of the parameters this stage does not train (the
-                                           parent's, after surgery); laid over every consolidation, since
-                                           bf16/fp16 engines keep only low-precision copies of them
-      final/
-        model.safetensors  mm_ds.json      consolidated fp32 weights: what the next stage starts from
+    RUN/checkpoints/
+      latest                               tag of the newest *complete* checkpoint (written last)
+      step_00001000/                       engine.save_checkpoint() files:
+        mp_rank_00_model_states.pt           the module's state dict (frozen parameters included), client state
+        *zero_pp_rank_R_mp_rank_00_optim_states.pt   ZeRO-1/2: rank R's optimizer shard
+        mm_ds.json  manifest.json          mm-ds's meta and manifest (rundir.py)
+      step_00001000.universal/             DeepSpeed's universal checkpoint of it (resharding.py converts)
+      latest_universal                     DeepSpeed's pointer at the newest universal checkpoint
 
 A checkpoint is written under `<tag>.tmp`, verified, then renamed; `latest` is replaced atomically after.
 A crash mid-save leaves a `.tmp` directory that is never picked up and is removed by the next save.
@@ -22,30 +19,21 @@ The filesystem under RUN must be shared by all ranks (as DeepSpeed itself assume
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import json
 import os
 import shutil
-import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-from . import dist, faults, sums
+from . import dist, faults
+from .rundir import (FINAL, FORMAT, FROZEN, MANIFEST, META, WEIGHTS, CheckpointError, describe_write_error,  # noqa: F401
+                     manifest_of, now, read_meta, unwritable, verify, weights_dir, write_final, write_frozen,
+                     write_json_atomic, write_manifest, write_meta, write_text_atomic, writing)
 
-META = "mm_ds.json"
-MANIFEST = sums.MANIFEST
 LATEST = "latest"
-FINAL = "final"
-FROZEN = "frozen"
-WEIGHTS = "model.safetensors"
-FORMAT = "mm-ds-checkpoint/1"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, incomplete, corrupt, or not what the caller expects."""
+MODEL_STATES = "mp_rank_00_model_states.pt"
+"""The module's state dict, without ZeRO-3 (which partitions it into the optimizer shards)."""
+LATEST_UNIVERSAL = "latest_universal"
 
 
 def tag_for(step: int) -> str:
@@ -54,97 +42,6 @@ def tag_for(step: int) -> str:
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
-
-
-# ---------------------------------------------------------------- small atomic-file helpers
-
-def write_json_atomic(path: Path, obj) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True))
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-# ---------------------------------------------------------------- manifest: sizes and checksums
-
-def write_manifest(ckpt: Path) -> None:
-    files = {}
-    for p in sorted(ckpt.rglob("*")):
-        if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp"):
-            files[str(p.relative_to(ckpt))] = {"bytes": p.stat().st_size, "sha256": sums.sha256(p, dist.rank())}
-    write_json_atomic(ckpt / MANIFEST, {"format": FORMAT, "files": files})
-
-
-def verify(ckpt: str | Path, checksums: bool = True) -> dict:
-    """Check a checkpoint against its manifest: sizes, and sums unless this process has (mm_ds/runtime/sums.py). Raises
-    CheckpointError naming the first bad file."""
-    ckpt = Path(ckpt)
-    man_path = ckpt / MANIFEST
-    if not man_path.is_file():
-        raise CheckpointError(f"{ckpt}: no {MANIFEST}; it is incomplete (interrupted save) or not written by mm-ds")
-    try:
-        manifest = json.loads(man_path.read_text())
-        files = manifest["files"]
-    except (json.JSONDecodeError, KeyError) as e:
-        raise CheckpointError(f"{man_path} is unreadable ({e}); the checkpoint cannot be trusted") from e
-    checksums = checksums and sums.needed(ckpt)
-    for rel, want in files.items():
-        p = ckpt / rel
-        if not p.is_file():
-            raise CheckpointError(f"{p}: listed in the manifest but missing")
-        if p.stat().st_size != want["bytes"]:
-            raise CheckpointError(f"{p}: {p.stat().st_size} bytes, manifest says {want['bytes']} (truncated?)")
-        if checksums and sums.sha256(p, dist.rank()) != want["sha256"]:
-            raise CheckpointError(f"{p}: sha256 differs from the manifest (corrupted)")
-    if checksums:
-        sums.checked(ckpt)
-    return manifest
-
-
-# Meta keys that point at other files. They are written absolute (a stage's cwd is not the reader's) and
-# also relative to the checkpoint, so that a run tree copied or moved as a whole still finds its parents
-# and tokenizers: on reading, the relative path wins when it exists.
-PATH_KEYS = ("parent", "primary", "tokenizer", "frozen")
-
-
-def _portable_paths(meta: dict, ckpt: Path) -> dict:
-    """`meta` as written to `ckpt`/mm_ds.json: path keys absolute, plus their paths relative to `ckpt`."""
-    out, rel = {k: v for k, v in meta.items() if k != "relative_paths"}, {}
-    for key in PATH_KEYS:
-        if isinstance(meta.get(key), str) and meta[key]:
-            target = Path(meta[key]).resolve()
-            out[key] = str(target)
-            rel[key] = os.path.relpath(target, ckpt.resolve())
-    return out | ({"relative_paths": rel} if rel else {})
-
-
-def _local_paths(meta: dict, ckpt: Path) -> dict:
-    for key, rel in (meta.get("relative_paths") or {}).items():
-        here = ckpt / rel
-        if here.exists():
-            meta[key] = str(here.resolve())
-    return meta
-
-
-def write_meta(ckpt: Path, meta: dict, at: Path | None = None) -> None:
-    """`ckpt`/mm_ds.json for a checkpoint that will be published at `at` (default: where it is written)."""
-    write_json_atomic(ckpt / META, _portable_paths(meta, at or ckpt) | {"format": FORMAT})
-
-
-def read_meta(ckpt: str | Path) -> dict:
-    path = Path(ckpt) / META
-    if not path.is_file():
-        raise CheckpointError(f"{ckpt} has no {META}: not an mm-ds checkpoint or final directory")
-    meta = json.loads(path.read_text())
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
-    return _local_paths(meta, Path(ckpt))
 
 
 # ---------------------------------------------------------------- saving and finding engine checkpoints
@@ -163,7 +60,7 @@ def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict)
         if ok is False:
             error = "engine.save_checkpoint reported failure"
     except (OSError, RuntimeError) as e:  # disk full, permissions: say so, keep the previous checkpoint
-        error = _write_error(e, root)  # (torch.save reports a full disk as a RuntimeError)
+        error = describe_write_error(e, root)  # (torch.save reports a full disk as a RuntimeError)
     faults.in_save(step, rank, "after-engine-save", stage)
     if dist.any_rank(error is not None):
         dist.on_rank0(lambda: shutil.rmtree(root / tmp_tag, ignore_errors=True), f"removing {root / tmp_tag}")
@@ -187,7 +84,7 @@ def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict)
             write_text_atomic(root / LATEST, tag)
         except (OSError, CheckpointError) as e:
             shutil.rmtree(root / tmp_tag, ignore_errors=True)
-            raise CheckpointError(f"publishing checkpoint {root / tag} failed: {_write_error(e, root)}. The previous "
+            raise CheckpointError(f"publishing checkpoint {root / tag} failed: {describe_write_error(e, root)}. The previous "
                                   f"checkpoint is intact; free disk space or fix permissions, then resume with "
                                   f"--resume.") from e
 
@@ -200,38 +97,6 @@ def _make_room(root: Path) -> None:
         root.mkdir(parents=True, exist_ok=True)
         for stale in root.glob("*.tmp"):  # an earlier crash mid-save
             shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
-
-
-IN_THE_WAY = (errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ENOTEMPTY)  # a file where a directory must go, ...
-
-
-def _write_error(e: Exception, root: Path) -> str:
-    if isinstance(e, OSError) and e.errno in IN_THE_WAY:
-        return f"{type(e).__name__}: {e}"
-    try:
-        free = f"; {shutil.disk_usage(root).free:,} bytes free on that filesystem"
-    except OSError:
-        free = ""
-    full = isinstance(e, OSError) and e.errno == errno.ENOSPC or "unexpected pos" in str(e) or "write failed" in str(e)
-    return (f"{'disk full? ' if full and 'No space' not in str(e) else ''}{type(e).__name__}: {e}{free}"
-            f"{'' if os.access(root, os.W_OK) or not root.exists() else f' ({root} is not writable)'}")
-
-
-@contextlib.contextmanager
-def writing(what: Path, partial: Path | None = None, then: str = "re-run with --resume"):
-    """Filesystem errors while writing `what` become a CheckpointError naming it, what happened and the fix (then
-    `then`); `partial`, a temporary directory of ours, is removed: nothing is half-published."""
-    try:
-        yield
-    except CheckpointError:
-        raise
-    except (OSError, RuntimeError) as e:  # torch.save and safetensors report a full disk as a RuntimeError
-        if partial is not None and partial.is_dir():
-            shutil.rmtree(partial, ignore_errors=True)
-        fix = (f"Move or remove what is in the way ({e.filename2 or e.filename})"  # a rename's: its target
-               if isinstance(e, OSError) and e.errno in IN_THE_WAY else "Free disk space or fix permissions")
-        raise CheckpointError(f"writing {what} failed: {_write_error(e, what.parent)}; nothing was published. "
-                              f"{fix}, then {then}.") from e
 
 
 def latest_tag(run_dir: str | Path) -> str | None:
@@ -297,7 +162,7 @@ def consolidate(ckpt: str | Path) -> dict[str, torch.Tensor]:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
         sd = get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
         return _with_frozen({k: v.detach().float().clone().contiguous() for k, v in sd.items()}, meta, ckpt)
-    states = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    states = torch.load(ckpt / MODEL_STATES, map_location="cpu", weights_only=False)
     sd = dict(states["module"])
     if zero > 0:
         # The optimizer shards hold fp32 masters of the *trainable* parameters only; DeepSpeed records
@@ -369,49 +234,16 @@ def _with_frozen(sd: dict[str, torch.Tensor], meta: dict, ckpt: Path) -> dict[st
     return sd
 
 
-def write_final(out_dir: str | Path, state_dict: dict[str, torch.Tensor], meta: dict) -> Path:
-    """A self-describing weights directory: safetensors + meta. Written to a temp name, then renamed; a
-    filesystem error is a CheckpointError (`writing`) and publishes nothing half-written."""
-    from safetensors.torch import save_file
-
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    with writing(out_dir, partial=tmp):
-        if tmp.is_dir():
-            shutil.rmtree(tmp)  # left by a crash mid-write
-        tmp.mkdir(parents=True)
-        save_file({k: v.contiguous() for k, v in state_dict.items()}, str(tmp / WEIGHTS))
-        write_meta(tmp, meta, at=out_dir)
-        write_manifest(tmp)
-        if out_dir.is_dir():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    return out_dir
+def module_states(ckpt: str | Path) -> dict[str, torch.Tensor]:
+    """The module's state dict as the engine saved it (every parameter at the precision it was used in, and the
+    buffers): of an engine checkpoint under ZeRO 0-2, or of a universal one (the converter copies the file over)."""
+    return torch.load(Path(ckpt) / MODEL_STATES, map_location="cpu", weights_only=False)["module"]
 
 
-def write_frozen(run_dir: str | Path, state_dict: dict[str, torch.Tensor]) -> Path | None:
-    """RUN/frozen/: the fp32 weights a stage does not train, written once (a resume finds them in place)."""
-    out = Path(run_dir) / FROZEN
-    if not state_dict:
-        return None
-    if (out / WEIGHTS).is_file():
-        try:
-            verify(out)
-            return out
-        except CheckpointError as e:
-            print(f"[mm-ds] rewriting {out}: {e}", flush=True)
-    return write_final(out, state_dict, {"frozen_of": str(run_dir), "time": now()})
-
-
-def manifest_of(path: str | Path) -> Path:
-    """The manifest of a checkpoint directory, or else of a run directory's final/ (it may not exist)."""
-    path = Path(path)
-    return path / MANIFEST if (path / MANIFEST).is_file() else path / FINAL / MANIFEST
-
-
-def weights_dir(path: str | Path) -> Path:
-    """What `load_final` reads for `path`: RUN/final/, a final/ directory itself, or an engine checkpoint."""
-    return Path(path) / FINAL if (Path(path) / FINAL / WEIGHTS).is_file() else Path(path)
+def mark_newest_universal(universal: Path) -> None:
+    """DeepSpeed's converter points `latest_universal` at the name it wrote to (a temporary one): point it at
+    `universal`, where the checkpoint was published."""
+    write_text_atomic(universal.parent / LATEST_UNIVERSAL, universal.name)
 
 
 def load_final(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -427,22 +259,3 @@ def load_final(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
                           f"directory that finished, its {FINAL}/ directory, or a checkpoints/step_* directory")
 
 
-def unwritable(out: Path) -> str | None:
-    """Why `out`, or the directory it would be created in, cannot take a file (tried for real, then removed:
-    permission bits do not tell for root, read-only mounts or /proc); None when it can."""
-    here = out.resolve()
-    while not here.exists() and here != here.parent:
-        here = here.parent
-    if not here.is_dir():
-        return f"{here} is not a directory, so {out} cannot be created there"
-    try:
-        fd, probe = tempfile.mkstemp(dir=here, prefix=".mm-ds-write-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        return f"{out} cannot be written ({here}: {e.strerror}); choose another --out"
-    return None
-
-
-def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

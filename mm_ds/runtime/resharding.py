@@ -6,8 +6,9 @@ the current one (or `--reshard` asks for it), rank 0 converts the checkpoint wit
 converter (`python -m deepspeed.checkpoint.ds_to_universal`) into a sibling directory
 
     checkpoints/step_00001000/             the original, untouched
-    checkpoints/step_00001000.universal/   zero/<param>/{fp32,exp_avg,exp_avg_sq}.pt, mp_rank_00_model_states.pt,
-                                           mm_ds.json (the original meta + universal_of), manifest.json
+    checkpoints/step_00001000.universal/   DeepSpeed's universal layout (per-parameter fp32 weights and Adam
+                                           moments, the model states), mm_ds.json (the original meta +
+                                           universal_of), manifest.json
 
 written under `.universal.tmp`, given a manifest, verified and renamed, like every mm-ds checkpoint; a
 later resume reuses it. The engine is then built with `"checkpoint": {"load_universal": true}` and
@@ -19,7 +20,7 @@ resumed run sees the same samples. What does not: dropout masks are seeded per (
 and the gradient all-reduce sums in another order, so the continuation is close to, not bitwise equal
 to, an uninterrupted run on the old world size.
 
-ZeRO-0 checkpoints need no conversion (the optimizer state is whole in `mp_rank_00_model_states.pt`).
+ZeRO-0 checkpoints need no conversion (the optimizer state is whole in the model states file).
 ZeRO-3 is not handled here: consolidate its weights (`final/`) and start a new stage from them.
 """
 
@@ -92,8 +93,7 @@ def ensure_universal(ckpt: str | Path, workers: int | None = None) -> Path:
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
-    # The converter points DeepSpeed's `latest_universal` at the temporary name: point it at the real one.
-    ckpt_io.write_text_atomic(out.parent / "latest_universal", out.name)
+    ckpt_io.mark_newest_universal(out)
     return out
 
 
@@ -119,7 +119,7 @@ def prepare(found: Path, world_size: int, ds_cfg: dict, rank: int, force: bool =
 def restore_frozen(engine, universal: Path) -> int:
     """Universal loading restores what the optimizer owns; frozen parameters and buffers come from the
     model states the converter copied over. Returns how many tensors were restored."""
-    states = torch.load(universal / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+    states = ckpt_io.module_states(universal)
     n = 0
     with torch.no_grad():
         for name, p in list(engine.module.named_parameters()) + list(engine.module.named_buffers()):

@@ -1,4 +1,4 @@
-"""The sha256 sums of checkpoint files (mm_ds/runtime/checkpoint.py's manifests), computed once per stage start.
+"""The sha256 sums of checkpoint files (mm_ds/runtime/rundir.py's manifests), computed once per stage start.
 
 A checkpoint is hashed before anything loads it (DeepSpeed unpickles its files). At the paper's BL_BASE size
 that reads 1.75 GB, so it is done once: a process remembers which checkpoints it has checked (their files

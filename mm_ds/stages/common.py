@@ -70,13 +70,13 @@ def mlm_batches(cfg: RunConfig, corpus: TokenCorpus):
     return batch
 
 
-def stage_flops(cfg: RunConfig, kind: str, layers: int, trainable_layers: int | None = None, seq_len=None,
+def stage_flops(cfg: RunConfig, formula: str, layers: int, trainable_layers: int | None = None, seq_len=None,
                 secondary_heads: int = 1):
     """(global batch, depth=None) -> FLOPs of one update; `depth` (multi-depth Step 2) replaces `layers`."""
     m = cfg.model
 
     def per_step(global_batch: int, depth: int | None = None) -> float:
-        return flops.stage_flops_per_step(kind, hidden=m.hidden_size, vocab=m.vocab_size, layers=depth or layers,
+        return flops.stage_flops_per_step(formula, hidden=m.hidden_size, vocab=m.vocab_size, layers=depth or layers,
                                           seq_len=seq_len or cfg.data.seq_len, mask_prob=cfg.data.mask_prob,
                                           global_batch=global_batch, trainable_layers=trainable_layers,
                                           secondary_heads=secondary_heads)

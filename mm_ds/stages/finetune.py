@@ -55,7 +55,7 @@ def _train_features(task: str, data_root: str, tokenizer: str, max_length: int, 
     print(f"[mm-ds] {report.summary()}", flush=True)
     examples = examples[:limit] if limit else examples
     sp = spm.SentencePieceProcessor(model_file=tokenizer)
-    if spec.kind == EXTRACTIVE_QA:
+    if spec.task_type == EXTRACTIVE_QA:
         return feats.qa_features(examples, sp, spec.fitted(max_length)), feats.collate_qa
     return feats.pair_features(examples, sp, max_length), feats.collate_pairs
 
@@ -102,7 +102,7 @@ def build(cfg: RunConfig) -> Stage:
     schedule(cfg, n, ds_config.global_batch(cfg))
     cfg.model = mcfg
     torch.manual_seed(cfg.train.seed)
-    model = RobertaForTask(mcfg, spec.kind, spec.num_labels)
+    model = RobertaForTask(mcfg, spec.task_type, spec.num_labels)
     body = {k: v for k, v in sd.items() if k.startswith(("embed.", "layers."))}
     missing, unexpected = model.load_state_dict(body, strict=False)
     if unexpected or any(not k.startswith("task_head.") for k in missing):
@@ -123,5 +123,5 @@ def build(cfg: RunConfig) -> Stage:
     return Stage(cfg=cfg, model=model, trainable=lambda name: name not in FROZEN, batches=batches,
                  flops_per_step=flops_per_step, tokens_per_sample=seq, parent=cfg.parent,
                  parent_flops=meta.get("flops_cumulative", 0.0),
-                 meta={"tokenizer": meta["tokenizer"], "task": spec.name, "kind": spec.kind,
+                 meta={"tokenizer": meta["tokenizer"], "task": spec.name, "task_type": spec.task_type,
                        "num_labels": spec.num_labels, "primary": cfg.parent, "train_features": n})

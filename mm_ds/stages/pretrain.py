@@ -21,8 +21,8 @@ def build(cfg: RunConfig) -> Stage:
     torch.manual_seed(cfg.train.seed)
     model = RobertaMLM(cfg.model)
     heads = len(cfg.model.secondary_depths)
-    kind = "pretrain_secondary" if heads else "pretrain"
+    formula = "pretrain_secondary" if heads else "pretrain"
     return Stage(cfg=cfg, model=model, trainable=lambda name: True, batches=mlm_batches(cfg, corpus),
-                 flops_per_step=stage_flops(cfg, kind, cfg.model.num_layers, secondary_heads=heads or 1),
+                 flops_per_step=stage_flops(cfg, formula, cfg.model.num_layers, secondary_heads=heads or 1),
                  tokens_per_sample=cfg.data.seq_len,
                  meta={"tokenizer": str(corpus.spm_model.resolve())})

@@ -42,7 +42,7 @@ class StageRun:
     name: str = ""
     """Where `mm-ds run` shows and logs it: `stage/run dir under OUT` (adapt/minipost/de)."""
     packed: bool = False
-    """A single-device run, packed with others onto the launch's devices (`recipe.PACKED`), not data-parallel."""
+    """A single-device run, packed with others onto the launch's devices (`stage_runs.PACKED`), not data-parallel."""
     config_file: str | None = field(default=None, repr=False)
     """`--config FILE`: applied after the preset, before the overrides."""
 

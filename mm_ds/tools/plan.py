@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..model import flops as F
-from .costs import add_recipe_args, costs_from_args
+from ..pipeline.costs import add_recipe_args, costs_from_args
 from .plan_model import (BYTES, PERSISTENCE, RING, Cluster, ParamCount, StagePlan, collectives_per_step,  # noqa: F401
                          comm_bytes_per_step, plan_stages, stage_params)
 from .plan_totals import format_totals, recipe_totals, refusals, totals_json
@@ -75,7 +75,8 @@ def plan_evaluation(recipe, cluster: Cluster, cfgs: dict | None = None) -> EvalP
     seed's finetuned model on the official test set's size (mm_ds/data/tasks.py) at the task's full sequence
     length (an upper bound: evaluation batches by length). Forward passes only, at the plan's MFU."""
     from ..data.tasks import get_task
-    from ..pipeline.recipe import english_tasks, minis_in_english, primaries, stage_configs
+    from ..pipeline.stage_runs import stage_configs
+    from ..recipe import english_tasks, minis_in_english, primaries
     from ..systems import system_of
 
     cfgs = stage_configs(recipe) if cfgs is None else cfgs
@@ -128,14 +129,14 @@ def format_plan(rows: list[StagePlan], c: Cluster) -> str:
             f"{c.micro_batch}; all-reduce busbw "
             f"{c.intra_gbps:g} GB/s intra-node, {c.inter_gbps:g} GB/s inter-node (using "
             f"{c.busbw / 1e9:g}); overlap {c.overlap:g}")
-    cols = ["system", "stage", "kind", "layers", "params M", "trainable M", "steps", "accum", "PFLOP/step",
+    cols = ["system", "step", "formula", "layers", "params M", "trainable M", "steps", "accum", "PFLOP/step",
             "compute s", "comm GB/GPU", "comm s", "step s", "hours", "GPU-h"]
     if c.usd_per_gpu_hour:
         cols.append("USD")
     cols += ["ckpt GB", "x ckpts", "final GB"]
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        cells = [r.system, r.stage, r.kind, str(r.layers), f"{r.params / 1e6:.1f}", f"{r.trainable / 1e6:.2f}",
+        cells = [r.system, r.step, r.formula, str(r.layers), f"{r.params / 1e6:.1f}", f"{r.trainable / 1e6:.2f}",
                  f"{r.steps:,}", str(r.grad_accum), f"{r.flops_per_step / 1e15:.2f}", f"{r.compute_s:.3f}",
                  _gb(r.comm_bytes), f"{r.comm_s:.4f}", f"{r.step_s:.3f}", f"{r.hours:.1f}", f"{r.gpu_hours:,.0f}"]
         if c.usd_per_gpu_hour:
@@ -145,7 +146,7 @@ def format_plan(rows: list[StagePlan], c: Cluster) -> str:
     lines.append("")
     for system in dict.fromkeys(r.system for r in rows):
         rs = [r for r in rows if r.system == system]
-        s2 = [r for r in rs if r.stage == "step2"]
+        s2 = [r for r in rs if r.step == "step2"]
         disk = sum(r.ckpt_bytes * r.checkpoints + r.final_bytes for r in rs)
         usd = f", {sum(r.usd for r in rs):,.0f} USD" if c.usd_per_gpu_hour else ""
         lines.append(f"{system}: {sum(r.hours for r in rs):.1f} h, {sum(r.gpu_hours for r in rs):,.0f} GPU-h{usd} "
@@ -160,7 +161,7 @@ _BENCH_KIND = {"adapt_full": "adapt", "adapt_mini": "adapt"}
 
 
 def read_bench(path: str | Path) -> tuple[float | None, list[dict]]:
-    """(peak FLOP/s of the run or None, [{name, kind, flops_per_step, step_time_s}]) of an `mm-ds bench --json`."""
+    """(peak FLOP/s of the run or None, [{name, formula, flops_per_step, step_time_s}]) of an `mm-ds bench --json`."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -176,7 +177,7 @@ def read_bench(path: str | Path) -> tuple[float | None, list[dict]]:
         if "flops_per_step" not in r or "step_time_s" not in r:
             raise ValueError(f"--bench {path}: stage {r.get('name', r)!r} lacks flops_per_step or step_time_s")
         name = r.get("name", r.get("kind", "?"))
-        rows.append({"name": name, "kind": r.get("kind") or _BENCH_KIND.get(name, name),
+        rows.append({"name": name, "formula": r.get("kind") or _BENCH_KIND.get(name, name),  # bench's name for it
                      "flops_per_step": float(r["flops_per_step"]), "step_time_s": float(r["step_time_s"])})
     peak = data.get("peak", {})
     peak = peak.get("used_flops") if isinstance(peak, dict) else None
@@ -186,18 +187,18 @@ def read_bench(path: str | Path) -> tuple[float | None, list[dict]]:
 
 def bench_check(peak: float | None, bench: list[dict], mfu: float) -> str:
     """Estimated vs measured step time of each benchmarked stage on the machine that ran the benchmark."""
-    ref = next((r for r in bench if r["kind"] == "pretrain"), bench[0])
+    ref = next((r for r in bench if r["formula"] == "pretrain"), bench[0])
     ref_mfu = ref["flops_per_step"] / ref["step_time_s"] / peak if peak else None
     lines = [f"compute model vs `mm-ds bench` (peak {peak / 1e12:.3f} TFLOP/s measured in that run)" if peak else
              "compute model vs `mm-ds bench` (no peak in the file: calibrated estimate only)",
-             "| stage | kind | GFLOP/step | measured s | TFLOP/s | MFU | est. s at plan MFU | est. s calibrated "
+             "| stage | formula | GFLOP/step | measured s | TFLOP/s | MFU | est. s at plan MFU | est. s calibrated "
              f"on {ref['name']} | measured / calibrated |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in bench:
         achieved = r["flops_per_step"] / r["step_time_s"]
         est = f"{r['flops_per_step'] / (peak * mfu):.3f}" if peak else "-"
         # The same achieved FLOP/s as the reference stage: how well the formulas predict relative cost.
         cal = r["flops_per_step"] / (ref["flops_per_step"] / ref["step_time_s"])
-        lines.append(f"| {r['name']} | {r['kind']} | {r['flops_per_step'] / 1e9:.1f} | {r['step_time_s']:.3f} | "
+        lines.append(f"| {r['name']} | {r['formula']} | {r['flops_per_step'] / 1e9:.1f} | {r['step_time_s']:.3f} | "
                      f"{achieved / 1e12:.4f} | {f'{achieved / peak:.1%}' if peak else '-'} | {est} | {cal:.3f} | "
                      f"{r['step_time_s'] / cal:.2f} |")
     if ref_mfu is not None:
@@ -210,12 +211,12 @@ def bench_check(peak: float | None, bench: list[dict], mfu: float) -> str:
 def measured_check(rows: list[StagePlan], c: Cluster, tflops: float) -> str:
     lines = [f"compute at a measured {tflops:g} TFLOP/s per GPU (MFU {tflops / c.peak_tflops:.1%} of "
              f"{c.peak_tflops:g}) vs the plan's {c.mfu:g}:",
-             "| system | stage | est. compute s/step | at measured s/step | est. hours | at measured hours |",
+             "| system | step | est. compute s/step | at measured s/step | est. hours | at measured hours |",
              "|---|---|---:|---:|---:|---:|"]
     for r in rows:
         meas = r.flops_per_step / (c.gpus * tflops * 1e12)
         step = meas + (1 - c.overlap) * r.comm_s
-        lines.append(f"| {r.system} | {r.stage} | {r.compute_s:.3f} | {meas:.3f} | {r.hours:.1f} | "
+        lines.append(f"| {r.system} | {r.step} | {r.compute_s:.3f} | {meas:.3f} | {r.hours:.1f} | "
                      f"{step * r.steps / 3600:.1f} |")
     return "\n".join(lines)
 

@@ -11,7 +11,7 @@ from ..config import ModelConfig
 from ..runtime.ds_config import reduction_dtype
 from ..model.model import LANGUAGE_PARAMS, param_count, param_shapes
 from ..model.surgery import minipost_trainable
-from .costs import StageCost
+from ..pipeline.costs import StageCost
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -28,26 +28,26 @@ class ParamCount:
     persistent: int = 0  # of `total`, in parameters of at most PERSISTENCE elements
 
 
-def stage_params(kind: str, h: int, V: int, layers: int, seq_len: int, trainable_layers: int | None = None,
+def stage_params(formula: str, h: int, V: int, layers: int, seq_len: int, trainable_layers: int | None = None,
                  ffn: int | None = None, secondary_heads: int = 1) -> ParamCount:
     """Parameters of a stage's model and those it trains, counted by the model's own layout (no model built)."""
-    depths = list(range(1, secondary_heads + 1)) if kind == "pretrain_secondary" else None  # a head's size is N-free
+    depths = list(range(1, secondary_heads + 1)) if formula == "pretrain_secondary" else None  # a head's size is N-free
     cfg = ModelConfig(vocab_size=V, hidden_size=h, num_layers=layers, ffn_size=ffn or 4 * h, max_positions=seq_len,
                       secondary_head_layer=depths)
     shapes = param_shapes(cfg)
-    kept = (lambda k: not k.startswith("head.")) if kind == "finetune" else (lambda k: True)  # task head: negligible
+    kept = (lambda k: not k.startswith("head.")) if formula == "finetune" else (lambda k: True)  # task head: negligible
     small = sum(math.prod(s) for k, s in shapes.items() if kept(k) and math.prod(s) <= PERSISTENCE)
-    if kind in ("pretrain", "pretrain_secondary"):
+    if formula in ("pretrain", "pretrain_secondary"):
         return ParamCount(param_count(cfg), param_count(cfg), small)
-    if kind == "adapt":  # the language group: token embeddings + the output bias of the (one) head
+    if formula == "adapt":  # the language group: token embeddings + the output bias of the (one) head
         return ParamCount(param_count(cfg), param_count(cfg, lambda k: k in LANGUAGE_PARAMS), small)
-    if kind == "build_mini":
+    if formula == "build_mini":
         trainable = minipost_trainable(cfg, layers - (trainable_layers or 0))
         return ParamCount(param_count(cfg), param_count(cfg, trainable), small)
-    if kind == "finetune":  # the body without the MLM head; token embeddings frozen
+    if formula == "finetune":  # the body without the MLM head; token embeddings frozen
         body = param_count(cfg, kept)
         return ParamCount(body, body - param_count(cfg, lambda k: k == "embed.tokens.weight"), small)
-    raise ValueError(f"unknown stage kind {kind!r}")
+    raise ValueError(f"unknown FLOPs formula {formula!r}")
 
 
 # ---------------------------------------------------------------- the cluster and the plan
@@ -134,8 +134,8 @@ def comm_bytes_per_step(zero: int, n: int, trainable: int, total: int, grad_accu
 @dataclass(frozen=True)
 class StagePlan:
     system: str
-    stage: str
-    kind: str
+    step: str
+    formula: str
     layers: int
     steps: int
     global_batch: int
@@ -162,10 +162,10 @@ def plan_stages(costs: list[StageCost], cluster: Cluster) -> list[StagePlan]:
         B, s = cost.global_batch, cost.seq_len
         n = cluster.gpus
         if B % (cluster.micro_batch * n):
-            raise ValueError(f"{cost.system} {cost.stage}: global batch {B} is not divisible by micro batch "
+            raise ValueError(f"{cost.system} {cost.step}: global batch {B} is not divisible by micro batch "
                              f"{cluster.micro_batch} x {n} GPUs; change --micro-batch or the cluster size")
         accum = B // (cluster.micro_batch * n)
-        pc = stage_params(cost.kind, cost.hidden, cost.vocab, cost.layers, s, cost.trainable_layers,
+        pc = stage_params(cost.formula, cost.hidden, cost.vocab, cost.layers, s, cost.trainable_layers,
                           secondary_heads=cost.secondary_heads)
         compute = cost.flops_per_step / (n * cluster.peak_tflops * 1e12 * cluster.mfu)
         vol = comm_bytes_per_step(cluster.zero, n, pc.trainable, pc.total, accum, cluster.dtype,
@@ -176,7 +176,7 @@ def plan_stages(costs: list[StageCost], cluster: Cluster) -> list[StagePlan]:
         gpu_hours = hours * n
         w = BYTES[cluster.dtype]
         rows.append(StagePlan(
-            cost.system, cost.stage, cost.kind, cost.layers, cost.steps, B, accum, pc.total, pc.trainable,
+            cost.system, cost.step, cost.formula, cost.layers, cost.steps, B, accum, pc.total, pc.trainable,
             cost.flops_per_step, compute, vol, comm, step, hours, gpu_hours,
             gpu_hours * cluster.usd_per_gpu_hour if cluster.usd_per_gpu_hour else None,
             pc.total * w + pc.trainable * 12, pc.total * 4, cost.checkpoints))

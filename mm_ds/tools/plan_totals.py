@@ -1,6 +1,6 @@
 """`mm-ds plan`'s totals: the whole recipe as `mm-ds run` runs it, step by step, on the planned cluster.
 
-Every stage run of `recipe.stage_runs` is priced once (the pretraining MINIPOST shares with BL_BASE is one run;
+Every stage run of `stage_runs.stage_runs` is priced once (the pretraining MINIPOST shares with BL_BASE is one run;
 every target language's Step 2; every finetuning), as it will run:
 
     Steps 1, 1b, 2   one after another, each data-parallel on every GPU (mm_ds/tools/plan_model.py `plan_stages`)
@@ -47,16 +47,16 @@ def makespan(seconds: list[float], devices: int) -> float:
 def recipe_totals(recipe, cfgs: dict, cluster, evaluation) -> list[StepTotal]:
     """Steps 1-4 and the alignment check of `recipe` on `cluster`: `cfgs` are `stage_configs(recipe)`,
     `evaluation` its `plan_evaluation`."""
-    from .costs import stage_run_costs
+    from ..pipeline.costs import stage_run_costs
     from .plan_model import BYTES, plan_stages, stage_params
 
     runs = stage_run_costs(recipe, cfgs)
     out, n = [], cluster.gpus
-    for kind, step in STEPS.items():
-        mine = [(key, rows) for key, rows in runs if key.split("/")[0] == kind]
+    for stage, step in STEPS.items():
+        mine = [(key, rows) for key, rows in runs if key.split("/")[0] == stage]
         if not mine:
             continue
-        if kind == "finetune":
+        if stage == "finetune":
             costs = [c for _, rows in mine for c in rows]
             one_gpu = cluster.peak_tflops * 1e12 * cluster.mfu
             seconds = [c.flops / one_gpu for c in costs]
@@ -64,7 +64,7 @@ def recipe_totals(recipe, cfgs: dict, cluster, evaluation) -> list[StepTotal]:
             w = BYTES[cluster.dtype]
             disk = 0.0
             for c in costs:
-                p = stage_params(c.kind, c.hidden, c.vocab, c.layers, c.seq_len)
+                p = stage_params(c.formula, c.hidden, c.vocab, c.layers, c.seq_len)
                 disk += (p.total * w + p.trainable * 12) * c.checkpoints + p.total * 4
             out.append(StepTotal(step, len(mine), f"single-GPU runs, {min(n, len(mine))} at once",
                                  hours, hours * n, sum(seconds) / 3600, disk))
@@ -110,7 +110,7 @@ def refusals(recipe, cfgs: dict, gpus: int) -> list[str]:
     ranks (one for the single-device runs of Step 3), grouped by message."""
     from ..config import ConfigError
     from ..runtime.ds_config import geometry
-    from ..pipeline.recipe import PACKED
+    from ..pipeline.stage_runs import PACKED
 
     grouped: dict[str, list[str]] = {}
     for name, cfg in cfgs.items():

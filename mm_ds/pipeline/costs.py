@@ -21,10 +21,10 @@ from ..systems import system_of
 class StageCost:
     system: str
     """The paper's name (BL_BASE, ...)."""
-    stage: str
+    step: str
     """The paper's step: step1, step1b, step2 (multi-depth: one step2 row per depth, in order)."""
-    kind: str
-    """The formula (flops.FORMULAS)."""
+    formula: str
+    """The FLOPs formula (flops.FORMULAS)."""
     layers: int
     """Layers the stage runs through (for build_mini: the whole mini-model, N + trainable)."""
     trainable_layers: int | None
@@ -41,7 +41,7 @@ class StageCost:
 
     @property
     def flops_per_step(self) -> float:
-        return flops.stage_flops_per_step(self.kind, hidden=self.hidden, vocab=self.vocab, layers=self.layers,
+        return flops.stage_flops_per_step(self.formula, hidden=self.hidden, vocab=self.vocab, layers=self.layers,
                                           seq_len=self.seq_len, mask_prob=self.mask_prob,
                                           global_batch=self.global_batch, trainable_layers=self.trainable_layers,
                                           secondary_heads=self.secondary_heads)
@@ -64,9 +64,9 @@ CHANGES = ("steps", "global_batch", "seq_len", "hidden", "vocab", "mask_prob")
 
 def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = None, **changes) -> list[StageCost]:
     """Steps 1, 1b and 2 of each system (label or config name) of an `mm-ds run` recipe, from its stage configs
-    (`recipe.stage_configs`, parsed here unless given; one target language's Step 2 stands for every language's:
+    (`stage_runs.stage_configs`, parsed here unless given; one target language's Step 2 stands for every language's:
     the one with most checkpoints), with `changes` applied to every stage."""
-    from ..pipeline.recipe import stage_configs
+    from .stage_runs import stage_configs
 
     bad = [k for k in changes if k not in CHANGES]
     if bad:
@@ -87,18 +87,18 @@ def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = N
 
 
 def stage_run_costs(recipe, cfgs: dict, out: Path = Path("OUT")) -> list[tuple[str, list[StageCost]]]:
-    """Every stage run `mm-ds run` would launch (`recipe.stage_runs`: shared stages once, every language, every
+    """Every stage run `mm-ds run` would launch (`stage_runs.stage_runs`: shared stages once, every language, every
     finetuning), with its cost rows: a multi-depth Step 2 has one per depth, MINIJOINT's Step 1b (an extraction)
     none. `cfgs`: `stage_configs(recipe, out)`."""
-    from ..pipeline.recipe import stage_runs
+    from .stage_runs import stage_runs
 
     price, step3 = _Prices(recipe, cfgs, {}), finetune_costs(recipe, cfgs, out)
     rows = []
     for run in stage_runs(recipe, out):
         key = run.name.split("/", 1)[1]
-        kind, system, *rest = key.split("/")
-        rows.append((key, [price.step1(system)] if kind == "pretrain" else price.step1b(system)
-                     if kind == "build_mini" else price.step2(system, rest[0]) if kind == "adapt" else [step3[key]]))
+        stage, system, *rest = key.split("/")
+        rows.append((key, [price.step1(system)] if stage == "pretrain" else price.step1b(system)
+                     if stage == "build_mini" else price.step2(system, rest[0]) if stage == "adapt" else [step3[key]]))
     return rows
 
 
@@ -109,11 +109,11 @@ class _Prices:
         self.cfgs, self.changes = cfgs, changes
         self.vocab = int(recipe.prepare.get("vocab_size", 50_000))
 
-    def _row(self, label, primary, stage, kind, cfg, layers, trainable=None) -> StageCost:
+    def _row(self, label, primary, step, formula, cfg, layers, trainable=None) -> StageCost:
         from ..runtime.ds_config import global_batch
 
         model = self.cfgs[f"pretrain/{primary}"].model
-        row = StageCost(label, stage, kind, layers, trainable, cfg.train.steps, global_batch(cfg), cfg.data.seq_len,
+        row = StageCost(label, step, formula, layers, trainable, cfg.train.steps, global_batch(cfg), cfg.data.seq_len,
                         model.hidden_size, model.vocab_size or self.vocab, cfg.data.mask_prob, cfg.train.checkpoints())
         return replace(row, **self.changes)
 
@@ -167,10 +167,10 @@ def finetune_costs(recipe, cfgs: dict | None = None, out: Path = Path("OUT")) ->
     import dataclasses
     import math
 
-    from ..pipeline.check import model_after
+    from .check import model_after
     from ..data.tasks import get_task
     from ..runtime.ds_config import global_batch
-    from ..pipeline.recipe import stage_configs
+    from .stage_runs import stage_configs
 
     cfgs = stage_configs(recipe, out) if cfgs is None else cfgs
     by_dir = {(out / name).resolve(): cfg for name, cfg in cfgs.items()}
@@ -203,10 +203,10 @@ def step2_phases(cfg, depths: tuple[int, ...], steps: int | None = None) -> list
 
 
 def format_costs(rows: list[StageCost]) -> str:
-    head = "| system | stage | kind | layers | trainable | steps | batch | seq | EFLOPs | V100-days |"
+    head = "| system | step | formula | layers | trainable | steps | batch | seq | EFLOPs | V100-days |"
     lines = [head, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r.system} | {r.stage} | {r.kind} | {r.layers} | {r.trainable_layers or ''} | "
+        lines.append(f"| {r.system} | {r.step} | {r.formula} | {r.layers} | {r.trainable_layers or ''} | "
                      f"{r.steps:,} | {r.global_batch} | {r.seq_len} | {r.flops / flops.EXA:.3g} | {r.v100_days:.3g} |")
     return "\n".join(lines)
 
@@ -214,7 +214,7 @@ def format_costs(rows: list[StageCost]) -> str:
 def add_recipe_args(ap: argparse.ArgumentParser) -> None:
     """The recipe and what an estimate may change in it (shared with `mm-ds plan`)."""
     ap.add_argument("recipe", nargs="?", default="paper",
-                    help="an `mm-ds run` recipe: packaged (paper, the default; rehearsal, tiny, quick) or a YAML file")
+                    help="an `mm-ds run` recipe: packaged (paper, the default; tiny, quick, ...) or a YAML file")
     ap.add_argument("--system", action="append", help="only this system (repeatable), e.g. BL_BASE or bl_base")
     ap.add_argument("--steps", type=int, help="updates of every stage (paper: 125000)")
     ap.add_argument("--batch", type=int, help="global batch in sequences of every stage (paper: 2048)")
@@ -225,7 +225,8 @@ def add_recipe_args(ap: argparse.ArgumentParser) -> None:
 
 def costs_from_args(a: argparse.Namespace, **extra) -> tuple[object, dict, list[StageCost]]:
     """(the recipe, its stage configs, their costs) as `add_recipe_args`' arguments ask."""
-    from ..pipeline.recipe import load_recipe, stage_configs
+    from .stage_runs import stage_configs
+    from ..recipe import load_recipe
 
     changes = {k: v for k, v in dict(steps=a.steps, global_batch=a.batch, seq_len=a.seq, **extra).items()
                if v is not None}

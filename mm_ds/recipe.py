@@ -1,9 +1,8 @@
-"""A recipe: what `mm-ds run` runs (systems, target languages, tasks, seeds, data, a preset per stage), and the
-stage runs it makes, in dependency order.
+"""A recipe: what `mm-ds run` runs (systems, target languages, tasks, seeds, data, a preset per stage), and where
+its run tree keeps what (task_root, MINI_DIR, the primary models): read by the pipeline that runs it and by the
+evaluation and report that read its results; never by a stage, which knows only its own config.
 
-A recipe is a packaged `presets/recipes/NAME.yaml` or a YAML file. Its stage runs (`StageRun`: stage, preset,
-overrides) give their effective configs exactly as the stage commands would, so the recipe check, `mm-ds flops` and
-`mm-ds plan` see what a run would run.
+A recipe is a packaged `presets/recipes/NAME.yaml` or a YAML file. Its stage runs are mm_ds/pipeline/stage_runs.py's.
 """
 
 from __future__ import annotations
@@ -15,11 +14,10 @@ from pathlib import Path
 
 import yaml
 
-from ..coerce import check_numbers
-from ..config import ConfigError, did_you_mean, from_dict, recipe_names
-from ..data.tasks import HUB, TASKS, is_hub
-from ..stages.runner import StageRun
-from ..systems import STAGES, SYSTEMS, SystemNameError, sort_key, system_of
+from .coerce import check_numbers
+from .config import ConfigError, did_you_mean, from_dict, recipe_names
+from .data.tasks import HUB, TASKS, is_hub
+from .systems import STAGES, SYSTEMS, SystemNameError, sort_key, system_of
 
 
 @dataclass
@@ -42,12 +40,9 @@ class Recipe:
     split from the Hugging Face hub through `datasets` (needs a network or a populated datasets cache)."""
     data_root: str = ""
     """Where relative `text` inputs, `task_root` and `heldout` files start. Default: the recipe file's folder (a
-    packaged recipe's: the working directory, e.g. the rehearsal's ../shared/data beside the checkout); a relative
+    packaged recipe's: the working directory, e.g. the real recipe's ../shared/data beside the checkout); a relative
     data_root starts there too, also from `--set`. `load_recipe` makes it absolute, so that `--check`, the run and
     every rank resolve each path alike."""
-    rehearsal: bool = False
-    """Make the task files from the public data under data_root (../shared/data's layout), English training
-    sets included (mm_ds/data/rehearsal.py): the real-data rehearsal of the paper recipe."""
     eval_examples: int | None = None
     """Evaluate on the first N examples of each evaluation file only (quick runs; the paper: all)."""
     prepare: dict = field(default_factory=dict)
@@ -132,16 +127,14 @@ class Recipe:
             missing = [lang for lang in [self.source_lang, *self.langs] if lang not in self.text]
             if missing:
                 raise ConfigError(f"{where}: no text inputs for language(s) {missing}; add them under text:")
-            if self.tasks and not self.task_root and not self.rehearsal:
+            if self.tasks and not self.task_root:
                 raise ConfigError(f"{where}: task_root is unset (the directory with the task files)")
         else:
-            from ..data.world import PRESETS
+            from .data.world import PRESETS
             bad = [lang for lang in self.langs if lang not in PRESETS]
             if bad:
                 raise ConfigError(f"{where}: language(s) {bad} are not generated-world languages "
                                   f"({', '.join(PRESETS)})")
-            if self.rehearsal:
-                raise ConfigError(f"{where}: world (generated data) and rehearsal (real data) exclude each other")
         try:  # prepare: and world: are passed on as they are; typed here only to be checked
             check_numbers(vars(self) | {"prepare": from_dict(PrepareKeys, self.prepare, prefix="prepare."),
                                         "world": from_dict(WorldKeys, self.world or {}, prefix="world.")}, RANGES)
@@ -158,7 +151,7 @@ class Recipe:
             if not isinstance(langs, list):
                 raise ConfigError(f"{where}: coverage.{task} must be a list of languages, got {langs!r}")
         self._check_analyses(where)
-        from ..config import LaunchConfig
+        from .config import LaunchConfig
         launch = from_dict(LaunchConfig, self.launch, prefix="launch.")  # types, before any data work
         launch.check()
         self.launch = {k: getattr(launch, k) for k in self.launch}
@@ -276,7 +269,7 @@ def prepare_options(recipe: Recipe) -> dict:
 
 def load_recipe(name: str, sets: list[str] = ()) -> Recipe:
     """A packaged recipe or a YAML file, with `key=value` changes (`mm-ds run --set`, `--launch`) applied."""
-    from ..config import apply_overrides
+    from .config import apply_overrides
 
     path, base = Path(name), Path(name).absolute().parent  # where the recipe's relative paths start
     if not path.is_file():
@@ -295,55 +288,6 @@ def load_recipe(name: str, sets: list[str] = ()) -> Recipe:
     recipe.check(str(path) + (f" with {' '.join(sets)}" if sets else ""))
     recipe.data_root = os.path.abspath(base / recipe.data_root)
     return recipe
-
-
-PACKED = ("finetune",)
-"""Stages of many small independent runs (Step 3: every primary model x task x seed, 60 in the paper recipe): each
-runs on one device with the paper's batch, several at once on the launch's devices (mm_ds/pipeline/pack.py)."""
-ONE_DEVICE = ["launch.launcher=none", "launch.ranks=1", "launch.nodes=1"]
-
-
-def stage_runs(recipe: Recipe, out: Path) -> list[StageRun]:
-    """Every training stage in dependency order (each node's parents come before it)."""
-    data = out / "data"
-    launch = [f"launch.{k}={v}" for k, v in recipe.launch.items()]
-    runs: list[StageRun] = []
-
-    def stage(kind: str, run: Path, system: str, lang: str, parent: Path | None, extra: list[str]) -> None:
-        row = system_of(system)  # a variant takes its row's presets and overrides, then its own, then its depth
-        preset = recipe.presets.get(kind, "").format(system=row.base)
-        own = [*recipe.overrides.get(f"{kind}/{row.base}", [])] + (
-            recipe.overrides.get(f"{kind}/{system}", []) if system != row.base else [])
-        protocol = ["train.checkpoint_steps=[]"] if kind == "adapt" and not recipe.early(system, lang) else []
-        overrides = [f"system={system}", f"lang={lang}", *(ONE_DEVICE if kind in PACKED else launch),
-                     *recipe.overrides.get(kind, []), *own, *row.overrides(kind), *protocol, *extra]
-        if parent is not None:
-            overrides.append(f"parent={parent}")
-        runs.append(StageRun(kind, run, preset, tuple(overrides), f"{kind}/{run.relative_to(out)}", kind in PACKED))
-
-    for p in primaries(recipe):
-        stage("pretrain", out / "pretrain" / p, p, recipe.source_lang, None, [f"data.corpus={data / recipe.source_lang}"])
-    for s in recipe.systems:
-        if system_of(s).mini:
-            stage("build_mini", out / "build_mini" / s, s, recipe.source_lang, out / "pretrain" / system_of(s).primary,
-                  [f"data.corpus={data / recipe.source_lang}"])
-    for s in recipe.systems:
-        parent = out / "build_mini" / s if system_of(s).mini else out / "pretrain" / system_of(s).primary
-        for lang in recipe.langs:
-            stage("adapt", out / "adapt" / s / lang, s, lang, parent, [f"data.corpus={data / lang}"])
-    def finetune(model: str, system: str, parent: Path, tasks: list[str]) -> None:
-        for task in tasks:
-            for seed in recipe.seeds:
-                stage("finetune", out / "finetune" / model / task / f"seed{seed}", system, recipe.source_lang,
-                      parent, [f"finetune.task={task}", f"train.seed={seed}",
-                               f"finetune.data_root={task_root(recipe, out)}",
-                               *recipe.overrides.get(f"finetune/{task}", [])])
-
-    for p in primaries(recipe):
-        finetune(p, p, out / "pretrain" / p, recipe.tasks)
-    for s in minis_in_english(recipe):
-        finetune(f"{MINI_DIR}/{s}", s, out / "build_mini" / s, english_tasks(recipe))
-    return runs
 
 
 MINI_DIR = "mini"
@@ -370,8 +314,6 @@ def task_root(recipe: Recipe, out: Path) -> Path:
     """Where the stages read task data: a directory, or Path(HUB) for the hub (`is_hub`)."""
     if recipe.world is not None:
         return out / "world"
-    if recipe.rehearsal:
-        return out / "tasks"
     if is_hub(recipe.task_root):
         return Path(HUB)
     root = data_path(recipe, recipe.task_root)
@@ -385,9 +327,3 @@ def data_path(recipe: Recipe, path: str) -> Path:
 
 def text_inputs(recipe: Recipe, lang: str) -> list[str]:
     return [i if i.startswith("hf:") else str(data_path(recipe, i)) for i in recipe.text.get(lang, [])]
-
-
-def stage_configs(recipe: Recipe, out: Path = Path("OUT")) -> dict[str, object]:
-    """Each planned stage run's effective RunConfig (preset, stage, system and task overrides), as the stage
-    command `mm-ds run` would launch gives it, keyed by the run directory under `out`."""
-    return {n.name.split("/", 1)[1]: n.config() for n in stage_runs(recipe, out)}

@@ -1,4 +1,5 @@
-"""Task files for the real-data rehearsal (`mm-ds run rehearsal`), from the public data in ../shared/data.
+"""Task files for the real-data rehearsal (tests/rehearsal.yaml, `make rehearsal`), from the public data in
+../shared/data: test scaffolding, which the recipe then reads as any recipe reads its task_root.
 
 That directory (see its SOURCES.md) holds the official evaluation files of XNLI, PAWS-X, MLQA and XQuAD for
 some languages, but none of the paper's English training sets (MultiNLI, PAWS-X English train, SQuAD train).
@@ -11,7 +12,7 @@ transfers, so it makes small English training files from what is there, and says
                                     rehearsal's PAWS-X score in German is not zero-shot
     xnli/ paws-x/ mlqa/ xquad/      the evaluation files, linked from the data directory as they are
 
-`tasks.json` is written last and lists every file: a half-built directory is rebuilt.
+`tasks.json` lists every file and what the English ones are made from; the directory is published whole.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .tasks import TaskDataError
+from mm_ds.data.tasks import TaskDataError
 
 SOURCES = {
     "mnli/multinli_1.0_train.jsonl": "xnli/xnli.dev.en.tsv",
@@ -30,14 +31,6 @@ SOURCES = {
 }
 EVAL_DIRS = ("xnli", "paws-x", "mlqa", "xquad")
 MANIFEST = "tasks.json"
-
-
-def complete(out: str | Path) -> bool:
-    try:
-        files = json.loads((Path(out) / MANIFEST).read_text())["files"]
-        return all((Path(out) / f).exists() for f in files)
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
 
 
 def missing_sources(data: str | Path) -> list[str]:
@@ -52,7 +45,7 @@ def build(data: str | Path, out: str | Path) -> dict:
     absent = missing_sources(data)
     if absent:
         raise TaskDataError(f"the rehearsal's task files are made from {data}, which lacks {', '.join(absent)}; "
-                            f"point data_root at the shared data directory (see its SOURCES.md)")
+                            f"give the shared data directory (see its SOURCES.md)")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -108,3 +101,8 @@ def _pawsx(data: Path, out: Path) -> str:
     rel = "paws-x/train.en.tsv"
     shutil.copyfile(data / SOURCES[rel], out / rel)
     return rel
+
+
+if __name__ == "__main__":  # python tests/rehearsal_tasks.py DATA OUT
+    import sys
+    print(json.dumps(build(*sys.argv[1:3]), indent=1))
