@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mm_ds.tools import bench
+from mm_ds.tools import bench, bench_pairs
 
 STAGE_FIELDS = ("step_time_s", "tokens_per_s", "flops_per_step", "tflops", "mfu", "loader_share", "cpu_share",
                 "peak_rss_bytes", "trainable_params", "total_params", "layers", "losses", "step_times")
@@ -68,6 +68,13 @@ def test_setup_peak_prepare_peer_and_targets_are_reported(report):
         assert set(rep["peer"]) == set(bench.PEER_STAGES)
         for r in rep["peer"].values():
             assert r["tokens_per_s"] > 0 and all(math.isfinite(x) for x in r["losses"])
+        assert set(rep["pairs"]) == set(bench_pairs.PAIRS)  # every ratio target timed in turn
+    assert set(rep["pairs"]) >= {"a3_speedup"}
+    for target, p in rep["pairs"].items():
+        (_, a), (_, b) = p["sides"].items()
+        assert len(a["step_times"]) == len(b["step_times"]) == 2
+        assert p["ratio"] == pytest.approx(a["tokens_per_s"] / b["tokens_per_s"])
+        assert next(t for t in rep["targets"] if t["target"] == target)["detail"].endswith("in turn")
     keys = {t["target"] for t in rep["targets"]}
     assert {"a3_speedup", "mfu_pretrain", "prepare_encode", "loader_share", "host_side"} <= keys
     host = rep["host"]
@@ -81,6 +88,23 @@ def test_setup_peak_prepare_peer_and_targets_are_reported(report):
     assert all(t["pass"] in (True, False) for t in rep["targets"])
     assert "PASS" in stdout or "FAIL" in stdout
     assert "| Step 2, mini-model" in stdout
+
+
+def test_the_two_sides_of_a_ratio_step_in_turn():
+    """A slow spell of the machine must hit both sides of a ratio: neither runs its updates in a block, and
+    neither always goes first."""
+    calls = []
+
+    def stepper(name):
+        def step(i):
+            calls.append((name, i))
+            return 1.0 + i, 0.0, 1.0, float(i)
+        return step
+
+    raw = bench_pairs.alternate({"a": stepper("a"), "b": stepper("b")}, warmup=1, steps=3)
+    assert calls == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2), ("b", 3), ("a", 3)]
+    assert raw["a"]["step_times"] == raw["b"]["step_times"] == [2.0, 3.0, 4.0]  # the warm-up is not timed
+    assert raw["a"]["losses"] == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_bad_arguments_fail_clearly():

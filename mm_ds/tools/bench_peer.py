@@ -81,32 +81,33 @@ def hf_model(mcfg: ModelConfig, layers: int):
     return RobertaForMaskedLM._from_config(hcfg, attn_implementation="sdpa")
 
 
-def run_peer_stage(name: str, mcfg: ModelConfig, layers: int, batches, micro_batch: int, warmup: int,
-                   steps: int) -> dict:
-    model = hf_model(mcfg, layers)
-    if name.startswith("adapt"):
-        keep = {"roberta.embeddings.word_embeddings.weight", "lm_head.bias"}  # decoder weight/bias are tied
-        for n, p in model.named_parameters():
-            p.requires_grad_(n in keep)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
-    model.train()
-    geo = Geometry(micro_batch, micro_batch, 1, 1)
-    times, data, cpu, losses = [], [], [], []
-    for step in range(warmup + steps):
+class PeerSteps:
+    """The peer of bench stage `name` over `layers` layers on `batches`; a call runs one update (batch, forward,
+    backward, AdamW step) and times it."""
+
+    def __init__(self, name: str, mcfg: ModelConfig, layers: int, batches, micro_batch: int):
+        self.model = hf_model(mcfg, layers)
+        if name.startswith("adapt"):
+            keep = {"roberta.embeddings.word_embeddings.weight", "lm_head.bias"}  # decoder weight/bias are tied
+            for n, p in self.model.named_parameters():
+                p.requires_grad_(n in keep)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
+        self.model.train()
+        self.batches, self.geo = batches, Geometry(micro_batch, micro_batch, 1, 1)
+        self.trainable_params = sum(p.numel() for p in params)
+        self.total_params = sum(p.numel() for p in self.model.parameters())
+
+    def __call__(self, step: int) -> tuple[float, float, float, float]:
         t0, c0 = time.perf_counter(), time.process_time()
-        b = batches(step, 0, 0, geo)
-        dt = time.perf_counter() - t0
-        out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"])
+        b = self.batches(step, 0, 0, self.geo)
+        data = time.perf_counter() - t0
+        out = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"])
         out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(out.loss.detach()))
-        elapsed, cpu_s = time.perf_counter() - t0, time.process_time() - c0
-        if step >= warmup:
-            times.append(elapsed)
-            data.append(dt)
-            cpu.append(cpu_s)
-    return {"step_times": times, "data_times": data, "cpu_times": cpu, "losses": losses,
-            "trainable_params": sum(p.numel() for p in params),
-            "total_params": sum(p.numel() for p in model.parameters())}
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        loss = float(out.loss.detach())
+        return time.perf_counter() - t0, data, time.process_time() - c0, loss
+
+    def close(self) -> None:
+        self.model = self.opt = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import bench_host
+from . import bench_host, bench_pairs
 
 
 def _fmt_row(cells, widths):
@@ -11,7 +11,7 @@ def _fmt_row(cells, widths):
 
 def table(results: dict, peer: dict) -> str:
     head = ["stage", "layers", "train params", "step s (med)", "tokens/s", "GFLOP/step", "TFLOP/s", "MFU",
-            "peak RSS GiB", "loader %", "CPU share", "HF tokens/s", "vs HF"]
+            "peak RSS GiB", "loader %", "CPU share", "HF tokens/s", "vs HF, apart"]
     rows = []
     for name, r in results.items():
         p = peer.get(name)
@@ -50,6 +50,9 @@ def print_report(rep: dict) -> None:
     print(f"prepare: {e['text_bytes'] / 2**20:.1f} MiB encoded in {e['prepare_encode_s']:.2f} s with "
           f"{e['workers']} workers, {e['prepare_1_worker_s']:.2f} s with 1; single-process SentencePiece "
           f"{e['single_process_encode_s']:.2f} s")
+    if rep["pairs"]:
+        print()
+        print(bench_pairs.table(rep["pairs"]))
     print()
     print(bench_host.table(rep["host"]))
     print()
