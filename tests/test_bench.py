@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mm_ds.tools import bench, bench_pairs
+from mm_ds.tools import bench, bench_host, bench_pairs
 
 STAGE_FIELDS = ("step_time_s", "tokens_per_s", "flops_per_step", "tflops", "mfu", "loader_share", "cpu_share",
                 "peak_rss_bytes", "trainable_params", "total_params", "layers", "losses", "step_times")
@@ -64,6 +64,7 @@ def test_setup_peak_prepare_peer_and_targets_are_reported(report):
     assert rep["peak"]["used_flops"] > 1e9
     enc = rep["prepare"]
     assert enc["prepare_bytes_per_s"] > 0 and enc["single_process_bytes_per_s"] > 0 and enc["ratio"] > 0
+    assert [len(v) for v in enc["in_turn_s"].values()] == [2, 2]  # both sides timed in turn, twice each
     if rep["peer_note"] is None:  # transformers installed: the peer ran the same batches
         assert set(rep["peer"]) == set(bench.PEER_STAGES)
         for r in rep["peer"].values():
@@ -79,6 +80,7 @@ def test_setup_peak_prepare_peer_and_targets_are_reported(report):
     assert {"a3_speedup", "mfu_pretrain", "prepare_encode", "loader_share", "host_side"} <= keys
     host = rep["host"]
     assert set(host["rows"]) == {"pretrain", "adapt_mini"} and (host["micro_batch"], host["seq"]) == (32, 512)
+    assert 0 < host["loop_vocab"] <= bench_host.HOST_VOCAB  # the loop's model sheds the vocabulary's size
     for r in host["rows"].values():
         assert r["device_s"] > 0 and r["loop_s"] > 0 and r["builder_s"] > 0
         assert r["loop_share"] == pytest.approx(r["loop_s"] / r["device_s"])

@@ -25,7 +25,8 @@ all ids (`bench_data.spread_tokenizer`); the stages' own `MLMBatches` draw real 
 batches from it. The loader share is the time `train_step` spends fetching a batch over the step time.
 Finetuning is built from a small generated English NLI file and timed on synthetic padded sentence pairs
 (10% padding) of the benchmark's length. The peer: `bench_peer`. The ratio targets (Step 2 mini vs full, mm-ds
-vs the peer) build both sides at once and step them in turn, so that the machine's drift hits both: `bench_pairs`.
+vs the peer) build both sides at once and step them in turn, so that the machine's drift hits both: `bench_pairs`;
+prepare's encoding and single-process SentencePiece are timed in turn too (`bench_data.prepare_corpus`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from ..runtime.peaks import measure_matmul_peak
 from ..systems import SYSTEMS
 from . import bench_host
 from .bench_report import print_report
-from .bench_data import pair_batches, prepare_corpus, write_pair_task
+from .bench_data import host_corpus, pair_batches, prepare_corpus, write_pair_task
 from . import bench_pairs
 from .bench_pairs import EngineSteps, alternate
 from .bench_peer import PeerSteps, RssPeak, maxrss_bytes, release_free_memory
@@ -335,10 +336,10 @@ def run(args) -> dict:
             _bench_stage(name, builder, mcfg, seq, micro, warmup, steps, rank, world, peer_ok, results, peer, probes,
                          log)
         pairs = bench_pairs.measure(builder, mcfg, stages, warmup, steps, rank, world, peer_ok, log)
-        host = bench_host.measure(lambda m, sq, mb, ds: Stages(work, corpus_dir, text, m, PRESETS["base"], sq, mb, ds,
-                                                               log),
-                                  corpus_dir, mcfg.vocab_size, base_model_cfg(PRESETS["base"]),
-                                  PRESETS["base"].mini_layers, rank, log)
+        host = bench_host.measure(lambda m, c, sq, mb, ds: Stages(work / "host", c, text, m, PRESETS["base"], sq, mb,
+                                                                  ds, log),
+                                  corpus_dir, host_corpus(work, text, bench_host.HOST_VOCAB),
+                                  base_model_cfg(PRESETS["base"]), PRESETS["base"].mini_layers, rank, log)
         # The loader alone, for reference.
         mlm = MLMBatches(TokenCorpus(corpus_dir), seq, seed=0, vocab_size=mcfg.vocab_size)
         t0 = time.perf_counter()

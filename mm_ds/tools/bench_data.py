@@ -66,8 +66,9 @@ def spread_tokenizer(model: Path, vocab: int, out: Path, seed: int = 0) -> Path:
 
 def prepare_corpus(work: Path, megabytes: float, vocab: int, workers: int, log) -> tuple[Path, Path, dict]:
     """Prepare the synthetic corpus with a `vocab`-piece tokenizer (`spread_tokenizer`); then measure
-    `mm-ds prepare`'s encoding against single-process SentencePiece on the same text (target 4), and with
-    one worker (its own overhead, apart from scaling). Returns (corpus dir, text file, measurements)."""
+    `mm-ds prepare`'s encoding against single-process SentencePiece on the same text (target 4; the two
+    timed in turn, twice each), and with one worker (its own overhead, apart from scaling). Returns (corpus
+    dir, text file, measurements)."""
     import sentencepiece as spm
 
     from ..data.corpus import prepare
@@ -82,27 +83,42 @@ def prepare_corpus(work: Path, megabytes: float, vocab: int, workers: int, log) 
     t_first = time.perf_counter() - t0
     model = spread_tokenizer(work / "trained" / meta["spm_model"], vocab, work / "spread.model")
 
-    # Encoding only: reuse the model, so prepare's time is read + encode + write shards.
-    t0 = time.perf_counter()
-    prepare("xx", [str(text)], str(work / "corpus"), spm_model=str(model), workers=workers, progress=False)
-    t_prep = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    prepare("xx", [str(text)], str(work / "corpus1"), spm_model=str(model), workers=1, progress=False)
-    t_prep1 = time.perf_counter() - t0
+    # Encoding only: reuse the model, so prepare's time is read + encode + write shards. The two sides of the
+    # ratio are timed in turn (A B B A, as bench_pairs does), so a slow spell of the machine hits both.
     sp = spm.SentencePieceProcessor(model_file=str(model))
     with open(text, encoding="utf-8") as f:
         lines = f.read().split("\n")
     sp.encode(lines[:2000], out_type=int, num_threads=1)
+    sides = {"prepare": lambda i: prepare("xx", [str(text)], str(work / ("corpus" if i == 0 else f"corpus_{i}")),
+                                          spm_model=str(model), workers=workers, progress=False),
+             "single": lambda i: sp.encode(lines, out_type=int, num_threads=1)}
+    spent = {"prepare": [], "single": []}
+    for i, side in enumerate(("prepare", "single", "single", "prepare")):
+        t0 = time.perf_counter()
+        sides[side](i)
+        spent[side].append(time.perf_counter() - t0)
+    t_prep, t_single = sum(spent["prepare"]) / 2, sum(spent["single"]) / 2
     t0 = time.perf_counter()
-    sp.encode(lines, out_type=int, num_threads=1)
-    t_single = time.perf_counter() - t0
+    prepare("xx", [str(text)], str(work / "corpus_1worker"), spm_model=str(model), workers=1, progress=False)
+    t_prep1 = time.perf_counter() - t0
     enc = {"text_bytes": nbytes, "corpus_tokens": meta["num_tokens"], "corpus_vocab": meta["vocab_size"],
            "first_prepare_s": t_first, "workers": workers, "prepare_encode_s": t_prep,
            "prepare_bytes_per_s": nbytes / t_prep, "prepare_1_worker_s": t_prep1,
            "prepare_1_worker_bytes_per_s": nbytes / t_prep1, "single_process_encode_s": t_single,
            "single_process_bytes_per_s": nbytes / t_single}
     enc["ratio"] = enc["prepare_bytes_per_s"] / (enc["single_process_bytes_per_s"] * workers)
+    enc["in_turn_s"] = spent
     return work / "corpus", text, enc
+
+
+def host_corpus(work: Path, text: Path, vocab: int) -> Path:
+    """The bench's text prepared with a `vocab`-piece tokenizer: the corpus of the host-side loop
+    (bench_host.py), whose model keeps the kernels of the vocabulary and sheds their size."""
+    from ..data.corpus import prepare
+
+    prepare("xx", [str(text)], str(work / "host_corpus"), vocab_size=vocab, sample_sentences=5000, seed=0,
+            progress=False)
+    return work / "host_corpus"
 
 
 def write_pair_task(root: Path, text: Path, examples: int = 64) -> Path:

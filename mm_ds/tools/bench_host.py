@@ -9,24 +9,26 @@ cannot keep up. Per micro-step it must do two things faster than the device runs
            update, shared by its micro-steps) DeepSpeed's optimizer step;
   builder  the prefetcher's thread: pack and mask one micro-batch of the paper's shape.
 
-Method. `loop` is `engine.train_step` timed on one CPU rank with the compute taken out: the paper's architecture
-(12 layers and their ops; the 4-layer MINIJOINT mini-model for Step 2) at near-zero width (hidden 12, one dimension
-per head, FFN 12) and 16 tokens per micro-batch, one thread, ZeRO 1 (the paper's optimizer path; in fp32, because
-this CPU's bf16 kernels cost milliseconds per call even at this width and would count as host time: the paper's
-bf16 runs DeepSpeed's BF16_Optimizer, which on every micro-step also casts and adds each trainable tensor's
-gradient into its fp32 copy, ~10 us per tensor here, not counted; Step 2 trains 2 tensors, Step 1 about 150) and
-the gradient accumulation of the paper presets' launch (2048 sequences on their 8 ranks at `mm-ds plan`'s micro
-batch of 32: 8 micro-steps per update), batches from the prefetcher. The model issues the calls its GPU path issues
-(`gpu_op_path`): dropout as one `F.dropout` (not the CPU path's cheaper-mask ops) and attention as one fused SDPA
-call (on a GPU the kernel applies attention dropout inside; CPU SDPA with dropout would fall back to its composite
-math, so here it runs without). What remains of the wall time is host work: this CPU's op dispatch stands in for a
-GPU's kernel launches, which cost about as much per op; the tiny kernels' own CPU time is counted too, so the
-figure errs high: the vocabulary-sized ones (the 50k x 12 token embeddings' two gradients and their Adam step,
-logits over 50k) are ~40% of Step 2's loop time here and ~25% of Step 1's. `builder` is `MLMBatches` building
-micro-batches of the paper's shape (32 x 512) over the bench corpus. Both are compared with the device time per
-micro-step that `mm-ds plan`'s model predicts for an H100: the analytic FLOPs (A1 for Step 1 BL_BASE, A3 over 4
-layers for Step 2) over its bf16 peak at the plan's default MFU. PASS when each is below half of it: then even if
-the two threads never overlapped (Python's lock), the host stays ahead with margin.
+Method. `loop` is `engine.train_step` timed on one CPU rank with the compute taken out: the paper's architecture (12
+layers and their ops; the 4-layer MINIJOINT mini-model for Step 2) at near-zero width (hidden 12, one dimension per
+head, FFN 12) and near-zero vocabulary (a `HOST_VOCAB`-piece corpus of the bench's text: the kernels a step issues
+over the vocabulary are the same few whatever its size, and their size is device work), 16 tokens per micro-batch,
+one thread, ZeRO 1 (the paper's optimizer path; in fp32, because this CPU's bf16 kernels cost milliseconds per call
+even at this width and would count as host time: the paper's bf16 runs DeepSpeed's BF16_Optimizer, which on every
+micro-step also casts and adds each trainable tensor's gradient into its fp32 copy, ~10 us per tensor here, not
+counted; Step 2 trains 2 tensors, Step 1 about 150) and the gradient accumulation of the paper presets' launch (2048
+sequences on their 8 ranks at `mm-ds plan`'s micro batch of 32: 8 micro-steps per update), batches from the
+prefetcher. The model issues the calls its GPU path issues (`gpu_op_path`): dropout as one `native_dropout` (what
+`F.dropout` dispatches to on a GPU, one autograd node; not the CPU path's cheaper-mask ops) and attention as one
+fused SDPA call (on a GPU the kernel applies attention dropout inside; CPU SDPA with dropout would fall back to its
+composite math, so here it runs without). What remains of the wall time is host work: this CPU's op dispatch stands
+in for a GPU's kernel launches, which cost about as much per op; the tiny kernels' own CPU time is counted too, so
+the figure still errs high (a CPU `native_dropout` dispatches its mask ops one by one where a GPU launches one
+kernel). `builder` is `MLMBatches` building micro-batches of the paper's shape (32 x 512) over the bench corpus.
+Both are compared with the device time per micro-step that `mm-ds plan`'s model predicts for an H100: the analytic
+FLOPs (A1 for Step 1 BL_BASE, A3 over 4 layers for Step 2) over its bf16 peak at the plan's default MFU. PASS when
+each is below half of it: then even if the two threads never overlapped (Python's lock), the host stays ahead with
+margin.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ SHAPES = {  # bench stage -> (what, FLOPs kind, layers the device runs)
     "adapt_mini": ("Step 2, MINIJOINT mini-model", "adapt", "mini"),
 }
 THRESHOLD = 0.5
+HOST_VOCAB = 256  # pieces of the loop's corpus; the paper's 250k-piece rows are device work (docstring)
 
 
 def device_seconds(kind: str, hidden: int, vocab: int, layers: int, cluster: Cluster) -> float:
@@ -66,7 +69,7 @@ def gpu_op_path():
     from ..model import model
 
     saved = model.dropout, model._attention_with_dropout
-    model.dropout = lambda x, p, training: F.dropout(x, p, True) if training and p > 0.0 else x
+    model.dropout = lambda x, p, training: torch.native_dropout(x, p, True)[0] if training and p > 0.0 else x
     model._attention_with_dropout = lambda q, k, v, mask, p: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     try:
         yield
@@ -120,13 +123,17 @@ def builder_seconds(corpus_dir, vocab: int, reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def measure(stages_for, corpus_dir, corpus_vocab: int, paper_cfg, mini_layers: int, rank: int, log,
+def measure(stages_for, corpus_dir, host_corpus, paper_cfg, mini_layers: int, rank: int, log,
             updates: int = 3) -> dict:
-    """The host-side figure for both shapes. `stages_for(mcfg, seq, micro, ds_config)` gives a `bench.Stages`
-    over the bench corpus (`corpus_vocab` pieces); `paper_cfg` is the paper's primary model (models/base)."""
+    """The host-side figure for both shapes. `stages_for(mcfg, corpus, seq, micro, ds_config)` gives a
+    `bench.Stages` over a corpus: the loop runs over `host_corpus` (`HOST_VOCAB` pieces), the batch builder over
+    `corpus_dir` (the model's vocabulary); `paper_cfg` is the paper's primary model (models/base)."""
+    from ..data.shards import TokenCorpus
+
     cluster = Cluster()
-    tiny = replace(paper_cfg, hidden_size=12, num_heads=12, ffn_size=12, vocab_size=corpus_vocab)
-    builder = stages_for(tiny, 16, 1, "fp32_zero1.json")
+    tiny = replace(paper_cfg, hidden_size=12, num_heads=12, ffn_size=12,
+                   vocab_size=TokenCorpus(host_corpus).vocab_size)
+    builder = stages_for(tiny, host_corpus, 16, 1, "fp32_zero1.json")
     build = builder_seconds(corpus_dir, paper_cfg.vocab_size)
     rows = {}
     for name, (what, kind, depth) in SHAPES.items():
@@ -137,7 +144,7 @@ def measure(stages_for, corpus_dir, corpus_vocab: int, paper_cfg, mini_layers: i
         rows[name] = {"what": what, "layers": layers, "device_s": dev, "loop_s": loop, "builder_s": build,
                       "loop_share": loop / dev, "builder_share": build / dev}
     return {"rows": rows, "gpu": f"H100 at {cluster.peak_tflops:g} TFLOP/s bf16, MFU {cluster.mfu:g}",
-            "micro_batch": PAPER_MICRO, "seq": PAPER_SEQ, "grad_accum": PAPER_ACCUM, "threshold": THRESHOLD}
+            "loop_vocab": tiny.vocab_size, "micro_batch": PAPER_MICRO, "seq": PAPER_SEQ, "grad_accum": PAPER_ACCUM, "threshold": THRESHOLD}
 
 
 def table(host: dict) -> str:
