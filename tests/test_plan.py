@@ -151,7 +151,8 @@ def test_the_paper_evaluation_estimate():
 def test_plan_totals_are_what_mm_ds_run_launches():
     """The totals price every stage run `mm-ds run` would launch (its stage list): the three pretrainings once
     (MINIPOST's is BL_BASE's), Step 2 in each of the 14 languages, the 60 finetunings as single-GPU runs packed
-    onto the cluster (and Table 5's five of MINIJOINT's mini-model), the evaluation units; and they say what `--check` refuses at a cluster's size."""
+    onto the cluster (and Table 5's five of MINIJOINT's mini-model), the evaluation units, the alignment check of
+    every Step-2 run; and they say what `--check` refuses at a cluster's size."""
     import math
     from collections import Counter
 
@@ -184,6 +185,21 @@ def test_plan_totals_are_what_mm_ds_run_launches():
     assert totals["Step 3"].hours == pytest.approx(makespan(seconds, 32) / 3600) and max(seconds) / 3600 <= \
         totals["Step 3"].hours < sum(seconds) / 3600 / 16
     assert totals["Step 4"].runs == evaluation.units == 7061
+    # The alignment check, by the rule the run follows (align.aligned_runs): every system's Step 2 in the 14 languages,
+    # whose held-out text is their prepared corpus's slice (prepare.heldout); each checkpoint and step 0 of BL_BASE
+    # (125 + 1), BL_SMALL (25 + 1), MINIJOINT and MINIPOST (29 + 1 in de, es, fr, zh; 25 + 1 elsewhere).
+    from mm_ds.eval.align import aligned_runs
+
+    align = totals["alignment check"]
+    assert align.runs == sum(cfgs[f"adapt/{s}/{lang}"].train.checkpoints() + 1 for s, lang in aligned_runs(recipe)) \
+        == 14 * (126 + 26) + 2 * (4 * 30 + 10 * 26) == 2888
+    # row_for's passes over 64 sequences: the primary with each checkpoint's embeddings and "bias only" (one model at
+    # step 0), the mini-model (MINIJOINT 4 layers, MINIPOST 4 + 2) at every point; a language's runs on one GPU.
+    fwd = lambda layers: 64 * flops.forward_flops(512, 768, 50_000, layers, 0.15) / one_gpu  # noqa: E731
+    lang_s = [(1 + 2 * 125) * fwd(12) + (1 + 2 * 25) * fwd(4) + (1 + 2 * c) * 2 * fwd(12) + (c + 1) * (fwd(4) + fwd(6))
+              for c in [29] * 4 + [25] * 10]
+    assert align.busy_gpu_hours == pytest.approx(sum(lang_s) / 3600)
+    assert align.hours == pytest.approx(max(lang_s) / 3600) and align.gpu_hours == pytest.approx(32 * align.hours)
     assert sum(t.gpu_hours for t in totals.values()) > 4 * 406  # the old "all stages" sum: one language, no Step 3
     for gpus in (1, 8, 16, 32, 64):
         assert refusals(recipe, cfgs, gpus) == []

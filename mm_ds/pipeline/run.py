@@ -13,7 +13,7 @@ BL_BASE's pretrained model and its finetuned models (same primary model, paper Â
     OUT/adapt/{system}/{lang}/
     OUT/finetune/{primary}/{task}/seed{n}/
     OUT/results.jsonl, OUT/results.md
-    OUT/align/, OUT/align.jsonl     the alignment check of the mini-model systems (mm_ds/eval/align.py)
+    OUT/align/, OUT/align.jsonl     the alignment check of every system's Step 2 (mm_ds/eval/align.py)
 """
 
 from __future__ import annotations
