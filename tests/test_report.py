@@ -325,11 +325,23 @@ def test_captions_give_the_official_or_the_worlds_chance_and_the_seeds(tmp_path,
     assert "xnli: V100-days of Step 2 until the accuracy (%) (mean over 5 finetuning seeds) first reaches 95% of " \
            "BL_BASE's final score" in tables
     assert "| xnli | MINIPOST | 1.85x | 2/2 langs, 5 seeds |" in tables
+    margins = tables[tables.index("## xnli: does BL_BASE beat its control?"):].split("\n\n")
+    assert margins[1] == (  # the margin table's caption, then the table
+        "xnli: accuracy (%) of BL_BASE's last checkpoint and its ctrl, mean over 5 finetuning seeds; chance 33.3 "
+        "(always the most frequent label, on the official test files). ctrl = the same finetuned model with the "
+        "untrained target embeddings Step 2 starts from (its score before Step 2 learns anything). needed: the "
+        "difference the test calls significant for the n test examples and the seeds; target: 95% of BL_BASE's "
+        "final score, set only where the difference is larger.")
+    assert margins[2].startswith("| lang | reference final | ctrl | difference | needed (5%, one-sided) |")
+    assert "xquad: F1 (SQuAD v1.1 evaluation) of BL_BASE's last checkpoint and its ctrl, mean over 5 finetuning " \
+           "seeds; chance 0.0 (F1 floor" in tables
     (tmp_path / "world").mkdir()
     (tmp_path / "world" / "world.json").write_text("{}")  # as `mm-ds run` leaves it beside results.jsonl
     assert R.main([str(tmp_path / "results.jsonl"), "--out", str(tmp_path / "world_out"), "--no-plots"]) == 0
-    assert "chance 50.0 (always the most frequent label, on the generated world's test files)" in \
-        (tmp_path / "world_out" / "tables.md").read_text()
+    world = (tmp_path / "world_out" / "tables.md").read_text()
+    assert "chance 50.0 (always the most frequent label, on the generated world's test files)" in world
+    assert "pawsx: accuracy (%) of BL_BASE's last checkpoint and its ctrl, mean over 5 finetuning seeds; chance " \
+           "50.0 (always the most frequent label, on the generated world's test files). ctrl = " in world
     rep = R.build_report(curve([50, 60], system="BL_BASE"))  # your own records: no seeds, no control, no source
     table = R.format_table2(rep, "xnli")
     assert "finetuning seeds not recorded" in table and "ctrl" not in table and "| 60.0 |" in table

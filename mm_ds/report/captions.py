@@ -58,3 +58,10 @@ def days(task: str, seed_counts: Sequence[int], world: bool, target: str) -> str
     """The caption of a table of V100-days to near-maximal performance (Tables 3, 4)."""
     return (f"{task}: V100-days of Step 2 until the {metric(task)} ({seeds(seed_counts)}) first reaches {target}, "
             f"interpolated between the two checkpoints around it; {chance(task, world)}.")
+
+
+def margins(task: str, seed_counts: Sequence[int], world: bool, reference: str, target: str) -> str:
+    """The caption of the table of the reference's final score against its control (significance.margin_table)."""
+    return (f"{task}: {metric(task)} of {reference}'s last checkpoint and its ctrl, {seeds(seed_counts)}; "
+            f"{chance(task, world)}. {CONTROL}. needed: the difference the test calls significant for the n test "
+            f"examples and the seeds; target: {target}, set only where the difference is larger.")

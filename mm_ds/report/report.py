@@ -245,6 +245,8 @@ def format_tables(report: Report, bounds: bool = False, table2s: bool = True) ->
         margins = {l: m for (tt, l), m in report.margins.items() if tt == t}
         if margins:
             parts.append(f"## {t}: does {report.reference} beat its control? ({TEST}; a target only where it does)")
+            parts.append(captions.margins(t, report.seeds.get(t, ()), report.world, report.reference,
+                                          report.target_phrase))
             parts.append(margin_table(L, margins, {l: v for (tt, l), v in report.targets.items() if tt == t}))
         if t3[t]:
             parts.append(f"## {t}: V100-days to {report.target_phrase} (Table 3)")
