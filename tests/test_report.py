@@ -347,6 +347,45 @@ def test_captions_give_the_official_or_the_worlds_chance_and_the_seeds(tmp_path,
     assert "finetuning seeds not recorded" in table and "ctrl" not in table and "| 60.0 |" in table
 
 
+def align_rows():
+    """The alignment check's rows (mm_ds/eval/align.py) of two systems in two languages: no task data, no seeds."""
+    rows = []
+    for system, accs in (("bl_base", (0.05, 0.30, 0.45)), ("minijoint", (0.05, 0.44, 0.46))):
+        for lang, targets in (("de", 3000), ("sw", 2500)):
+            rows += [dict(kind="target", system=system, lang=lang, step=st, flops=st * 1e12, v100_days=st * 1e-6,
+                          primary_acc=acc, targets=targets) for st, acc in zip((0, 100, 200), accs)]
+    return rows + [dict(kind="source", system="bl_base", model="primary", lang="en", acc=0.4)]
+
+
+def test_the_mlm_levels_captions_say_what_its_scores_are_not_a_finetuned_tasks(tmp_path):
+    from mm_ds.report import plots
+
+    rep, _ = R.mlm_report(align_rows(), tmp_path, plots=False)
+    tables = (tmp_path / R.MLM_DIR / "tables.md").read_text()
+    blocks = tables.split("\n\n")
+    captions = [b for b in blocks if b.startswith("mlm: ")]
+    assert len(captions) == 3  # Table 2, the margins, Table 3
+    for c in captions:  # each says the metric, the one run behind a score, n, what ctrl is, what to read it against
+        assert "held-out target-language MLM accuracy (%)" in c
+        assert "one Step-2 run per system and language, no finetuning, no seeds" in c
+        assert "the same masked held-out tokens at every checkpoint: de 3000, sw 2500" in c
+        assert "the primary model with the untrained target embeddings Step 2 starts from (step 0" in c
+        assert "no chance level: read a score against its control (ctrl) and against the bias-only column" in c
+    table2, margins, table3 = captions
+    assert table2.startswith("mlm: held-out target-language MLM accuracy (%) of the primary model with the Step-2 "
+                             "checkpoint's embeddings swapped in, one Step-2 run per system and language")
+    assert "needed: the difference the test calls significant for the n masked held-out tokens (one run: seeds 1, " \
+           "no between-seed variance)" in margins
+    assert "Its control: the primary model with the untrained target embeddings" in table3
+    for wrong in ("finetuning seeds", "seeds ?", "finetuned model", "chance level unknown", "tasks.py"):
+        assert wrong not in tables
+    assert "| mlm | MINIJOINT | 1.92x | 2/2 langs, 1 Step-2 run |" in tables
+    assert "| avg | MINIJOINT | 1.92x | 1/1 tasks, 1 Step-2 run |" in tables
+    assert "and the Step-2 runs behind each score" in tables
+    assert plots.curves_figure(rep).axes[0].get_ylabel() == "held-out target-language MLM accuracy (%)"
+    assert "1.9x\n2/2 langs\n1 Step-2 run" in [t.get_text() for t in plots.speedup_figure(rep).axes[0].texts]
+
+
 # --- figures: the control, the chance level, what stands behind each bar --------------------------------------
 
 def test_curves_start_at_the_control_and_show_the_chance_level():
