@@ -364,3 +364,62 @@ def test_only_the_head_of_a_large_heldout_text_is_encoded(tmp_path, monkeypatch,
     from mm_ds.data.corpus import decode_shard_lines
     assert [x for x in decode_shard_lines(where) if x] == [x for x in head.splitlines() if x]
     assert align.heldout_corpus(text, "t1", spm_model, tmp_path / "cache") == where  # cached
+
+
+# ---------------------------------------------------------------- which runs: one rule for the run, its spread, the plan
+
+def _prepared(out: Path, langs, lines: int = 1) -> None:
+    """OUT/data/<lang> as `mm-ds prepare --heldout` leaves it, as far as the check reads it: meta.json's slice."""
+    for lang in langs:
+        (out / "data" / lang).mkdir(parents=True)
+        (out / "data" / lang / "heldout.txt").write_text("a held-out line\n" * lines)
+        (out / "data" / lang / "meta.json").write_text(json.dumps({"heldout": {"file": "heldout.txt", "lines": lines}}))
+
+
+def test_the_spread_takes_the_runs_of_a_recipe_whose_heldout_text_is_the_prepared_slice(tmp_path, monkeypatch):
+    """The real recipe holds a slice of each language out (prepare.heldout): its Step-2 runs, every system's, are
+    spread over the launch's ranks (align_spread.py), a language's together. A language whose corpus kept no line
+    out is left out, by the spread as by the run, which says so."""
+    from mm_ds.eval.align_spread import runs_to_align, write_spec
+    from mm_ds.recipe import load_recipe
+
+    recipe, out = load_recipe("real"), tmp_path / "out"
+    _prepared(out, ["de", "ar"])
+    _prepared(out, ["sw"], lines=0)
+    jobs, texts = runs_to_align(recipe, out)
+    assert jobs == [[out / "adapt" / s / lang for s in ("bl_base", "bl_small", "minijoint", "minipost")]
+                    for lang in ("de", "ar")] and texts == {}
+    spec = json.loads(write_spec(recipe, out).read_text())
+    assert spec["jobs"] == [[str(r) for r in runs] for runs in jobs] and spec["sequences"] == 128
+    scored, said = [], []
+    monkeypatch.setattr(align, "align_run", lambda run, *a, **k: scored.append(run) or [])
+    monkeypatch.setattr(align, "source_rows", lambda *a, **k: [])
+    assert align.align_recipe(recipe, out, say=said.append) == []
+    assert sorted(scored) == sorted(r for runs in jobs for r in runs)
+    assert said == ["[mm-ds] alignment check skipped for sw: no held-out text (recipe key heldout: {LANG: FILE}, or "
+                    "prepare: {heldout: FRACTION} when OUT/data/LANG is prepared, with at least a line held out)"]
+
+
+@pytest.mark.parametrize("name", ["tiny", "real", "paper"])
+def test_the_run_its_spread_and_the_plan_take_the_same_runs(name, tmp_path, monkeypatch):
+    """`align_recipe` (the run), `runs_to_align` (its spread over ranks) and `mm-ds plan`'s alignment row count the
+    same Step-2 runs: every system in every language, whose held-out text is the generated world's (tiny) or the
+    prepared corpus's slice (real, paper); the plan prices each run's checkpoints and step 0."""
+    from mm_ds.eval.align_spread import runs_to_align
+    from mm_ds.pipeline.stage_runs import stage_configs
+    from mm_ds.recipe import load_recipe
+    from mm_ds.tools.plan import Cluster
+    from mm_ds.tools.plan_totals import plan_alignment
+
+    recipe, out = load_recipe(name), tmp_path / "out"
+    _prepared(out, recipe.langs)
+    scored = []
+    monkeypatch.setattr(align, "align_run", lambda run, *a, **k: scored.append(run) or [])
+    monkeypatch.setattr(align, "source_rows", lambda *a, **k: [])
+    assert align.align_recipe(recipe, out, say=pytest.fail) == []
+    jobs, _ = runs_to_align(recipe, out)
+    assert sorted(r for runs in jobs for r in runs) == sorted(scored) == \
+        sorted(out / "adapt" / s / lang for s in recipe.systems for lang in recipe.langs)
+    cfgs = stage_configs(recipe)
+    assert plan_alignment(recipe, cfgs, Cluster()).runs == \
+        sum(cfgs[f"adapt/{run.parent.name}/{run.name}"].train.checkpoints() + 1 for run in scored)

@@ -4,6 +4,7 @@ leaves nothing behind that a later run could mistake for a complete output. Most
 import json
 import lzma
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -134,7 +135,8 @@ def _no_outputs(out: Path) -> None:
     (dict(lang="a/b"), ValueError, "--lang 'a/b' must be a language code"),
     (dict(vocab_size=5), ValueError, "--vocab-size 5 leaves no room beyond the 5 special tokens"),
     (dict(character_coverage=0.0), ValueError, "--character-coverage must be in (0, 1]"),
-    (dict(spm_model="{d}/missing.model"), FileNotFoundError, "missing.model does not exist"),
+    (dict(spm_model="{d}/missing.model"), FileNotFoundError, "missing.model does not exist: prepare reuses this file "
+                                                              "(spm_model) instead of training one"),
     (dict(spm_model="{d}/garbage.model"), ValueError, "garbage.model is unreadable"),
     (dict(inputs=["{d}/blank.txt"]), ValueError, "contain no non-blank UTF-8 line"),
 ])
@@ -153,6 +155,16 @@ def test_prepare(tmp_path, text, kwargs, exc, message):
         prepare(args.pop("lang"), args.pop("inputs"), str(out), **args)
     assert message in str(e.value)
     _no_outputs(out)
+
+
+def test_a_missing_tokenizer_is_named_without_a_flag_the_caller_may_not_have(tmp_path, text):
+    """`mm-ds extend` hands prepare its imported tokenizer; `mm-ds prepare` the --spm-model it was given: the message
+    names the file, and no command's flag."""
+    missing = tmp_path / "import" / "spm.model"
+    with pytest.raises(FileNotFoundError) as e:
+        prepare("en", [str(text)], str(tmp_path / "out"), spm_model=str(missing), workers=1, progress=False)
+    assert str(e.value).startswith(f"tokenizer {missing} does not exist") and not re.search(r"(^|\s)--\w", str(e.value))
+    _no_outputs(tmp_path / "out")
 
 
 def test_prepare_refuses_a_foreign_nonempty_out(tmp_path, text):

@@ -151,7 +151,8 @@ def test_the_paper_evaluation_estimate():
 def test_plan_totals_are_what_mm_ds_run_launches():
     """The totals price every stage run `mm-ds run` would launch (its stage list): the three pretrainings once
     (MINIPOST's is BL_BASE's), Step 2 in each of the 14 languages, the 60 finetunings as single-GPU runs packed
-    onto the cluster (and Table 5's five of MINIJOINT's mini-model), the evaluation units; and they say what `--check` refuses at a cluster's size."""
+    onto the cluster (and Table 5's five of MINIJOINT's mini-model), the evaluation units, the alignment check of
+    every Step-2 run; and they say what `--check` refuses at a cluster's size."""
     import math
     from collections import Counter
 
@@ -184,12 +185,70 @@ def test_plan_totals_are_what_mm_ds_run_launches():
     assert totals["Step 3"].hours == pytest.approx(makespan(seconds, 32) / 3600) and max(seconds) / 3600 <= \
         totals["Step 3"].hours < sum(seconds) / 3600 / 16
     assert totals["Step 4"].runs == evaluation.units == 7061
+    # The alignment check, by the rule the run follows (align.aligned_runs): every system's Step 2 in the 14 languages,
+    # whose held-out text is their prepared corpus's slice (prepare.heldout); each checkpoint and step 0 of BL_BASE
+    # (125 + 1), BL_SMALL (25 + 1), MINIJOINT and MINIPOST (29 + 1 in de, es, fr, zh; 25 + 1 elsewhere).
+    from mm_ds.eval.align import aligned_runs
+
+    align = totals["alignment check"]
+    assert align.runs == sum(cfgs[f"adapt/{s}/{lang}"].train.checkpoints() + 1 for s, lang in aligned_runs(recipe)) \
+        == 14 * (126 + 26) + 2 * (4 * 30 + 10 * 26) == 2888
+    # row_for's passes over 64 sequences: the primary with each checkpoint's embeddings and "bias only" (one model at
+    # step 0), the mini-model (MINIJOINT 4 layers, MINIPOST 4 + 2) at every point; a language's runs on one GPU.
+    fwd = lambda layers: 64 * flops.forward_flops(512, 768, 50_000, layers, 0.15) / one_gpu  # noqa: E731
+    lang_s = [(1 + 2 * 125) * fwd(12) + (1 + 2 * 25) * fwd(4) + (1 + 2 * c) * 2 * fwd(12) + (c + 1) * (fwd(4) + fwd(6))
+              for c in [29] * 4 + [25] * 10]
+    assert align.busy_gpu_hours == pytest.approx(sum(lang_s) / 3600)
+    assert align.hours == pytest.approx(max(lang_s) / 3600) and align.gpu_hours == pytest.approx(32 * align.hours)
     assert sum(t.gpu_hours for t in totals.values()) > 4 * 406  # the old "all stages" sum: one language, no Step 3
     for gpus in (1, 8, 16, 32, 64):
         assert refusals(recipe, cfgs, gpus) == []
     assert refusals(recipe, cfgs, 48) == ["pretrain/bl_base (and 60 more like it): global batch 2048 is not divisible "
                                           "by micro batch 32 x world size 48; choose train.global_batch as a multiple "
                                           "of 1536 or change train.micro_batch / the number of ranks"]
+
+
+def test_the_printed_totals_of_the_paper_plan(capsys):
+    """`mm-ds plan paper` prints the totals as a table, a row per step, then their sum, then whether `mm-ds run
+    --check` would pass the recipe's batch geometry at the cluster's size: on 32 GPUs it does, on 128 it refuses."""
+    import re
+
+    out = Out(capsys, "paper", "--nodes", "4", "--gpus-per-node", "8")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout[out.stdout.index("the whole recipe as `mm-ds run` runs it on 32 GPUs (every language, "
+                                        "shared stages once):"):].splitlines()
+    assert lines[1:3] == ["| step | runs | how | hours | GPU-h | busy GPU-h | disk GB |",
+                          "|---|---:|---|---:|---:|---:|---:|"]
+    rows = [line.strip("| ").split(" | ") for line in lines[3:9]]
+    assert [r[:3] for r in rows] == [
+        ["Step 1", "3", "data-parallel on 32 GPUs, one run after another"],
+        ["Step 1b", "2", "data-parallel on 32 GPUs, one run after another"],
+        ["Step 2", "56", "data-parallel on 32 GPUs, one run after another"],
+        ["Step 3", "65", "single-GPU runs, 32 at once"], ["Step 4", "7,061", "units over 32 GPUs"],
+        ["alignment check", "2,888", "checkpoints of 56 Step-2 runs, a language per GPU, 14 at once"]]
+    hours, gpu_h, busy, disk = ([float(r[i].replace(",", "")) for r in rows] for i in (3, 4, 5, 6))
+    total = re.fullmatch(r"all steps in sequence: ([\d.]+) h = ([\d.]+) days, ([\d,]+) GPU-h \(([\d,]+) busy\), "
+                         r"([\d.]+) TB of checkpoints; Step 4 and the alignment check add reading each checkpoint "
+                         r"they score", lines[9])
+    assert total, lines[9]
+    h, days, g, b, tb = (float(x.replace(",", "")) for x in total.groups())
+    assert h == pytest.approx(sum(hours), abs=0.1) and days == pytest.approx(h / 24, abs=0.05)  # cells are rounded
+    assert g == pytest.approx(sum(gpu_h), abs=3) and g == pytest.approx(32 * h, rel=0.01)
+    assert b == pytest.approx(sum(busy), abs=3) and b < g and tb == pytest.approx(sum(disk) / 1000, abs=0.01)
+    assert lines[10:] == ["`mm-ds run --check` passes the batch geometry of every stage on 32 GPUs"]
+
+    # 128 GPUs: the plan's micro batch of 16 divides the global batch, the recipe's 32 does not
+    out = Out(capsys, "paper", "--nodes", "16", "--gpus-per-node", "8", "--micro-batch", "16")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    refused = lines.index("`mm-ds run --check` would refuse the recipe on 128 GPUs:")
+    assert lines[refused - 1].startswith("all steps in sequence: ") and lines[refused + 1:] == [
+        "  pretrain/bl_base (and 60 more like it): global batch 2048 is not divisible by micro batch 32 x world "
+        "size 128; choose train.global_batch as a multiple of 4096 or change train.micro_batch / the number of ranks"]
+    # 48 GPUs divide 2048 at no micro batch: the plan itself stops, naming the stage
+    out = Out(capsys, "paper", "--nodes", "6", "--gpus-per-node", "8")
+    assert out.returncode == 2 and out.stdout == "" and "BL_BASE step1: global batch 2048 is not divisible by " \
+        "micro batch 32 x 48 GPUs" in out.stderr
 
 
 def test_the_paper_depth_sweep_is_planned(capsys):

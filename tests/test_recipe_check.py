@@ -140,6 +140,44 @@ def test_the_paper_plan_lists_the_protocol(tmp_path, capsys):
     assert "# headline speedup (Figure 1, the report's avg row) averages xnli, mlqa, pawsx" in lines
 
 
+def test_the_plan_summary_counts_the_stage_list_and_what_is_done(tmp_path, capsys):
+    """`mm-ds run paper --plan` starts with a summary: per step, the stage runs of the stage list and how many of them
+    are done (their final/ verifies: two written here as a stage publishes one), Step 4's results and the alignment
+    check's Step-2 runs (every system in the 14 languages, held-out text from the prepared slices) and rows."""
+    from collections import Counter
+
+    import torch
+
+    from mm_ds.runtime import checkpoint
+
+    out = tmp_path / "out"
+    runs = stage_runs(load_recipe("paper"), out)
+    assert Counter(n.name.split("/")[0] for n in runs) == {"pretrain": 3, "build_mini": 2, "adapt": 56, "finetune": 65}
+    for where in ("pretrain/bl_base", "finetune/bl_small/xnli/seed3"):
+        checkpoint.write_final(out / where / checkpoint.FINAL, {"w": torch.zeros(2)},
+                               {"format": checkpoint.FORMAT, "stage": where.split("/")[0]})
+    for f in ("eval/a.json", "eval/b.json", "align/minipost/de/init.json"):
+        (out / f).parent.mkdir(parents=True, exist_ok=True)
+        (out / f).write_text("{}")
+    rc, stdout, _ = run_here(capsys, "paper", "--plan", "--out", str(out))
+    assert rc == 0
+    lines = stdout.splitlines()
+    assert lines[:8] == [
+        f"# 126 stage runs into {out}, 2 done (final/ verifies):",
+        "#   Step 1 (pretrain)        3 runs,    1 done; each data-parallel on 8 rank(s), one after another",
+        "#   Step 1b (build-mini)     2 runs,    0 done; each data-parallel on 8 rank(s), one after another",
+        "#   Step 2 (adapt)          56 runs,    0 done; each data-parallel on 8 rank(s), one after another",
+        "#   Step 3 (finetune)       65 runs,    1 done; single-device runs, 8 at once",
+        "#   Step 4 (evaluation)   units over every Step-2 checkpoint, task and language (`mm-ds plan` counts them): "
+        f"2 results in {out / 'eval'}",
+        f"#   alignment check         56 Step-2 runs in 14 language(s), each checkpoint and step 0: 1 scored in "
+        f"{out / 'align'}",
+        "# the stage commands, in order:"]
+    commands = lines[8:]
+    assert len(commands) == len(runs) and [c.split()[0] for c in commands].count("done") == 2
+    assert "done  mm-ds pretrain " in commands[0] and f"--out {out / 'pretrain' / 'bl_base'} " in commands[0]
+
+
 def test_the_paper_depth_sweep_is_packaged_as_the_paper_ran_it(tmp_path):
     """§5.2: N in 2..12 (each its own Step 1), ar/de/tr, four tasks, 5 seeds; A.4: checkpoints every 5000, N=4
     (the main experiments' MINIJOINT) also at 1000-4000 where those had them (de); BL_BASE every 1000."""

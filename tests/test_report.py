@@ -325,14 +325,65 @@ def test_captions_give_the_official_or_the_worlds_chance_and_the_seeds(tmp_path,
     assert "xnli: V100-days of Step 2 until the accuracy (%) (mean over 5 finetuning seeds) first reaches 95% of " \
            "BL_BASE's final score" in tables
     assert "| xnli | MINIPOST | 1.85x | 2/2 langs, 5 seeds |" in tables
+    margins = tables[tables.index("## xnli: does BL_BASE beat its control?"):].split("\n\n")
+    assert margins[1] == (  # the margin table's caption, then the table
+        "xnli: accuracy (%) of BL_BASE's last checkpoint and its ctrl, mean over 5 finetuning seeds; chance 33.3 "
+        "(always the most frequent label, on the official test files). ctrl = the same finetuned model with the "
+        "untrained target embeddings Step 2 starts from (its score before Step 2 learns anything). needed: the "
+        "difference the test calls significant for the n test examples and the seeds; target: 95% of BL_BASE's "
+        "final score, set only where the difference is larger.")
+    assert margins[2].startswith("| lang | reference final | ctrl | difference | needed (5%, one-sided) |")
+    assert "xquad: F1 (SQuAD v1.1 evaluation) of BL_BASE's last checkpoint and its ctrl, mean over 5 finetuning " \
+           "seeds; chance 0.0 (F1 floor" in tables
     (tmp_path / "world").mkdir()
     (tmp_path / "world" / "world.json").write_text("{}")  # as `mm-ds run` leaves it beside results.jsonl
     assert R.main([str(tmp_path / "results.jsonl"), "--out", str(tmp_path / "world_out"), "--no-plots"]) == 0
-    assert "chance 50.0 (always the most frequent label, on the generated world's test files)" in \
-        (tmp_path / "world_out" / "tables.md").read_text()
+    world = (tmp_path / "world_out" / "tables.md").read_text()
+    assert "chance 50.0 (always the most frequent label, on the generated world's test files)" in world
+    assert "pawsx: accuracy (%) of BL_BASE's last checkpoint and its ctrl, mean over 5 finetuning seeds; chance " \
+           "50.0 (always the most frequent label, on the generated world's test files). ctrl = " in world
     rep = R.build_report(curve([50, 60], system="BL_BASE"))  # your own records: no seeds, no control, no source
     table = R.format_table2(rep, "xnli")
     assert "finetuning seeds not recorded" in table and "ctrl" not in table and "| 60.0 |" in table
+
+
+def align_rows():
+    """The alignment check's rows (mm_ds/eval/align.py) of two systems in two languages: no task data, no seeds."""
+    rows = []
+    for system, accs in (("bl_base", (0.05, 0.30, 0.45)), ("minijoint", (0.05, 0.44, 0.46))):
+        for lang, targets in (("de", 3000), ("sw", 2500)):
+            rows += [dict(kind="target", system=system, lang=lang, step=st, flops=st * 1e12, v100_days=st * 1e-6,
+                          primary_acc=acc, targets=targets) for st, acc in zip((0, 100, 200), accs)]
+    return rows + [dict(kind="source", system="bl_base", model="primary", lang="en", acc=0.4)]
+
+
+def test_the_mlm_levels_captions_say_what_its_scores_are_not_a_finetuned_tasks(tmp_path):
+    from mm_ds.report import plots
+
+    rep, _ = R.mlm_report(align_rows(), tmp_path, plots=False)
+    tables = (tmp_path / R.MLM_DIR / "tables.md").read_text()
+    blocks = tables.split("\n\n")
+    captions = [b for b in blocks if b.startswith("mlm: ")]
+    assert len(captions) == 3  # Table 2, the margins, Table 3
+    for c in captions:  # each says the metric, the one run behind a score, n, what ctrl is, what to read it against
+        assert "held-out target-language MLM accuracy (%)" in c
+        assert "one Step-2 run per system and language, no finetuning, no seeds" in c
+        assert "the same masked held-out tokens at every checkpoint: de 3000, sw 2500" in c
+        assert "the primary model with the untrained target embeddings Step 2 starts from (step 0" in c
+        assert "no chance level: read a score against its control (ctrl) and against the bias-only column" in c
+    table2, margins, table3 = captions
+    assert table2.startswith("mlm: held-out target-language MLM accuracy (%) of the primary model with the Step-2 "
+                             "checkpoint's embeddings swapped in, one Step-2 run per system and language")
+    assert "needed: the difference the test calls significant for the n masked held-out tokens (one run: seeds 1, " \
+           "no between-seed variance)" in margins
+    assert "Its control: the primary model with the untrained target embeddings" in table3
+    for wrong in ("finetuning seeds", "seeds ?", "finetuned model", "chance level unknown", "tasks.py"):
+        assert wrong not in tables
+    assert "| mlm | MINIJOINT | 1.92x | 2/2 langs, 1 Step-2 run |" in tables
+    assert "| avg | MINIJOINT | 1.92x | 1/1 tasks, 1 Step-2 run |" in tables
+    assert "and the Step-2 runs behind each score" in tables
+    assert plots.curves_figure(rep).axes[0].get_ylabel() == "held-out target-language MLM accuracy (%)"
+    assert "1.9x\n2/2 langs\n1 Step-2 run" in [t.get_text() for t in plots.speedup_figure(rep).axes[0].texts]
 
 
 # --- figures: the control, the chance level, what stands behind each bar --------------------------------------

@@ -290,7 +290,8 @@ def prepare(lang: str, inputs: list[str], out_dir: str, *, vocab_size: int = 500
                          "special tokens; pass a larger --vocab-size")
     if spm_model is not None:
         if not os.path.isfile(spm_model):
-            raise FileNotFoundError(f"--spm-model {spm_model} does not exist")
+            raise FileNotFoundError(f"tokenizer {spm_model} does not exist: prepare reuses this file (spm_model) "
+                                    f"instead of training one; name an existing SentencePiece model or tokenizer.json")
         spm_model = os.path.abspath(spm_model)
         vocab_size = check_tokenizer(Path(spm_model))
     dtype = shard_dtype(vocab_size)  # raises before any work when no shard dtype can hold the ids

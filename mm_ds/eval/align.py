@@ -373,23 +373,30 @@ def align(path: Path, texts: dict[str, str] | None = None, settings: Settings = 
     return rows, out
 
 
+def aligned_runs(recipe, out: Path | None = None) -> list[tuple[str, str]]:
+    """The one rule for the (system, target language) Step-2 runs `mm-ds run`'s alignment check scores, for
+    `align_recipe`, its spread over ranks (align_spread.py) and `mm-ds plan` (plan_totals.py): with align_sequences,
+    every system in each language with held-out text: a file (recipe key heldout), the generated world's, or the
+    prepared corpus's slice (prepare_options: real text gets one unless prepare.heldout is 0). With `out` (its data
+    prepared), a language whose corpus holds no held-out line (too few lines, or prepared without) is left out."""
+    from ..recipe import prepare_options
+
+    sliced = bool(prepare_options(recipe).get("heldout"))
+    langs = [lang for lang in recipe.langs if lang in recipe.heldout or recipe.world is not None
+             or sliced and (out is None or prepared_heldout(out / "data" / lang) is not None)]
+    return [(s, lang) for s in recipe.systems for lang in langs] if recipe.align_sequences else []
+
+
 def align_recipe(recipe, out: Path, device="cpu", say=print) -> list[Path]:
-    """`mm-ds run`'s alignment check and MLM-level measure: every system and target language with held-out text
-    (the recipe's `heldout`, the prepared corpus's held-out slice, or the generated world's), the source-language
-    rows, OUT/align.jsonl and the report's files (align.md, align_<lang>.png, mlm/)."""
+    """`mm-ds run`'s alignment check and MLM level: `aligned_runs`, the source rows, OUT/align.jsonl, the report."""
     from ..recipe import data_path
 
-    texts = {lang: str(data_path(recipe, f)) for lang, f in recipe.heldout.items()}
-    langs = [lang for lang in recipe.langs if lang in texts or prepared_heldout(out / "data" / lang)
-             or recipe.world is not None]
-    if len(langs) < len(recipe.langs):
-        say(f"[mm-ds] alignment check skipped for {', '.join(sorted(set(recipe.langs) - set(langs)))}: no held-out "
-            f"text (prepare with a held-out slice, prepare: {{heldout: FRACTION}}, or recipe key heldout: LANG: FILE)")
+    texts, runs = {lang: str(data_path(recipe, f)) for lang, f in recipe.heldout.items()}, aligned_runs(recipe, out)
+    if skipped := [lang for lang in recipe.langs if lang not in {pair[1] for pair in runs}]:
+        say(f"[mm-ds] alignment check skipped for {', '.join(skipped)}: no held-out text (recipe key heldout: {{LANG: "
+            f"FILE}}, or prepare: {{heldout: FRACTION}} when OUT/data/LANG is prepared, with at least a line held out)")
     settings = Settings(sequences=recipe.align_sequences)
-    rows = []
-    for s in recipe.systems:
-        for lang in langs:
-            rows += align_run(out / "adapt" / s / lang, texts, out, settings, device, say)
+    rows = [row for s, lang in runs for row in align_run(out / "adapt" / s / lang, texts, out, settings, device, say)]
     rows += source_rows(out, settings, device, say)
     return write_rows(rows, out, out / "report") if rows else []
 

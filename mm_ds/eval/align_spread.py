@@ -1,8 +1,8 @@
 """The alignment check (mm_ds/eval/align.py) spread over a launch's ranks, like Step 4: each rank takes a target
 language's Step-2 runs from the queue the ranks share (mm_ds/runtime/jobs.py) and scores their checkpoints on its device
 with `align.align_run`, which keeps each checkpoint's row under OUT/align/. `mm-ds run`'s own `align_recipe` then
-finds every row current and only writes the report: the checkpoints (about 840 in the paper recipe) are no
-longer scored one after another in the driver process. A language's runs stay together: they share its held-out
+finds every row current and only writes the report: the checkpoints (2,888 in the paper recipe) are no longer
+scored one after another in the driver process. A language's runs stay together: they share its held-out
 corpus, which align.py encodes once, on the rank that has them.
 
     OUT/logs/align.json   the Step-2 runs to score by language, their held-out texts, the settings (`write_spec`)
@@ -19,16 +19,15 @@ SPEC = "align.json"
 
 
 def runs_to_align(recipe, out: Path) -> tuple[list[list[Path]], dict[str, str]]:
-    """(the Step-2 runs `align.align_recipe` scores, by target language; the held-out texts it is given): each
-    mini-model system's, in every target language with held-out text (the recipe's `heldout`, or a generated
-    world's)."""
+    """(the Step-2 runs `align.align_recipe` scores, by target language: those of `align.aligned_runs`, the rule it
+    follows; the held-out texts it is given)."""
     from ..recipe import data_path
-    from ..systems import system_of
+    from .align import aligned_runs
 
-    texts = {lang: str(data_path(recipe, f)) for lang, f in recipe.heldout.items()}
-    langs = [lang for lang in recipe.langs if lang in texts or recipe.world is not None]
-    minis = [s for s in recipe.systems if system_of(s).mini]
-    return [[out / "adapt" / s / lang for s in minis] for lang in langs if minis], texts
+    by_lang: dict[str, list[Path]] = {}
+    for s, lang in aligned_runs(recipe, out):
+        by_lang.setdefault(lang, []).append(out / "adapt" / s / lang)
+    return list(by_lang.values()), {lang: str(data_path(recipe, f)) for lang, f in recipe.heldout.items()}
 
 
 def write_spec(recipe, out: Path) -> Path | None:

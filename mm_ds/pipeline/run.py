@@ -13,7 +13,7 @@ BL_BASE's pretrained model and its finetuned models (same primary model, paper Â
     OUT/adapt/{system}/{lang}/
     OUT/finetune/{primary}/{task}/seed{n}/
     OUT/results.jsonl, OUT/results.md
-    OUT/align/, OUT/align.jsonl     the alignment check of the mini-model systems (mm_ds/eval/align.py)
+    OUT/align/, OUT/align.jsonl     the alignment check of every system's Step 2 (mm_ds/eval/align.py)
 """
 
 from __future__ import annotations
@@ -213,8 +213,10 @@ STEP_NAMES = {"pretrain": "Step 1 (pretrain)", "build_mini": "Step 1b (build-min
 
 
 def stage_runs_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, bool], out: Path) -> str:
-    """`mm-ds run --list-stage-runs`'s head: the stage runs per step, how they run, and what is already done."""
+    """`mm-ds run --list-stage-runs`'s head: the stage runs per step, how they run, and what is already done; Step 4
+    and the alignment check."""
     from ..config import LaunchConfig
+    from ..eval.align import aligned_runs
 
     world = from_dict(LaunchConfig, recipe.launch).world_size
     lines = [f"# {len(runs)} stage runs into {out}, {sum(done.values())} done (final/ verifies):"]
@@ -227,6 +229,10 @@ def stage_runs_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, boo
     results = len(list((out / "eval").glob("*.json"))) if (out / "eval").is_dir() else 0
     lines.append(f"#   Step 4 (evaluation)   units over every Step-2 checkpoint, task and language (`mm-ds plan` "
                  f"counts them): {results} results in {out / 'eval'}")
+    if pairs := aligned_runs(recipe):  # the recipe's rule: its data may not be prepared yet
+        rows = sum(len(list((out / "align" / s / lang).glob("*.json"))) for s, lang in pairs)
+        lines.append(f"#   alignment check       {len(pairs):>4} Step-2 runs in {len({p[1] for p in pairs})} "
+                     f"language(s), each checkpoint and step 0: {rows} scored in {out / 'align'}")
     return "\n".join(lines + ["# the stage commands, in order:"])
 
 

@@ -50,7 +50,8 @@ def sweep_tables(report: Report, t2: dict, t3: dict) -> str:
             if days:
                 parts.append(f"## {base} depth sweep, {t}: V100-days to {report.target_phrase} (Table 4; checkpoint "
                              f"bounds in brackets)")
-                parts.append(captions.days(t, report.seeds.get(t, ()), report.world, report.target_phrase))
+                parts.append(captions.days(t, report.seeds.get(t, ()), report.world, report.target_phrase,
+                                           report.examples(t), report.over_control))
                 parts.append(md(["system"] + L + ["avg"], [
                     [r["system"]] + [days_cell(r["days"][l], r["bounds"].get(l)) for l in L]
                     + ["∞" if r["avg"] is None else cost(r["avg"]) + ("*" if r["avg_partial"] else "")]
@@ -58,7 +59,7 @@ def sweep_tables(report: Report, t2: dict, t3: dict) -> str:
             finals = [r for r in t2[t] if r["system"] in shown]
             if finals:
                 parts.append(f"## {base} depth sweep, {t}: final scores (Table A3)")
-                parts.append(captions.scores(t, report.seeds.get(t, ()), report.world))
+                parts.append(captions.scores(t, report.seeds.get(t, ()), report.world, n=report.examples(t)))
                 parts.append(md(["system", "Step-2 days"] + L + ["avg"], [
                     [r["system"], cost(r["v100_days"])] + [fmt(r["scores"][l]) for l in L]
                     + [fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in finals]))

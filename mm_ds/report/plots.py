@@ -139,11 +139,11 @@ def speedup_figure(report: Report):
                 continue
             if r["n_tasks"] is None:
                 used = f"{r['n_langs']}/{len(report.langs[g])} langs"
-                seeds = captions.seed_count(report.seeds.get(g, ()))
+                seeds = captions.runs_label([g], report.seeds)
                 short = (g, s) in partial_tasks
             else:
                 used = f"{r['n_tasks']}/{len(report.tasks)} tasks"
-                seeds = captions.seed_count(c for t in report.tasks for c in report.seeds.get(t, ()))
+                seeds = captions.runs_label(report.tasks, report.seeds)
                 short = r["n_tasks"] < len(report.tasks) or any(p[1] == s for p in partial_tasks)
             xs.append(i + j * width)
             ys.append(r["mean_speedup"])

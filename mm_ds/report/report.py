@@ -75,6 +75,11 @@ class Report:
         c = self.curves.get(key)
         return c[-1] if c else None
 
+    def examples(self, task: str) -> dict[str, set[int]]:
+        """lang -> the test-example counts (masked tokens at the MLM level) its records carry: for the captions."""
+        return {l: {r.n for s in self.systems for r in self.curves.get((task, l, s), ()) if r.n is not None}
+                for l in self.langs[task]}
+
 
 def _system_order(systems: Iterable[str], reference: str) -> list[str]:
     """The reference first, then the paper's rows, each followed by its variants by depth, then any other."""
@@ -245,10 +250,13 @@ def format_tables(report: Report, bounds: bool = False, table2s: bool = True) ->
         margins = {l: m for (tt, l), m in report.margins.items() if tt == t}
         if margins:
             parts.append(f"## {t}: does {report.reference} beat its control? ({TEST}; a target only where it does)")
+            parts.append(captions.margins(t, report.seeds.get(t, ()), report.world, report.reference,
+                                          report.target_phrase, report.examples(t)))
             parts.append(margin_table(L, margins, {l: v for (tt, l), v in report.targets.items() if tt == t}))
         if t3[t]:
             parts.append(f"## {t}: V100-days to {report.target_phrase} (Table 3)")
-            parts.append(captions.days(t, report.seeds.get(t, ()), report.world, report.target_phrase)
+            parts.append(captions.days(t, report.seeds.get(t, ()), report.world, report.target_phrase,
+                                       report.examples(t), report.over_control)
                          + (" In brackets: those checkpoints (Table A4)." if bounds else ""))
             parts.append(md(["system"] + L + ["avg"], [
                 [r["system"]] + [days_cell(r["days"][l], bounds and r["bounds"].get(l)) for l in L]
@@ -259,12 +267,12 @@ def format_tables(report: Report, bounds: bool = False, table2s: bool = True) ->
                      f"the headline, avg, averages {', '.join(report.headline)})")
         parts.append(f"Per task: the mean over its languages of {report.reference}'s V100-days to {report.target_phrase} divided "
                      f"by the system's; used: the languages of the task behind it (of those the task has), and the "
-                     f"finetuning seeds behind each score; avg: the mean over tasks.")
-        body, every_seed = [], [c for t in report.tasks for c in report.seeds.get(t, ())]
+                     f"{captions.runs_nouns(report.tasks)} behind each score; avg: the mean over tasks.")
+        body = []
         for r in report.speedup_summary:
             n = (f"{r['n_langs']}/{len(report.langs[r['task']])} langs, "
-                 f"{captions.seed_count(report.seeds.get(r['task'], ()))}" if r["n_tasks"] is None
-                 else f"{r['n_tasks']}/{len(report.tasks)} tasks, {captions.seed_count(every_seed)}")
+                 f"{captions.runs_label([r['task']], report.seeds)}" if r["n_tasks"] is None
+                 else f"{r['n_tasks']}/{len(report.tasks)} tasks, {captions.runs_label(report.tasks, report.seeds)}")
             sp = "—" if r["mean_speedup"] is None else f"{r['mean_speedup']:.2f}x"
             body.append([r["task"], r["system"], sp, n, ", ".join(r.get("excluded", {})),
                          fmt(r.get("ratio_of_mean_days"), 2)])

@@ -94,8 +94,8 @@ def margin_of(reference: Result, control: Result, alpha: float = ALPHA) -> Margi
 
 
 def margin_table(langs: list[str], margins: dict[str, Margin], targets: dict[str, float]) -> str:
-    """Markdown: per language, the reference's final score, its control, the difference, the margin the test
-    needs, n, seeds, and the target it got (or why none)."""
+    """Markdown: per language, the reference's final score, its control (ctrl), the difference, the margin the test
+    needs, n, seeds, and the target it got (or why none). Its caption: captions.margins."""
     from .mdtable import fmt, md
 
     body = []
@@ -107,5 +107,5 @@ def margin_table(langs: list[str], margins: dict[str, Margin], targets: dict[str
         verdict = fmt(targets[lang]) if lang in targets else "none: not significant" if m.tested else "none"
         body.append([lang, fmt(m.reference), fmt(m.control), f"{m.difference:+.2f}",
                      "untested (no n)" if not m.tested else f"{m.needed:.2f}", str(m.n or "—"), str(m.seeds), verdict])
-    return md(["lang", "reference final", "control", "difference", f"needed ({ALPHA:.0%}, one-sided)", "n", "seeds",
+    return md(["lang", "reference final", "ctrl", "difference", f"needed ({ALPHA:.0%}, one-sided)", "n", "seeds",
                "target"], body)

@@ -50,7 +50,7 @@ def format_table2(report: Report, task: str, rows: list[dict] | None = None) -> 
         [r["system"], cost(r["eflops"]), cost(r["v100_days"])] + [fmt(r["sources"].get(l)) for l in src]
         + [cell(r, l) for l in L] + [fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in rows])
     source = f" {', '.join(src)}: the primary model finetuned and scored in {', '.join(src)} (no swap)." if src else ""
-    about = (captions.scores(task, report.seeds.get(task, ()), report.world, ctrl) + source
+    about = (captions.scores(task, report.seeds.get(task, ()), report.world, ctrl, report.examples(task)) + source
              + f" avg: over {', '.join(L)}; * = fewer languages than the task has. Cost: Step 2 to its last "
              "checkpoint (the largest over languages).")
     return f"## {task}: performance at training completion (Table 2)\n\n{about}\n\n{table}"

@@ -7,8 +7,8 @@ every target language's Step 2; every finetuning), as it will run:
     Step 3           single-GPU runs, as many at once as there are GPUs, longest first (mm_ds/pipeline/pack.py): its
                      time is that schedule's makespan, at the plan's MFU on one GPU with no communication
     Step 4           the evaluation units over every GPU (`plan_evaluation`)
-    alignment check  two forward passes (mini-model, primary model) of the held-out sequences per Step-2
-                     checkpoint of each mini-model system, and of its initialisation, over every GPU
+    alignment check  the forward passes of the held-out sequences per Step-2 checkpoint and step 0 of every run it
+                     scores (`plan_alignment`), a language's runs on one GPU, the languages over every GPU
 
 GPU-hours are what an allocation of the whole cluster pays: its GPUs x each step's hours, idle GPUs included
 (Step 3's tail); `busy` counts the GPUs' own work. Disk: every run's engine checkpoints and final weights.
@@ -76,33 +76,46 @@ def recipe_totals(recipe, cfgs: dict, cluster, evaluation) -> list[StepTotal]:
                              hours * n, hours * n, disk))
     out.append(StepTotal("Step 4", evaluation.units, f"units over {n} GPUs", evaluation.hours,
                          evaluation.gpu_hours, evaluation.gpu_hours, 0.0))
-    align = plan_alignment(recipe, cfgs, cluster)
+    align = plan_alignment(recipe, cfgs, cluster, runs)
     if align is not None:
         out.append(align)
     return out
 
 
-def plan_alignment(recipe, cfgs: dict, cluster) -> StepTotal | None:
-    """The alignment check `mm-ds run` ends with (mm_ds/eval/align.py): each mini-model system's Step-2 checkpoints of
-    every target language with held-out text (the recipe's `heldout`, or a generated world's), and their
-    initialisation, each scored as the mini-model and as the primary model over `align_sequences` sequences."""
+def plan_alignment(recipe, cfgs: dict, cluster, runs: list | None = None) -> StepTotal | None:
+    """The alignment check `mm-ds run` ends with (mm_ds/eval/align.py), as it runs: the Step-2 runs of
+    `align.aligned_runs` (the rule the run follows; every system, BL_BASE's too), their checkpoints and step 0 each
+    scored over `align_sequences` held-out sequences by `row_for`'s forward passes: the primary model with the
+    checkpoint's embeddings, and with the untrained ones beside its output bias ("bias only"; the same model at step
+    0), and the mini-model at the depth Step 2 was training (mini-model systems). A target language's runs are one
+    job on one GPU (align_spread.py), the languages taken longest first by every GPU. `runs`: `stage_run_costs`.
+    Left out: a pass per primary model and mini-model on source-language text (align.source_rows)."""
+    from ..eval.align import aligned_runs
+    from ..pipeline.costs import stage_run_costs
     from ..systems import system_of
 
-    minis = [s for s in recipe.systems if system_of(s).mini]
-    langs = [lang for lang in recipe.langs if lang in recipe.heldout or recipe.world is not None]
-    if not recipe.align_sequences or not minis or not langs:
+    pairs = aligned_runs(recipe)
+    if not pairs:
         return None
-    points, flops = 0, 0.0
-    for s in minis:
-        adapt, primary = cfgs[f"adapt/{s}/{langs[0]}"], cfgs[f"pretrain/{system_of(s).primary}"].model
-        mini_layers = system_of(s).adapted_depths(primary, getattr(cfgs.get(f"build_mini/{s}"), "mini", None))[-1]
-        count = (adapt.train.checkpoints() + 1) * len(langs)
-        points += count
-        per_layer = F.flop_layer(adapt.data.seq_len, primary.hidden_size)
-        flops += count * recipe.align_sequences * (mini_layers + primary.num_layers) * per_layer
-    seconds = flops / (cluster.gpus * cluster.peak_tflops * 1e12 * cluster.mfu)
-    return StepTotal("alignment check", points, f"checkpoints over {cluster.gpus} GPUs", seconds / 3600,
-                     seconds / 3600 * cluster.gpus, seconds / 3600 * cluster.gpus, 0.0)
+    costs = dict(stage_run_costs(recipe, cfgs) if runs is None else runs)
+    points, seconds = 0, {}
+    one_gpu = cluster.peak_tflops * 1e12 * cluster.mfu
+    for s, lang in pairs:
+        phases, row = costs[f"adapt/{s}/{lang}"], system_of(s)  # a cost row per depth Step 2 trains at
+        c, checkpoints = phases[0], sum(p.checkpoints for p in phases)
+        # (layers, passes): the primary with each checkpoint's embeddings and bias only, once at step 0; the
+        # mini-model at step 0 at the first phase's depth, then at each checkpoint's phase's
+        passes = [(cfgs[f"pretrain/{row.primary}"].model.num_layers, 1 + 2 * checkpoints)]
+        if row.mini:
+            passes += [(c.layers, 1)] + [(p.layers, p.checkpoints) for p in phases]
+        flops = recipe.align_sequences * sum(n * F.forward_flops(c.seq_len, c.hidden, c.vocab, layers, c.mask_prob)
+                                             for layers, n in passes)
+        points += checkpoints + 1
+        seconds[lang] = seconds.get(lang, 0.0) + flops / one_gpu
+    hours = makespan(list(seconds.values()), cluster.gpus) / 3600
+    return StepTotal("alignment check", points, f"checkpoints of {len(pairs)} Step-2 runs, a language per GPU, "
+                     f"{min(cluster.gpus, len(seconds))} at once", hours, hours * cluster.gpus,
+                     sum(seconds.values()) / 3600, 0.0)
 
 
 def refusals(recipe, cfgs: dict, gpus: int) -> list[str]:
@@ -132,8 +145,8 @@ def format_totals(totals: list[StepTotal], cluster, refused: list[str]) -> str:
     hours = sum(t.hours for t in totals)
     lines.append(f"all steps in sequence: {hours:.1f} h = {hours / 24:.1f} days, "
                  f"{sum(t.gpu_hours for t in totals):,.0f} GPU-h ({sum(t.busy_gpu_hours for t in totals):,.0f} "
-                 f"busy), {sum(t.disk_bytes for t in totals) / 1e12:.2f} TB of checkpoints; evaluation adds reading "
-                 f"each unit's checkpoint")
+                 f"busy), {sum(t.disk_bytes for t in totals) / 1e12:.2f} TB of checkpoints; Step 4 and the alignment "
+                 f"check add reading each checkpoint they score")
     if refused:
         lines.append(f"`mm-ds run --check` would refuse the recipe on {cluster.gpus} GPUs:")
         lines += [f"  {r}" for r in refused]
