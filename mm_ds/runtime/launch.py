@@ -79,8 +79,10 @@ def command(launch: LaunchConfig, argv: list[str]) -> list[str]:
             nodes = ["--hostfile", launch.hostfile, "--num_nodes", str(launch.nodes), "--launcher", launch.ds_launcher]
             if launch.node_rank is not None:
                 nodes += ["--no_ssh", "--node_rank", str(launch.node_rank)]
-            elif launch.ds_launcher == "slurm":
-                nodes += ["--no_ssh_check"]  # srun reaches the nodes; ssh to them need not work
+            else:
+                nodes += runner_cpus(launch)  # the runner's mpirun or srun: each rank's CPUs
+                if launch.ds_launcher == "slurm":
+                    nodes += ["--no_ssh_check"]  # srun reaches the nodes; ssh to them need not work
         elif launch.nodes > 1:
             raise ConfigError(f"launch.nodes={launch.nodes} under deepspeed needs launch.hostfile (HOST slots=N lines)")
         else:
@@ -103,6 +105,15 @@ def command(launch: LaunchConfig, argv: list[str]) -> list[str]:
                 sys.executable, ENTRY, *argv]
     raise ConfigError(f"launch.launcher={launch.launcher!r} cannot start {launch.world_size} ranks; "
                       f"use deepspeed, mpirun or srun")
+
+
+def runner_cpus(launch: LaunchConfig) -> list[str]:
+    """`--launcher_args` for DeepSpeed's openmpi and slurm runners, which start the ranks with mpirun or srun:
+    each rank's CPUs as mm-ds's own mpirun and srun commands give them (theirs would bind a rank to one core, or
+    give a srun task one CPU). pdsh starts DeepSpeed's launcher on each node, which binds nothing."""
+    flags = {"openmpi": ["--bind-to", "none"], "slurm": srun_cpus(launch.ranks)}.get(launch.ds_launcher, [])
+    # One word: DeepSpeed's parser would take a separate `--cpus-per-task=N` for an unknown option of its own.
+    return [f"--launcher_args={' '.join(flags)}"] if flags else []
 
 
 def srun_cpus(ranks_per_node: int) -> list[str]:
