@@ -4,6 +4,7 @@ the multi-rank tests): `dist.init` runs with the rendezvous and DeepSpeed's init
 
 import os
 import subprocess
+import sys
 import types
 
 import pytest
@@ -88,7 +89,7 @@ def test_finish_ends_the_wandb_run_before_leaving(monkeypatch):
             wandb.run = None
 
     wandb = types.SimpleNamespace(run=Run())
-    monkeypatch.setitem(__import__("sys").modules, "wandb", wandb)
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "barrier", lambda: order.append("barrier"))
@@ -102,6 +103,28 @@ def test_finish_ends_the_wandb_run_before_leaving(monkeypatch):
     with pytest.raises(SystemExit):
         dist.finish(0)
     assert order == ["wandb", "barrier", "destroy", "exit 0"], order
+
+
+LEAVE_WITH_WANDB = """
+import sys, types
+from mm_ds.runtime import dist
+class Run:
+    def finish(self):
+        print("wandb finished", flush=True)
+sys.modules["wandb"] = types.SimpleNamespace(run=Run())  # the run DeepSpeed's monitor started
+dist.is_initialized = lambda: True  # a launched rank (RANK is set), without its process group
+dist.barrier = lambda: print("barrier", flush=True)
+dist.leave(3)
+print("not reached")
+"""
+
+
+def test_a_failed_rank_ends_the_wandb_run_before_it_leaves():
+    """dist.leave (the command failed) exits through os._exit as well, in a process of its own here: the live W&B
+    run is finished first, and no barrier is entered (the other ranks may be gone)."""
+    proc = subprocess.run([sys.executable, "-c", LEAVE_WITH_WANDB], env=os.environ | {"RANK": "0"},
+                          capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (3, "wandb finished\n"), (proc.returncode, proc.stdout, proc.stderr)
 
 
 @pytest.mark.parametrize("argv", [["pretrain", "--preset", "tiny/no-such-system"],
