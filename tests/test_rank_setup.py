@@ -220,3 +220,21 @@ def test_the_batch_script_gives_each_task_its_cpus(tmp_path):
         subprocess.run(["bash", "launchers/slurm.sbatch", "pretrain"], cwd=ROOT, env=job | batch, check=True)
         args = log.read_text()
         assert (asks in args.split()) if asks else "cpus-per-task" not in args, (batch, args)
+
+
+def test_the_hostfile_script_gives_each_rank_its_cpus(tmp_path):
+    """launchers/deepspeed_hostfile.sh passes DeepSpeed's openmpi and slurm runners what `mm-ds` passes them."""
+    from test_launchers import ROOT, free_port
+
+    hosts, log, deepspeed = tmp_path / "hosts", tmp_path / "deepspeed.args", tmp_path / "deepspeed"
+    hosts.write_text("localhost slots=2\n")
+    deepspeed.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$FAKE_DEEPSPEED_LOG"\n')  # records its arguments
+    deepspeed.chmod(0o755)
+    for launcher, asks in (("openmpi", "--launcher_args=--bind-to none"),
+                           ("slurm", "--launcher_args=--cpus-per-task=2"), ("pdsh", None)):
+        subprocess.run(["bash", "launchers/deepspeed_hostfile.sh", "pretrain"], cwd=ROOT, check=True,
+                       env=os.environ | {"HOSTFILE": str(hosts), "LAUNCHER": launcher, "DEEPSPEED": str(deepspeed),
+                                         "PYTHON": sys.executable, "FAKE_DEEPSPEED_LOG": str(log),
+                                         "MASTER_PORT": str(free_port()), "SLURM_CPUS_ON_NODE": "4"})
+        args = log.read_text().splitlines()
+        assert (asks in args) if asks else not [a for a in args if "launcher_args" in a], (launcher, args)

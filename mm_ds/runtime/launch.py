@@ -210,7 +210,8 @@ def relaunch(launch: LaunchConfig, argv: list[str], env: dict[str, str] | None =
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m mm_ds.runtime.launch ...`: the launcher scripts' preflight (hostfile, slots, master address and port);
-    prints the master address the ranks are to meet at (empty: found at start)."""
+    prints the master address the ranks are to meet at (empty: found at start), or with --runner-args what
+    DeepSpeed's runner is to pass its mpirun or srun."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m mm_ds.runtime.launch", description="check launch settings before starting")
@@ -222,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ds-launcher", default="pdsh", help="how deepspeed reaches the other nodes")
     p.add_argument("--master-addr", default="", help="default: the hostfile's first host, else 127.0.0.1")
     p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--runner-args", action="store_true", help="print instead what deepspeed is to pass its openmpi "
+                   "or slurm runner for each rank's CPUs (--launcher_args=...; empty for pdsh)")
     a = p.parse_args(argv)
     try:
         from . import hostfile
@@ -235,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"mm-ds: error: {e}", file=sys.stderr)
         return 2
-    print(master_addr(cfg) or "")  # the scripts pass it on
+    if a.runner_args:
+        print(*(runner_cpus(cfg) if cfg.node_rank is None else []))
+    else:
+        print(master_addr(cfg) or "")  # the scripts pass it on
     return 0
 
 
