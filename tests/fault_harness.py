@@ -331,6 +331,15 @@ def _rank0_points(root: Path, corpus: Path) -> dict:
         (run / "job.json").write_text(json.dumps([["pretrain", "--out", str(run / "stage")]]))
         return pipeline.job_main([str(run / "job.json")])
 
+    def resume(run: Path):  # rank 0 looks for the checkpoint to resume from; its read fails
+        def unreadable(run_dir):
+            raise OSError(5, "Input/output error", str(ck.checkpoints_dir(run_dir)))
+        found, ck.find_resume_point = ck.find_resume_point, unreadable
+        try:
+            return engine.build_engine(_tiny_stage(corpus, 1), 2, run, resume=True)
+        finally:
+            ck.find_resume_point = found
+
     def evaluation(run: Path):
         from mm_ds.recipe import load_recipe
         (run / "recipe.json").write_text(json.dumps(asdict(load_recipe("tiny", ["curve=false"]))))
@@ -341,6 +350,7 @@ def _rank0_points(root: Path, corpus: Path) -> dict:
     return {
         "run files": (lambda run: (run / "ds_config.json").mkdir(parents=True), build),
         "frozen weights": (lambda run: (run / "frozen.tmp").touch(), lambda run: build(run, frozen=True)),
+        "resume point": (lambda run: None, resume),
         "checkpoint directory": (lambda run: (run / "checkpoints").touch(),
                                  lambda run: engine.train(_tiny_stage(corpus, 1), run, progress=False)),
         "training log": (lambda run: (run / "logs" / "train.jsonl").mkdir(parents=True),
@@ -353,13 +363,15 @@ def _rank0_points(root: Path, corpus: Path) -> dict:
                            lambda run: engine.train(_tiny_stage(corpus, 0), run, progress=False)),
         "evaluation units": (lambda run: (run / "logs").touch(), evaluation),
         "one job's stage state": (lambda run: None, job),
+        "one job's stage list": (lambda run: (run / "job.json").mkdir(),
+                                 lambda run: pipeline.job_main([str(run / "job.json")])),
     }
 
 
 def rank0_failures(root: Path, corpus: Path) -> None:
     """Run by every rank of a 2-rank world: at each point where rank 0 works alone while the others wait, rank
     0 meets a real obstacle (a file where a directory must go, or the reverse; an injected read error for the
-    one-job state). Writes root/rank<R>.json after each point: {point: [exception type, message, seconds]}.
+    resume point and the one-job state). Writes root/rank<R>.json after each point: {point: [exception type, message, seconds]}.
     A rank left waiting for rank 0 (a plain barrier after its work) never writes that point."""
     rank, _, _ = dist.init()
     seen = {}

@@ -1,6 +1,8 @@
 """The GPU suite's checks that need no GPU (tests/gpu_checks.py), run on CPU: each fails when it should, and sees
-on CPU what tests/gpu/test_gpu.py will show it on the GPUs. The suite itself must import and skip here."""
+on CPU what tests/gpu/test_gpu.py will show it on the GPUs. The suite itself must import and skip here, and keep
+what its source promises: an unknown GPU's skip after its other checks, the pipeline run per stage too."""
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ from torch.nn.attention import SDPBackend
 from gpu_checks import attention_calls, frozen_mismatches, fused_attention_problems, sdpa_backend
 
 ROOT = Path(__file__).resolve().parents[1]
+GPU_SUITE = ROOT / "tests" / "gpu" / "test_gpu.py"
 
 
 def test_frozen_mismatches_finds_a_moved_missing_or_extra_weight():
@@ -74,3 +77,42 @@ def test_the_gpu_suite_imports_and_skips_here():
         pytest.skip("a GPU is here: `make test-gpu` runs the suite")
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert "7 skipped" in proc.stdout and "needs CUDA GPUs" in proc.stdout, proc.stdout[-2000:]
+
+
+# ---------------------------------------------------------------- the GPU suite's own structure, read from its source
+
+def gpu_suite() -> dict[str, ast.FunctionDef]:
+    tree = ast.parse(GPU_SUITE.read_text())
+    return {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+
+
+def calls(node: ast.AST, name: str) -> list[ast.Call]:
+    return [n for n in ast.walk(node) if isinstance(n, ast.Call) and ast.unparse(n.func) == name]
+
+
+def test_an_unknown_gpu_skips_only_after_every_check_that_needs_no_peak():
+    """A GPU missing from the peak table (MFU NaN) still runs every check of its test that does not need the
+    peak: a skip inside a GPU test has only MFU's asserts after it, and no test is skipped whole for the peak."""
+    skips = 0
+    for name, test in gpu_suite().items():
+        assert not any("peak" in ast.unparse(d).lower() for d in test.decorator_list), name
+        for skip in calls(test, "pytest.skip"):
+            skips += 1
+            later = [ast.unparse(a) for a in ast.walk(test) if isinstance(a, ast.Assert) and a.lineno > skip.lineno]
+            assert all("mfu" in a for a in later), f"{name}: asserts after the skip on line {skip.lineno}: {later}"
+    assert skips, "the suite no longer skips for a GPU whose peak is unknown (mm_ds/runtime/peaks.py)"
+
+
+def test_the_gpu_pipeline_tests_run_per_stage_as_well_as_one_job():
+    """The paper recipe runs each stage as a launch of its own (`per_stage`): the miniature pipeline on the GPUs
+    runs that way too, not only as one job."""
+    suite = gpu_suite()
+    pipeline = {name: test for name, test in suite.items() if name.startswith("test_") and calls(test, "_recipe")}
+    assert len(pipeline) >= 2, list(pipeline)
+    for name, test in pipeline.items():
+        params = [d for d in test.decorator_list if isinstance(d, ast.Call)
+                  and ast.unparse(d.func) == "pytest.mark.parametrize" and ast.literal_eval(d.args[0]) == "mode"]
+        modes = ast.literal_eval(params[0].args[1]) if params else []
+        assert {"per_stage", "one_job"} <= set(modes), f"{name}: modes {modes}"
+        assert all(ast.unparse(c.args[0]) == "mode" for c in calls(test, "_recipe")), name
+    assert "'mode': mode" in ast.unparse(suite["_recipe"]), "_recipe must pass the test's mode to the recipe"

@@ -1,7 +1,8 @@
-"""A failure in rank 0's own work (the run files, the frozen and final weights, a checkpoint's directory, the
-training log, a universal conversion, the evaluation's unit list, one job's stage state) ends every rank
-promptly with the reason, said once: the other ranks learn of it from a collective (`dist.on_rank0`), not from a
-barrier that under NCCL waits 30 minutes for a rank that left."""
+"""A failure in rank 0's own work (the run files, the frozen and final weights, the checkpoint to resume from, a
+checkpoint's directory, the training log, a universal conversion, the evaluation's unit list, one job's stage
+list and stage state) ends every rank promptly with the reason, said once: the other ranks learn of it from a
+collective (`dist.on_rank0`), not from a barrier or a broadcast that under NCCL waits 30 minutes for a rank that
+left."""
 
 import json
 import os
@@ -48,39 +49,65 @@ def test_every_rank_raises_when_rank_0_fails_alone(corpus, tmp_path):
     points = list(harness._rank0_points(tmp_path, corpus))
     report = json.dumps(seen, indent=1) + "\n" + "\n".join(log[-3000:] for log in logs)
     assert list(seen[1]) == points, "rank 1 did not get past every point:\n" + report
+    reads = {"resume point": "OSError", "one job's stage list": "IsADirectoryError"}  # rank 0's own error, as is
     for point in points:
         (kind0, msg0, t0), (kind1, msg1, t1) = seen[0][point], seen[1][point]
-        assert kind0 == "CheckpointError" and kind1 == "OtherRankFailed", (point, report)
+        assert kind0 == reads.get(point, "CheckpointError") and kind1 == "OtherRankFailed", (point, report)
         assert "rank 1 stopped: rank 0 failed" in msg1 and t1 < 30, (point, msg1, t1)
-        if point != "one job's stage state":
+        if point not in ("one job's stage state", *reads):
             assert "nothing was published" in msg0 and "what is in the way" in msg0, (point, msg0)
     assert [p.returncode for p in procs] == [0, 0], report
     assert not (tmp_path / "final weights" / "final").exists()  # nothing half-published
     assert checkpoint.list_checkpoints(tmp_path / "final weights")  # its checkpoint is intact
 
 
+def failed_job(tmp_path: Path, stages: list[list[str]]) -> tuple[str, str]:
+    """`mm-ds run`'s one job of `stages` as it runs it: 2 CPU ranks under the deepspeed launcher, their output in a
+    log, a failure shown from the log's end. Returns the log and the failure's message (the job must fail)."""
+    (tmp_path / "job.json").write_text(json.dumps(stages))
+    log = tmp_path / "job.log"
+    with pytest.raises(pipeline.StageFailed) as failed:
+        pipeline._run_logged(command(LaunchConfig(ranks=2, master_port=free_port()),
+                                     ["run-job", str(tmp_path / "job.json")]), log)
+    return log.read_text(), str(failed.value)
+
+
 def test_the_log_of_a_failed_job_names_the_error_once(corpus, tmp_path):
-    """The measured case (a `final.tmp` in the way of the final weights, 2 CPU ranks) as `mm-ds run` runs it:
-    one job under the deepspeed launcher, its output in a log, the stage's failure shown from the log's end.
-    Every rank exits non-zero within 60 s; the output has rank 0's message once and no traceback."""
+    """The measured case (a `final.tmp` in the way of the final weights, 2 CPU ranks) end to end. Every rank exits
+    non-zero within 60 s; the output has rank 0's message once and no traceback."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "final.tmp").touch()
     argv = ["pretrain", "--preset", "tiny/bl_base", "--out", str(run), "--no-progress", f"data.corpus={corpus}",
             *harness.TINY_MODEL, "train.global_batch=8", "train.micro_batch=4", "train.warmup_steps=0",
             "train.steps=1", "train.checkpoint_steps=[]", "peak_tflops=1"]
-    (tmp_path / "job.json").write_text(json.dumps([argv]))
-    cfg = LaunchConfig(ranks=2, master_port=free_port())
-    log = tmp_path / "job.log"
-    with pytest.raises(pipeline.StageFailed) as failed:
-        pipeline._run_logged(command(cfg, ["run-job", str(tmp_path / "job.json")]), log)
+    out, failed = failed_job(tmp_path, [argv])
     took = time.time() - (run / "checkpoints" / checkpoint.LATEST).stat().st_mtime  # since just before the failure
     reason = f"writing {run / 'final'} failed: FileExistsError"
-    out = log.read_text()
     assert out.count(reason) == 1 and "Traceback" not in out, out[-4000:]
-    assert str(failed.value).count(reason) == 1, str(failed.value)
+    assert failed.count(reason) == 1 and "failed with exit code 2;" in failed, failed
     assert "Move or remove what is in the way" in out and took < 60, took
     assert not (run / "final").exists() and checkpoint.list_checkpoints(run)
+
+
+def test_the_log_of_a_failed_evaluation_names_the_error_once(tmp_path):
+    """The same at a point of another kind: one job's Step 4, where rank 0 lists the evaluation's units into a run
+    tree whose `logs` is a file. From the launch, every rank has exited non-zero within 60 s."""
+    from dataclasses import asdict
+
+    from mm_ds.recipe import load_recipe
+
+    run, recipe = tmp_path / "run", tmp_path / "recipe.json"
+    run.mkdir()
+    (run / "logs").touch()
+    recipe.write_text(json.dumps(asdict(load_recipe("tiny", ["curve=false"]))))
+    t0 = time.monotonic()
+    out, failed = failed_job(tmp_path, [["run-eval", str(run / "logs" / "eval.json"), str(recipe), str(run)]])
+    took = time.monotonic() - t0
+    reason = f"writing {run / 'logs' / 'eval.json'} failed"
+    assert out.count(reason) == 1 and "Traceback" not in out, out[-4000:]
+    assert failed.count(reason) == 1 and "failed with exit code 2;" in failed, failed
+    assert "what is in the way" in out and took < 60, took
 
 
 def test_a_failed_stage_shows_its_error_line_when_launcher_lines_follow(tmp_path):

@@ -97,9 +97,9 @@ def job_main(argv: list[str]) -> int:
     from ..runtime import dist
     from ..stages.runner import run_stage
 
-    rank, _, _ = dist.init()
+    dist.init()
     # The stage list decides every collective that follows: rank 0 reads it for all (no node's own look).
-    for stage_argv in dist.broadcast_object(json.loads(Path(argv[0]).read_text()) if rank == 0 else None):
+    for stage_argv in dist.on_rank0(lambda: json.loads(Path(argv[0]).read_text()), f"reading {argv[0]}"):
         if stage_argv[0] == "run-eval":
             from ..eval.transfer import run_eval_main
             run_eval_main(stage_argv[1:])

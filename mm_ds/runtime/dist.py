@@ -188,11 +188,13 @@ def set_threads(local_world: int) -> int:
     """Size torch's thread pools to this rank's share of the node: the CPUs it may run on (its affinity: what the
     launcher gave it, `srun --cpus-per-task`'s count when given) over the ranks sharing them. One rank's BLAS
     and OpenMP threads must not fight another's (8 GPU ranks each starting all-core pools did). A user's
-    OMP_NUM_THREADS wins (torch already read it)."""
+    OMP_NUM_THREADS wins (torch already read it). SLURM_CPUS_PER_TASK is the rank's own in an srun task only:
+    ranks that deepspeed or mpirun start inside a batch job inherit the job's, the CPUs of them all."""
     if os.environ.get("OMP_NUM_THREADS"):
         return torch.get_num_threads()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    per_task = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    srun_task = all(v in os.environ for v in SRUN_STEP_VARS)
+    per_task = os.environ.get("SLURM_CPUS_PER_TASK", "") if srun_task else ""
     share = min(cpus, int(per_task)) if per_task.isdigit() else cpus // max(1, local_world)
     torch.set_num_threads(max(1, share))
     return torch.get_num_threads()

@@ -125,7 +125,7 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
             deepspeed.zero.register_external_parameter(head, model.embed.tokens.weight)
     found = None
     if resume and run_dir is not None:  # rank 0 looks for all: what it finds decides the collectives that load it
-        found = dist.broadcast_object(ckpt_io.find_resume_point(run_dir) if rank == 0 else None)
+        found = dist.on_rank0(lambda: ckpt_io.find_resume_point(run_dir), f"looking for a checkpoint in {run_dir}")
     load_from = None
     if found is not None:
         from . import resharding as universal  # another world size: reshard through a universal checkpoint

@@ -55,7 +55,8 @@ VARIABLES = {
     "SLURM_JOB_NODELIST": Variable(LAUNCHER, "the job's nodes"),
     "SLURM_STEP_NUM_NODES": Variable(LAUNCHER, f"the step's node count ({_SLURM})"),
     "SLURM_NNODES": Variable(LAUNCHER, "the job's node count"),
-    "SLURM_CPUS_PER_TASK": Variable(LAUNCHER, "CPUs of each task (srun -c): a rank's thread pool"),
+    "SLURM_CPUS_PER_TASK": Variable(LAUNCHER, "CPUs of each task (srun -c): an srun task's thread pool; the batch "
+                                              "job's: srun's --cpus-per-task"),
     "SLURM_CPUS_ON_NODE": Variable(LAUNCHER, "the allocation's CPUs on this node: srun's --cpus-per-task"),
     "CUDA_VISIBLE_DEVICES": Variable(LAUNCHER, "the GPUs a rank sees (deepspeed: the node's; srun --gpus-per-task: "
                                                "its one); a packed single-device run gets its rank's (mm_ds/pipeline/pack.py)"),

@@ -79,8 +79,10 @@ def command(launch: LaunchConfig, argv: list[str]) -> list[str]:
             nodes = ["--hostfile", launch.hostfile, "--num_nodes", str(launch.nodes), "--launcher", launch.ds_launcher]
             if launch.node_rank is not None:
                 nodes += ["--no_ssh", "--node_rank", str(launch.node_rank)]
-            elif launch.ds_launcher == "slurm":
-                nodes += ["--no_ssh_check"]  # srun reaches the nodes; ssh to them need not work
+            else:
+                nodes += runner_cpus(launch)  # the runner's mpirun or srun: each rank's CPUs
+                if launch.ds_launcher == "slurm":
+                    nodes += ["--no_ssh_check"]  # srun reaches the nodes; ssh to them need not work
         elif launch.nodes > 1:
             raise ConfigError(f"launch.nodes={launch.nodes} under deepspeed needs launch.hostfile (HOST slots=N lines)")
         else:
@@ -103,6 +105,15 @@ def command(launch: LaunchConfig, argv: list[str]) -> list[str]:
                 sys.executable, ENTRY, *argv]
     raise ConfigError(f"launch.launcher={launch.launcher!r} cannot start {launch.world_size} ranks; "
                       f"use deepspeed, mpirun or srun")
+
+
+def runner_cpus(launch: LaunchConfig) -> list[str]:
+    """`--launcher_args` for DeepSpeed's openmpi and slurm runners, which start the ranks with mpirun or srun:
+    each rank's CPUs as mm-ds's own mpirun and srun commands give them (theirs would bind a rank to one core, or
+    give a srun task one CPU). pdsh starts DeepSpeed's launcher on each node, which binds nothing."""
+    flags = {"openmpi": ["--bind-to", "none"], "slurm": srun_cpus(launch.ranks)}.get(launch.ds_launcher, [])
+    # One word: DeepSpeed's parser would take a separate `--cpus-per-task=N` for an unknown option of its own.
+    return [f"--launcher_args={' '.join(flags)}"] if flags else []
 
 
 def srun_cpus(ranks_per_node: int) -> list[str]:
@@ -199,7 +210,8 @@ def relaunch(launch: LaunchConfig, argv: list[str], env: dict[str, str] | None =
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m mm_ds.runtime.launch ...`: the launcher scripts' preflight (hostfile, slots, master address and port);
-    prints the master address the ranks are to meet at (empty: found at start)."""
+    prints the master address the ranks are to meet at (empty: found at start), or with --runner-args what
+    DeepSpeed's runner is to pass its mpirun or srun."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m mm_ds.runtime.launch", description="check launch settings before starting")
@@ -211,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ds-launcher", default="pdsh", help="how deepspeed reaches the other nodes")
     p.add_argument("--master-addr", default="", help="default: the hostfile's first host, else 127.0.0.1")
     p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--runner-args", action="store_true", help="print instead what deepspeed is to pass its openmpi "
+                   "or slurm runner for each rank's CPUs (--launcher_args=...; empty for pdsh)")
     a = p.parse_args(argv)
     try:
         from . import hostfile
@@ -224,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"mm-ds: error: {e}", file=sys.stderr)
         return 2
-    print(master_addr(cfg) or "")  # the scripts pass it on
+    if a.runner_args:
+        print(*(runner_cpus(cfg) if cfg.node_rank is None else []))
+    else:
+        print(master_addr(cfg) or "")  # the scripts pass it on
     return 0
 
 
