@@ -2,6 +2,7 @@
 
 import shutil
 
+import pytest
 import torch
 
 from mm_ds.runtime import checkpoint
@@ -42,3 +43,14 @@ def test_rewriting_meta_elsewhere_recomputes_relative_paths(tmp_path):
     checkpoint.write_meta(other, meta)
     assert checkpoint.read_meta(other)["tokenizer"] == str((tmp_path / "a" / "data" / "spm.model").resolve())
     assert checkpoint.read_meta(other)["relative_paths"]["tokenizer"] == "../../../a/data/spm.model"
+
+
+@pytest.mark.parametrize("manifest", [b"\xff\xfe not text", b"[1, 2]", b'{"files": [1]}', b'{"files": {"a": 3}}',
+                                      b'{"files": {"a": {"bytes": 1}}}'])
+def test_a_manifest_of_any_wrong_shape_is_a_checkpoint_error(tmp_path, manifest):
+    """A manifest that is not UTF-8 JSON of the written shape marks its checkpoint as untrusted, so that resume
+    skips it (find_resume_point catches CheckpointError), instead of ending the run with a raw error."""
+    final = checkpoint.write_final(tmp_path / "run" / "final", WEIGHTS, {"stage": "pretrain"})
+    (final / checkpoint.MANIFEST).write_bytes(manifest)
+    with pytest.raises(checkpoint.CheckpointError, match="is unreadable"):
+        checkpoint.verify(final)

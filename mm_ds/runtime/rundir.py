@@ -77,11 +77,13 @@ def verify(ckpt: str | Path, checksums: bool = True) -> dict:
     man_path = ckpt / MANIFEST
     if not man_path.is_file():
         raise CheckpointError(f"{ckpt}: no {MANIFEST}; it is incomplete (interrupted save) or not written by mm-ds")
-    try:
-        manifest = json.loads(man_path.read_text())
+    try:  # ValueError: not UTF-8 or not JSON; the rest: JSON of another shape
+        manifest = json.loads(man_path.read_text(encoding="utf-8"))
         files = manifest["files"]
-    except (json.JSONDecodeError, KeyError) as e:
-        raise CheckpointError(f"{man_path} is unreadable ({e}); the checkpoint cannot be trusted") from e
+        if not all(isinstance(w, dict) and {"bytes", "sha256"} <= w.keys() for w in files.values()):
+            raise ValueError("an entry of 'files' lacks 'bytes' or 'sha256'")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{man_path} is unreadable ({e!r}); the checkpoint cannot be trusted") from e
     checksums = checksums and sums.needed(ckpt)
     for rel, want in files.items():
         p = ckpt / rel
