@@ -10,7 +10,7 @@ For every Step-2 checkpoint of every system, on held-out target text, the target
     the target's word frequencies alone buys, so that the rest of the gain is the body's,
 side by side per Step-2 update, from step 0 (the initialisation, transfer.control_group: the control) to the last
 checkpoint. records.mlm_results turns these rows into records for the report's Table 3, Figure 3 and speedups at
-the MLM level (align_report.mlm_report). Beside them, `source_rows`: each primary model's and mini-model's MLM on
+the MLM level (report.report.mlm_report). Beside them, `source_rows`: each primary model's and mini-model's MLM on
 held-out source-language (English) text next to a unigram predictor's (the training shards' piece frequencies):
 has the body learnt more than word frequencies?
 
