@@ -18,11 +18,11 @@ launch=(--hostfile "$HOSTFILE" ${NNODES:+--nodes "$NNODES"} ${NPROC_PER_NODE:+--
     ${MASTER_ADDR:+--master-addr "$MASTER_ADDR"} --master-port "${MASTER_PORT:-29500}")
 # Checks the hostfile, the ranks and the master address and port; prints the address the ranks meet at.
 MASTER_ADDR=$("${PYTHON:-python}" -m mm_ds.runtime.launch "${launch[@]}")
-# Each rank's CPUs: what the openmpi or slurm runner is to pass its mpirun or srun (nothing for pdsh).
-RUNNER_ARGS=$("${PYTHON:-python}" -m mm_ds.runtime.launch --runner-args "${launch[@]}")
+# What the openmpi or slurm runner is given as `mm-ds` gives it (each rank's CPUs; slurm: --no_ssh_check), one a line.
+mapfile -t RUNNER_ARGS < <("${PYTHON:-python}" -m mm_ds.runtime.launch --runner-args "${launch[@]}")
 # A script path, not `--module mm_ds.cli`: DeepSpeed's slurm runner drops --module.
 ENTRY=$("${PYTHON:-python}" -c 'import mm_ds.runtime.launch; print(mm_ds.runtime.launch.ENTRY)')
 exec "${DEEPSPEED:-deepspeed}" --hostfile "$HOSTFILE" ${NNODES:+--num_nodes "$NNODES"} \
     ${NPROC_PER_NODE:+--num_gpus "$NPROC_PER_NODE"} --launcher "${LAUNCHER:-pdsh}" \
     ${MASTER_ADDR:+--master_addr "$MASTER_ADDR"} --master_port "${MASTER_PORT:-29500}" \
-    ${NODE_RANK:+--no_ssh --node_rank "$NODE_RANK"} ${RUNNER_ARGS:+"$RUNNER_ARGS"} "$ENTRY" "$@"
+    ${NODE_RANK:+--no_ssh --node_rank "$NODE_RANK"} "${RUNNER_ARGS[@]}" "$ENTRY" "$@"

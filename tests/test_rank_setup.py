@@ -238,3 +238,5 @@ def test_the_hostfile_script_gives_each_rank_its_cpus(tmp_path):
                                          "MASTER_PORT": str(free_port()), "SLURM_CPUS_ON_NODE": "4"})
         args = log.read_text().splitlines()
         assert (asks in args) if asks else not [a for a in args if "launcher_args" in a], (launcher, args)
+        assert ("--no_ssh_check" in args) == (launcher == "slurm"), (launcher, args)  # as `mm-ds` launches it
+        assert "" not in args, (launcher, args)  # no empty argument where there is nothing to pass

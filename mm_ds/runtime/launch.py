@@ -80,9 +80,7 @@ def command(launch: LaunchConfig, argv: list[str]) -> list[str]:
             if launch.node_rank is not None:
                 nodes += ["--no_ssh", "--node_rank", str(launch.node_rank)]
             else:
-                nodes += runner_cpus(launch)  # the runner's mpirun or srun: each rank's CPUs
-                if launch.ds_launcher == "slurm":
-                    nodes += ["--no_ssh_check"]  # srun reaches the nodes; ssh to them need not work
+                nodes += runner_args(launch)
         elif launch.nodes > 1:
             raise ConfigError(f"launch.nodes={launch.nodes} under deepspeed needs launch.hostfile (HOST slots=N lines)")
         else:
@@ -105,6 +103,12 @@ def command(launch: LaunchConfig, argv: list[str]) -> list[str]:
                 sys.executable, ENTRY, *argv]
     raise ConfigError(f"launch.launcher={launch.launcher!r} cannot start {launch.world_size} ranks; "
                       f"use deepspeed, mpirun or srun")
+
+
+def runner_args(launch: LaunchConfig) -> list[str]:
+    """What DeepSpeed's runner is given when it starts every node from here (no --node_rank): each rank's CPUs
+    (`runner_cpus`), and for slurm `--no_ssh_check` (srun reaches the nodes; ssh to them need not work)."""
+    return runner_cpus(launch) + (["--no_ssh_check"] if launch.ds_launcher == "slurm" else [])
 
 
 def runner_cpus(launch: LaunchConfig) -> list[str]:
@@ -224,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--master-addr", default="", help="default: the hostfile's first host, else 127.0.0.1")
     p.add_argument("--master-port", type=int, default=29500)
     p.add_argument("--runner-args", action="store_true", help="print instead what deepspeed is to pass its openmpi "
-                   "or slurm runner for each rank's CPUs (--launcher_args=...; empty for pdsh)")
+                   "or slurm runner (each rank's CPUs, slurm's --no_ssh_check), one a line; empty for pdsh")
     a = p.parse_args(argv)
     try:
         from . import hostfile
@@ -238,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"mm-ds: error: {e}", file=sys.stderr)
         return 2
-    if a.runner_args:
-        print(*(runner_cpus(cfg) if cfg.node_rank is None else []))
+    if a.runner_args:  # one argument a line (--launcher_args=... holds a space); no line when there are none
+        for arg in runner_args(cfg) if cfg.node_rank is None else []:
+            print(arg)
     else:
         print(master_addr(cfg) or "")  # the scripts pass it on
     return 0
