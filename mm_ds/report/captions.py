@@ -69,6 +69,12 @@ def metric(task: str) -> str:
     return measure(task).metric
 
 
+def _span(counts: Iterable[int]) -> str:
+    """"2", or "1-3" when the counts differ (at least one count)."""
+    c = sorted({int(x) for x in counts})
+    return str(c[0]) if len(c) == 1 else f"{c[0]}-{c[-1]}"
+
+
 def seeds(counts: Sequence[int]) -> str:
     """"mean over 2 finetuning seeds" from the seed counts a task's records carry (records.recorded)."""
     counts = sorted({int(c) for c in counts})
@@ -81,10 +87,10 @@ def seeds(counts: Sequence[int]) -> str:
 
 def seed_count(counts: Iterable[int]) -> str:
     """"2 seeds" ("1-2 seeds"; "seeds ?" when not recorded): a label beside a number."""
-    counts = sorted({int(c) for c in counts})
+    counts = list(counts)
     if not counts:
         return "seeds ?"
-    n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    n = _span(counts)
     return f"{n} seed{'' if n == '1' else 's'}"
 
 
@@ -104,10 +110,7 @@ def runs_nouns(tasks: Iterable[str]) -> str:
 
 def sizes(n: Mapping[str, Iterable[int]]) -> str:
     """"de 2029, sw 2031" from language -> the test-example counts of its records ("not recorded" without)."""
-    def one(counts):
-        counts = sorted(set(counts))
-        return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-    return ", ".join(f"{l} {one(c)}" for l, c in sorted(n.items()) if c) or "not recorded"
+    return ", ".join(f"{l} {_span(c)}" for l, c in sorted(n.items()) if c) or "not recorded"
 
 
 def behind(task: str, seed_counts: Sequence[int], n: Mapping[str, Iterable[int]] | None = None) -> str:
