@@ -350,3 +350,55 @@ def test_the_heldout_slice_is_disjoint_from_training_and_deterministic(tmp_path,
     assert "heldout" not in plain and "heldout" not in plain["settings"] and not (tmp_path / "n" / "heldout.txt").exists()
     with pytest.raises(ValueError, match="--heldout 1.0 must be a fraction"):
         prepare("xx", [str(tmp_path / "a.txt")], str(tmp_path / "bad"), heldout=1.0, progress=False)
+
+
+ODD_LINES = ["", "  ", "plain words here", " surrounding space ", "tab\tinside", "Ünïcödé 漢字 ☃", "x" * 2000,
+             "a", "\u00a0non-breaking\u00a0space", "two  spaces"]
+
+
+def test_the_encoder_gives_sentencepieces_ids_as_arrays(tmp_path):
+    """prepare's encoder reads SentencePiece's int32 buffers (no Python int per id): the ids and per-line counts
+    must be `encode`'s, blank and unknown-character lines included; the fallback through lists gives the same."""
+    from mm_ds.data import tokenizer as tok
+    (tmp_path / "a.txt").write_text(cc100(make_docs(40)))
+    prepare("xx", [str(tmp_path / "a.txt")], str(tmp_path / "out"), vocab_size=200, workers=1, progress=False)
+    model = tmp_path / "out" / "spm.model"
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    lines = ODD_LINES + [line for doc in make_docs(30, seed=3) for line in doc]
+    want = sp.encode(lines, out_type=int)
+    assert tok._id_buffers(tok.load_spm(model)) is not None  # the pinned sentencepiece takes the buffer path
+    flat, lens = tok.encoder(model)(lines)
+    assert flat.dtype == np.int32 and lens.tolist() == [len(w) for w in want] and lens[0] == lens[1] == 0
+    assert flat.tolist() == [i for w in want for i in w] and tokens.UNK in flat  # 漢字 is unknown to this model
+
+    class OtherBindings:  # a sentencepiece whose private batch call is not the one mm-ds knows
+        _processor = object()
+        encode = sp.encode
+    assert tok._id_buffers(OtherBindings()) is None
+
+
+def test_prepare_through_the_list_fallback_writes_the_same_shards(tmp_path, monkeypatch):
+    from mm_ds.data import tokenizer as tok
+    monkeypatch.setattr(inputs_mod, "CHUNK_BYTES", 500)
+    (tmp_path / "a.txt").write_text(cc100(make_docs(60, seed=4)) + "\n".join(ODD_LINES) + "\n")
+    fast = prepare("xx", [str(tmp_path / "a.txt")], str(tmp_path / "f"), vocab_size=200, workers=2, progress=False)
+    monkeypatch.setattr(tok, "_id_buffers", lambda sp: None)
+    slow = prepare("xx", [str(tmp_path / "a.txt")], str(tmp_path / "s"), spm_model=str(tmp_path / "f" / "spm.model"),
+                   workers=2, progress=False)
+    assert slow["num_tokens"] == fast["num_tokens"]
+    for name in ("shard_00000.bin", "shard_00000.idx.npy", "shard_00000.docs.npy"):
+        assert (tmp_path / "s" / name).read_bytes() == (tmp_path / "f" / name).read_bytes()
+
+
+def test_a_rewritten_model_file_is_loaded_again(tmp_path):
+    """load_spm caches per file: a model written over another at the same path is the new one."""
+    from mm_ds.data.tokenizer import load_spm
+    (tmp_path / "a.txt").write_text(cc100(make_docs(40)))
+    for vocab in (150, 200):
+        prepare("xx", [str(tmp_path / "a.txt")], str(tmp_path / f"v{vocab}"), vocab_size=vocab, workers=1,
+                progress=False)
+    path = tmp_path / "m.model"
+    path.write_bytes((tmp_path / "v150" / "spm.model").read_bytes())
+    assert load_spm(path).get_piece_size() == 150 and load_spm(path) is load_spm(path)
+    path.write_bytes((tmp_path / "v200" / "spm.model").read_bytes())
+    assert load_spm(path).get_piece_size() == 200

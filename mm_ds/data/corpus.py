@@ -53,7 +53,6 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -63,8 +62,8 @@ from mm_ds import tokens
 from mm_ds.data.inputs import InputSource, chunks, not_text_error, resolve_inputs, split_lines, total_bytes
 from mm_ds.data.shards import (FORMAT_VERSION, META_FILE, SPM_MODEL_FILE, SPM_VOCAB_FILE, TokenCorpus,
                                shard_dtype, shard_files)
-from mm_ds.data.tokenizer import (MODEL_TYPES, check_spm, check_tokenizer, decoder, encoder, is_tokenizer_json,
-                                  reservoir_sample, train_spm)
+from mm_ds.data.tokenizer import (MODEL_TYPES, Encoded, check_spm, check_tokenizer, decoder, encoder,
+                                  is_tokenizer_json, reservoir_sample, train_spm)
 
 
 TOKENIZER_JSON = "tokenizer.json"  # a reused Hugging Face tokenizer's name in the corpus (spm_model: its file)
@@ -98,11 +97,11 @@ class _Encoded:
 
 
 class _Encoder:
-    """Turns a block of raw lines into shard arrays: `split` (Python), `encode` (the tokenizer's threads),
-    `arrays` (Python and numpy)."""
+    """Turns a block of raw lines into shard arrays: `split` (Python), `encode` (the tokenizer, GIL released),
+    `arrays` (numpy)."""
 
-    def __init__(self, model_path: str, dtype: str, heldout: float = 0.0, threads: int = 1):
-        self.encode = encoder(model_path, threads)
+    def __init__(self, model_path: str, dtype: str, heldout: float = 0.0):
+        self.encode = encoder(model_path)  # one thread: `_encoded_chunks` runs one call per worker thread
         self.dtype = np.dtype(dtype)
         self.heldout = heldout
 
@@ -122,12 +121,11 @@ class _Encoder:
             lines, held = keep, [line.strip() for line in held]
         return lines, skipped, held
 
-    def arrays(self, ids: list[list[int]], skipped: int, held: list[str]) -> _Encoded:
+    def arrays(self, encoded: Encoded, skipped: int, held: list[str]) -> _Encoded:
         """The encoded lines as shard arrays. Surrounding whitespace was dropped by the tokenizer, so a line is
         blank exactly when it encoded to no token."""
-        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat, lens = encoded
         blank = lens == 0
-        flat = np.fromiter(chain.from_iterable(ids), dtype=self.dtype, count=int(lens.sum()))
         content = ~blank
         lens = lens[content] + 1
         out = np.empty(int(lens.sum()), dtype=self.dtype)
@@ -151,29 +149,29 @@ def _source_chunks(sources: list[InputSource]) -> Iterator[tuple[bytes, bool, in
 def _encoded_chunks(sources: list[InputSource], model_path: str, dtype: np.dtype,
                     workers: int, heldout: float = 0.0) -> Iterator[tuple[_Encoded, bool, int]]:
     """(encoded chunk, starts a new input, index of that input) in corpus order, encoding on `workers` threads."""
-    enc = _Encoder(model_path, dtype.str, heldout, threads=workers)
+    enc = _Encoder(model_path, dtype.str, heldout)
     if workers <= 1:
         for block, first, consumed, i in _source_chunks(sources):
             r = enc(block)
             r.source_bytes = consumed
             yield r, first, i
         return
-    # The next chunk encodes (GIL released) while this thread turns the last one into arrays and the caller
-    # writes them; at most two chunks are in memory.
-    with ThreadPoolExecutor(1, thread_name_prefix="mm-ds-encode") as pool:
+    # Each worker thread encodes whole chunks (GIL released) while this one splits the next chunks into
+    # lines, turns finished ones into arrays and the caller writes them; 2 chunks per worker in flight.
+    with ThreadPoolExecutor(workers, thread_name_prefix="mm-ds-encode") as pool:
         pending: deque = deque()
         for block, first, consumed, i in _source_chunks(sources):
             lines, skipped, held = enc.split(block)
             pending.append((pool.submit(enc.encode, lines), skipped, held, first, consumed, i))
-            if len(pending) >= 2:
+            if len(pending) >= 2 * workers:
                 yield _collect(enc, pending.popleft())
         while pending:
             yield _collect(enc, pending.popleft())
 
 
 def _collect(enc: _Encoder, item: tuple) -> tuple[_Encoded, bool, int]:
-    ids, skipped, held, first, consumed, i = item
-    r = enc.arrays(ids.result(), skipped, held)
+    encoded, skipped, held, first, consumed, i = item
+    r = enc.arrays(encoded.result(), skipped, held)
     r.source_bytes = consumed
     return r, first, i
 
@@ -360,7 +358,9 @@ def _prepare_into(tmp: Path, lang: str, sources: list[InputSource], settings: di
     held_path = tmp / HELDOUT_FILE if "heldout" in settings else os.devnull
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"encode {lang}", disable=not progress,
               file=sys.stderr) as bar, open(held_path, "w", encoding="utf-8") as held_out:
-        for r, first, i in _encoded_chunks(sources, str(model_path), dtype, workers, settings.get("heldout", 0.0)):
+        # spm_model: the file checked, so loaded already (load_spm); model_path is its copy
+        encoding = _encoded_chunks(sources, spm_model or str(model_path), dtype, workers, settings.get("heldout", 0.0))
+        for r, first, i in encoding:
             text[i] += len(r.lengths) + len(r.heldout)
             not_text[i] += r.skipped
             held_out.writelines(line + "\n" for line in r.heldout)

@@ -16,9 +16,12 @@ Step 2's overlap initialisation compares pieces across kinds (see `pieces`).
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import sys
 from collections.abc import Callable
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -79,10 +82,22 @@ def train_spm(sample: list[str], prefix: Path, vocab_size: int, character_covera
                          f"vocabulary size ({vocab_size}) and the character coverage ({character_coverage})") from e
 
 
+def load_spm(path: str | Path) -> spm.SentencePieceProcessor:
+    """A SentencePiece model, loaded once per process while its file is unchanged: a 50k-piece model takes
+    ~40 ms, which prepare paid twice (the check, then the encoder) before encoding a byte."""
+    st = os.stat(path)
+    return _load_spm(os.path.abspath(path), (st.st_ino, st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_spm(path: str, stamp: tuple) -> spm.SentencePieceProcessor:
+    return spm.SentencePieceProcessor(model_file=path)  # encoding is const in C++: threads may share it
+
+
 def check_spm(path: Path) -> int:
     """Vocabulary size of a model whose special ids match mm_ds.tokens; a clear error otherwise."""
     try:
-        sp = spm.SentencePieceProcessor(model_file=str(path))
+        sp = load_spm(path)
     except (OSError, RuntimeError) as e:
         raise ValueError(f"SentencePiece model {path} is unreadable ({e})") from e
     got, want = special_ids(sp), dict(zip(tokens.SPECIAL_PIECES, tokens.SPECIAL_IDS))
@@ -213,16 +228,51 @@ def _spelled(path: str | Path) -> list[str]:
     return [spelled(by_id[i]) for i in range(len(by_id))]
 
 
-def encoder(path: str | Path, threads: int = 1) -> Callable[[list[str]], list[list[int]]]:
-    """Lines -> their ids (no <s> </s>), as `mm-ds prepare` encodes a corpus; a blank line -> no id. A
-    SentencePiece model encodes a batch on `threads` threads of its own (the ids do not depend on them); a
-    tokenizer.json batch on the `tokenizers` thread pool."""
+Encoded = tuple[np.ndarray, np.ndarray]  # (every line's ids concatenated, int32; each line's id count, int64)
+
+
+def encoder(path: str | Path) -> Callable[[list[str]], Encoded]:
+    """Lines -> their ids as arrays (no <s> </s>), as `mm-ds prepare` encodes a corpus; a blank line -> no
+    id. A SentencePiece model encodes a batch on the calling thread, with the GIL released (prepare runs one
+    call per worker thread); a tokenizer.json batch on the `tokenizers` thread pool."""
     if not is_tokenizer_json(path):
-        sp = spm.SentencePieceProcessor(model_file=str(path))
-        return lambda lines: sp.encode(lines, out_type=int, num_threads=threads)
+        sp = load_spm(path)
+        return _id_buffers(sp) or (lambda lines: _as_arrays(sp.encode(lines, out_type=int, num_threads=1)))
     tok = load_tokenizer_json(path)
     # stripped, as fairseq encoded RoBERTa's text (and as SentencePiece drops surrounding space itself)
-    return lambda lines: [e.ids for e in tok.encode_batch([ln.strip() for ln in lines], add_special_tokens=False)]
+    return lambda lines: _as_arrays([e.ids for e in tok.encode_batch([ln.strip() for ln in lines],
+                                                                     add_special_tokens=False)])
+
+
+def _as_arrays(ids: list[list[int]]) -> Encoded:
+    lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    return np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lens.sum())), lens
+
+
+_PROBE = ["Hello world .", "", "   ", "Ünïcödé 漢字 ☃ naïve", "x" * 300, " two  spaces\tand a tab "]
+
+
+def _id_buffers(sp: spm.SentencePieceProcessor) -> Callable[[list[str]], Encoded] | None:
+    """SentencePiece's batch encode into one int32 buffer per line (what its out_type='numpy' wraps, without
+    an array per line), joined: no Python int per id. Those ints, built under the GIL, were a third of a
+    one-thread encode and serialised prepare's worker threads. The call is the bindings' private one, so it
+    must give `encode`'s ids on a probe; else None (the caller uses `encode`)."""
+    raw = getattr(sp._processor, "_EncodeAsBufferBatch", None)
+
+    def encode(lines: list[str]) -> Encoded:
+        # (input, num_threads, thread_pool, enable_sampling, nbest_size, alpha, add_bos, add_eos, reverse)
+        bufs = raw(lines, 1, None, False, -1, 0.1, False, False, False)
+        lens = np.fromiter((memoryview(b).nbytes for b in bufs), dtype=np.int64, count=len(bufs)) // 4
+        return np.frombuffer(b"".join(bufs), dtype=np.int32), lens
+    try:
+        got, want = encode(_PROBE), _as_arrays(sp.encode(_PROBE, out_type=int))
+        if all(np.array_equal(a, b) for a, b in zip(got, want)):
+            return encode
+    except (TypeError, ValueError, AttributeError):  # another sentencepiece's bindings
+        pass
+    print(f"warning: sentencepiece {spm.__version__}'s buffer encode is not the one mm-ds knows; encoding "
+          "through Python lists (slower; constraints.txt has the tested version)", file=sys.stderr)
+    return None
 
 
 def decoder(path: str | Path) -> Callable[[list[list[int]]], list[str]]:

@@ -47,9 +47,10 @@ def print_report(rep: dict) -> None:
     spread = [f"{k} {100 * (r['step_time_max_s'] / r['step_time_min_s'] - 1):.0f}%" for k, r in rep["stages"].items()]
     print(f"step-time spread (max/min - 1): {', '.join(spread)}")
     e = rep["prepare"]
-    print(f"prepare: {e['text_bytes'] / 2**20:.1f} MiB encoded in {e['prepare_encode_s']:.2f} s with "
-          f"{e['workers']} workers, {e['prepare_1_worker_s']:.2f} s with 1; single-process SentencePiece "
-          f"{e['single_process_encode_s']:.2f} s")
+    print(f"prepare: {e['text_bytes'] / 2**20:.1f} MiB (the corpus text x {e['text_repeats']}, {e['chunks']} chunks) "
+          f"encoded in {e['prepare_encode_s']:.2f} s with {e['workers']} workers, {e['prepare_1_worker_s']:.2f} s "
+          f"with 1; SentencePiece alone, the same calls on one thread, {e['single_process_encode_s']:.2f} s "
+          f"(means of two, in turn)")
     if rep["pairs"]:
         print()
         print(bench_pairs.table(rep["pairs"]))
