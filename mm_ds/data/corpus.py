@@ -18,11 +18,12 @@ Steps, all streaming (the corpus is never held in memory):
      languages. The vocabulary size is an upper bound (hard_vocab_limit=False): a corpus too small to
      reach it gets the largest vocabulary SentencePiece can build, with a warning; meta.json records the
      real size, and models take their vocab_size from the tokenizer.
-  3. Encode: ~1 MiB chunks of whole lines, each with one batched `encode` call on `workers` SentencePiece
-     threads (which release the GIL), run on a helper thread one chunk ahead of the Python work (splitting
-     the next chunk into lines, turning the last one's ids into numpy arrays, appending them to shards of
-     about `shard_tokens` tokens, cut at line boundaries). One process: a pool of processes did the same
-     work with ~30% more CPU time (pickling, a parent competing with its workers for the cores).
+  3. Encode: ~1 MiB chunks of whole lines on `workers` threads, each chunk one batched SentencePiece call
+     that releases the GIL and returns int32 buffers (`tokenizer.encoder`: no Python int per id), two
+     chunks per worker in flight; this thread splits the next chunks into lines, turns finished ones into
+     numpy arrays and appends them to shards of about `shard_tokens` tokens (cut at line boundaries). One
+     process: a pool of processes did the same work with ~30% more CPU time (pickling, a parent competing
+     with its workers for the cores), and Python int lists of ids kept the threads from scaling.
 
 Every non-blank line becomes its ids followed by EOS; a line that encodes to no token (empty, whitespace)
 is blank, i.e. a document boundary. Lines that are not text (invalid UTF-8, control bytes such as NUL) are
