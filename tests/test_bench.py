@@ -3,6 +3,7 @@ every field with sane values. No timing assertions: the speed targets are the be
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 
@@ -84,6 +85,7 @@ def test_setup_peak_prepare_peer_and_targets_are_reported(report):
     for r in host["rows"].values():
         assert r["device_s"] > 0 and r["loop_s"] > 0 and r["builder_s"] > 0
         assert r["loop_share"] == pytest.approx(r["loop_s"] / r["device_s"])
+        assert len(r["loop_rounds_s"]) == host["rounds"] and r["loop_s"] == statistics.median(r["loop_rounds_s"])
     # the analytic device time: A1 over 12 layers costs more than A3 over the 4-layer mini-model
     assert host["rows"]["pretrain"]["device_s"] > 2 * host["rows"]["adapt_mini"]["device_s"]
     assert "host side per micro-step" in stdout

@@ -24,7 +24,8 @@ fused SDPA call (on a GPU the kernel applies attention dropout inside; CPU SDPA 
 composite math, so here it runs without). What remains of the wall time is host work: this CPU's op dispatch stands
 in for a GPU's kernel launches, which cost about as much per op; the tiny kernels' own CPU time is counted too, so
 the figure still errs high (a CPU `native_dropout` dispatches its mask ops one by one where a GPU launches one
-kernel). `builder` is `MLMBatches` building micro-batches of the paper's shape (32 x 512) over the bench corpus.
+kernel). The loop is timed in 5 rounds of 3 updates, the two shapes in turn, and the figure is the
+median round: op dispatch on these vCPUs swings ~1.5x from minute to minute. `builder` is `MLMBatches` building micro-batches of the paper's shape (32 x 512) over the bench corpus.
 Both are compared with the device time per micro-step that `mm-ds plan`'s model predicts for an H100: the analytic
 FLOPs (A1 for Step 1 BL_BASE, A3 over 4 layers for Step 2) over its bf16 peak at the plan's default MFU. PASS when
 each is below half of it: then even if the two threads never overlapped (Python's lock), the host stays ahead with
@@ -77,35 +78,48 @@ def gpu_op_path():
         model.dropout, model._attention_with_dropout = saved
 
 
-def loop_seconds(builder, name: str, updates: int, rank: int) -> float:
-    """Median wall seconds per micro-step of `engine.train_step` for bench stage `name` of `builder` (a
-    `bench.Stages` over a near-zero-width model), batches from a `Prefetcher`."""
+def loop_seconds(builder, names, rounds: int, updates: int, rank: int) -> dict[str, list[float]]:
+    """Wall seconds per micro-step of `engine.train_step` for each bench stage in `names` of `builder` (a
+    `bench.Stages` over a near-zero-width model), batches from a `Prefetcher`: per round, the median over
+    `updates` updates of each stage in turn, so that a slow spell of the machine (this figure is all op
+    dispatch, which swings ~1.5x on these vCPUs from minute to minute) hits every stage and only some rounds."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the host's work is one thread's; a thread pool's barriers per tiny op are not it
     try:
-        with gpu_op_path():
-            return _loop_seconds(builder, name, updates, rank)
+        with gpu_op_path(), contextlib.ExitStack() as stack:
+            loops = {name: _Loop(builder, name, rounds * updates + 1, rank, stack) for name in names}
+            times: dict[str, list[float]] = {name: [] for name in names}
+            for _ in range(rounds):
+                for name, loop in loops.items():
+                    times[name].append(statistics.median(loop.update() for _ in range(updates)))
+            return times
     finally:
         torch.set_num_threads(threads)
 
 
-def _loop_seconds(builder, name: str, updates: int, rank: int) -> float:
-    from ..runtime import engine as eng
+class _Loop:
+    """One bench stage's engine and prefetched batches; `update()` times the next update per micro-step."""
 
-    stage = builder.timed(name, updates + 1)
-    stage.cfg.train = replace(stage.cfg.train, global_batch=PAPER_ACCUM * builder.micro_batch)
-    built = eng.build_engine(stage, 1)
-    engine, geo = built.engine, built.geo
-    engine.train()
-    times = []
-    with Prefetcher(stage.batches, rank, geo, 0, updates + 1, ahead=stage.cfg.data.prefetch) as ahead:
-        for step in range(updates + 1):
-            t0 = time.perf_counter()
-            sums, _, _ = eng.train_step(engine, stage, step, rank, geo, ahead.get)
-            float(sums["loss"])  # the update's work is done (on a GPU the loop would not wait here)
-            if step:  # the first builds DeepSpeed's buffers
-                times.append((time.perf_counter() - t0) / geo.grad_accum)
-    return statistics.median(times)
+    def __init__(self, builder, name: str, updates: int, rank: int, stack: contextlib.ExitStack):
+        from ..runtime import engine as eng
+
+        self.eng, self.rank = eng, rank
+        self.stage = builder.timed(name, updates)
+        self.stage.cfg.train = replace(self.stage.cfg.train, global_batch=PAPER_ACCUM * builder.micro_batch)
+        built = eng.build_engine(self.stage, 1)
+        self.engine, self.geo = built.engine, built.geo
+        self.engine.train()
+        self.ahead = stack.enter_context(Prefetcher(self.stage.batches, rank, self.geo, 0, updates,
+                                                    ahead=self.stage.cfg.data.prefetch))
+        self.step = 0
+        self.update()  # the first builds DeepSpeed's buffers
+
+    def update(self) -> float:
+        t0 = time.perf_counter()
+        sums, _, _ = self.eng.train_step(self.engine, self.stage, self.step, self.rank, self.geo, self.ahead.get)
+        float(sums["loss"])  # the update's work is done (on a GPU the loop would not wait here)
+        self.step += 1
+        return (time.perf_counter() - t0) / self.geo.grad_accum
 
 
 def builder_seconds(corpus_dir, vocab: int, reps: int = 5) -> float:
@@ -124,10 +138,11 @@ def builder_seconds(corpus_dir, vocab: int, reps: int = 5) -> float:
 
 
 def measure(stages_for, corpus_dir, host_corpus, paper_cfg, mini_layers: int, rank: int, log,
-            updates: int = 3) -> dict:
+            rounds: int = 5, updates: int = 3) -> dict:
     """The host-side figure for both shapes. `stages_for(mcfg, corpus, seq, micro, ds_config)` gives a
     `bench.Stages` over a corpus: the loop runs over `host_corpus` (`HOST_VOCAB` pieces), the batch builder over
-    `corpus_dir` (the model's vocabulary); `paper_cfg` is the paper's primary model (models/base)."""
+    `corpus_dir` (the model's vocabulary); `paper_cfg` is the paper's primary model (models/base). The loop
+    figure is the median over `rounds` rounds of `updates` updates, the shapes in turn (`loop_seconds`)."""
     from ..data.shards import TokenCorpus
 
     cluster = Cluster()
@@ -135,26 +150,31 @@ def measure(stages_for, corpus_dir, host_corpus, paper_cfg, mini_layers: int, ra
                    vocab_size=TokenCorpus(host_corpus).vocab_size)
     builder = stages_for(tiny, host_corpus, 16, 1, "fp32_zero1.json")
     build = builder_seconds(corpus_dir, paper_cfg.vocab_size)
+    log(f"host side: timing the loop at near-zero width, {', '.join(w for w, _, _ in SHAPES.values())} in turn ...")
+    loops = loop_seconds(builder, list(SHAPES), rounds, updates, rank)
     rows = {}
     for name, (what, kind, depth) in SHAPES.items():
         layers = mini_layers if depth == "mini" else paper_cfg.num_layers
         dev = device_seconds(kind, paper_cfg.hidden_size, paper_cfg.vocab_size, layers, cluster)
-        log(f"host side, {what}: timing the loop at near-zero width ...")
-        loop = loop_seconds(builder, name, updates, rank)
-        rows[name] = {"what": what, "layers": layers, "device_s": dev, "loop_s": loop, "builder_s": build,
-                      "loop_share": loop / dev, "builder_share": build / dev}
+        loop = statistics.median(loops[name])
+        rows[name] = {"what": what, "layers": layers, "device_s": dev, "loop_s": loop, "loop_rounds_s": loops[name],
+                      "builder_s": build, "loop_share": loop / dev, "builder_share": build / dev}
     return {"rows": rows, "gpu": f"H100 at {cluster.peak_tflops:g} TFLOP/s bf16, MFU {cluster.mfu:g}",
-            "loop_vocab": tiny.vocab_size, "micro_batch": PAPER_MICRO, "seq": PAPER_SEQ, "grad_accum": PAPER_ACCUM, "threshold": THRESHOLD}
+            "loop_vocab": tiny.vocab_size, "micro_batch": PAPER_MICRO, "seq": PAPER_SEQ, "grad_accum": PAPER_ACCUM,
+            "rounds": rounds, "updates": updates, "threshold": THRESHOLD}
 
 
 def table(host: dict) -> str:
     lines = [f"host side per micro-step ({host['micro_batch']} x {host['seq']} tokens, {host['grad_accum']} "
-             f"micro-steps per update) against {host['gpu']}:",
-             "| shape | layers | device ms | loop ms | loop share | builder ms | builder share |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             f"micro-steps per update) against {host['gpu']}; loop: median of {host['rounds']} rounds of "
+             f"{host['updates']} updates, the shapes in turn:",
+             "| shape | layers | device ms | loop ms | rounds' range | loop share | builder ms | builder share |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in host["rows"].values():
+        lo, hi = min(r["loop_rounds_s"]), max(r["loop_rounds_s"])
         lines.append(f"| {r['what']} | {r['layers']} | {1e3 * r['device_s']:.2f} | {1e3 * r['loop_s']:.2f} | "
-                     f"{100 * r['loop_share']:.0f}% | {1e3 * r['builder_s']:.2f} | {100 * r['builder_share']:.0f}% |")
+                     f"{1e3 * lo:.2f}-{1e3 * hi:.2f} | {100 * r['loop_share']:.0f}% | {1e3 * r['builder_s']:.2f} | "
+                     f"{100 * r['builder_share']:.0f}% |")
     return "\n".join(lines)
 
 
