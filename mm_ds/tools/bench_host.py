@@ -24,8 +24,9 @@ fused SDPA call (on a GPU the kernel applies attention dropout inside; CPU SDPA 
 composite math, so here it runs without). What remains of the wall time is host work: this CPU's op dispatch stands
 in for a GPU's kernel launches, which cost about as much per op; the tiny kernels' own CPU time is counted too, so
 the figure still errs high (a CPU `native_dropout` dispatches its mask ops one by one where a GPU launches one
-kernel). The loop is timed in 5 rounds of 3 updates, the two shapes in turn, and the figure is the
-median round: op dispatch on these vCPUs swings ~1.5x from minute to minute. `builder` is `MLMBatches` building micro-batches of the paper's shape (32 x 512) over the bench corpus.
+kernel). The loop is timed in 5 rounds of 3 updates, the two shapes in turn, and the figure is the median round:
+op dispatch on these vCPUs swings ~1.5x from minute to minute. `builder` is `MLMBatches` building micro-batches of
+the paper's shape (32 x 512) over the bench corpus.
 Both are compared with the device time per micro-step that `mm-ds plan`'s model predicts for an H100: the analytic
 FLOPs (A1 for Step 1 BL_BASE, A3 over 4 layers for Step 2) over its bf16 peak at the plan's default MFU. PASS when
 each is below half of it: then even if the two threads never overlapped (Python's lock), the host stays ahead with
