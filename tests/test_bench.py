@@ -65,7 +65,8 @@ def test_setup_peak_prepare_peer_and_targets_are_reported(report):
     assert rep["peak"]["used_flops"] > 1e9
     enc = rep["prepare"]
     assert enc["prepare_bytes_per_s"] > 0 and enc["single_process_bytes_per_s"] > 0 and enc["ratio"] > 0
-    assert [len(v) for v in enc["in_turn_s"].values()] == [2, 2]  # both sides timed in turn, twice each
+    assert [len(v) for v in enc["in_turn_s"].values()] == [3, 3]  # both sides timed in turn, three times each
+    assert enc["prepare_encode_s"] == statistics.median(enc["in_turn_s"]["prepare"])
     if rep["peer_note"] is None:  # transformers installed: the peer ran the same batches
         assert set(rep["peer"]) == set(bench.PEER_STAGES)
         for r in rep["peer"].values():

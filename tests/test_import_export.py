@@ -225,9 +225,9 @@ def test_byte_level_bpe_import_keeps_its_tokenizer_and_logits(tmp_path, bbpe, ca
     assert "tokenizes with a Hugging Face tokenizer" in capsys.readouterr().err
 
 
-def test_prepare_encodes_with_an_imported_tokenizer_json(tmp_path, bbpe):
+def test_prepare_encodes_with_an_imported_tokenizer_json(tmp_path, bbpe, monkeypatch):
     """MINIPOST's Step 1b corpus in the source model's own pieces: ids as the converted tokenizer gives them,
-    lines stripped (a blank line is a document break), decoded back to the text."""
+    lines stripped (a blank line is a document break), decoded back to the text; the same on worker threads."""
     from tokenizers import Tokenizer
 
     from mm_ds.data.corpus import decode_shard_lines, prepare
@@ -245,6 +245,12 @@ def test_prepare_encodes_with_an_imported_tokenizer_json(tmp_path, bbpe):
         [tok.encode(ln, add_special_tokens=False).ids + [2] for ln in lines]
     assert corpus.document_starts().tolist() == [0, 10]
     assert list(decode_shard_lines(tmp_path / "corpus")) == lines[:10] + [""] + lines[10:]
+    from mm_ds.data import inputs
+    monkeypatch.setattr(inputs, "CHUNK_BYTES", 200)  # several chunks in flight on 2 threads
+    prepare("en", [str(tmp_path / "en.txt")], str(tmp_path / "two"), spm_model=meta["tokenizer"], workers=2,
+            progress=False)
+    for name in ("shard_00000.bin", "shard_00000.idx.npy", "shard_00000.docs.npy"):
+        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "corpus" / name).read_bytes()
 
 
 def size_of(hf_dir) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -75,8 +76,9 @@ def prepare_corpus(work: Path, megabytes: float, encode_mb: float, vocab: int, w
     prepare's fixed start-up, ~0.05 s, does not decide the ratio). The reference is SentencePiece alone on one
     thread making the very calls prepare's workers make (`tokenizer.encoder`: its batch encode into int32
     buffers, ~1 MiB chunks of lines), over lines already split in memory: no reading, splitting, arrays or
-    writing. The two are timed in turn (A B B A, as bench_pairs does), so a slow spell of the machine hits
-    both; then prepare with one worker (its own overhead, apart from scaling)."""
+    writing. The two are timed in turn, three times each (A B B A A B, as bench_pairs does), and their medians
+    compared, so that a drift of the machine hits both and one slow spell (a side 50% slower than its others,
+    seen on these vCPUs) decides nothing; then prepare with one worker (its own overhead, apart from scaling)."""
     from ..data.corpus import prepare
     from ..data.inputs import chunks, resolve_inputs, split_lines
     from ..data.tokenizer import encoder
@@ -102,17 +104,17 @@ def prepare_corpus(work: Path, megabytes: float, encode_mb: float, vocab: int, w
                                           workers=workers, progress=False),
              "single": lambda i: [encode(lines) for lines in chunk_lines]}
     spent = {"prepare": [], "single": []}
-    for i, side in enumerate(("prepare", "single", "single", "prepare")):
+    for i, side in enumerate(("prepare", "single", "single", "prepare", "prepare", "single")):
         t0 = time.perf_counter()
         sides[side](i)
         spent[side].append(time.perf_counter() - t0)
-    t_prep, t_single = sum(spent["prepare"]) / 2, sum(spent["single"]) / 2
+        if side == "prepare":
+            shutil.rmtree(work / f"encoded_{i}")
+    t_prep, t_single = statistics.median(spent["prepare"]), statistics.median(spent["single"])
     t0 = time.perf_counter()
     prepare("xx", [str(timed)], str(work / "encoded_1worker"), spm_model=str(model), workers=1, progress=False)
     t_prep1 = time.perf_counter() - t0
     prepare("xx", [str(text)], str(work / "corpus"), spm_model=str(model), workers=workers, progress=False)
-    for i in (0, 3):
-        shutil.rmtree(work / f"encoded_{i}")
     shutil.rmtree(work / "encoded_1worker")
     timed.unlink()
     enc = {"text_bytes": timed_bytes, "text_repeats": repeat, "chunks": len(chunk_lines),

@@ -50,7 +50,7 @@ def print_report(rep: dict) -> None:
     print(f"prepare: {e['text_bytes'] / 2**20:.1f} MiB (the corpus text x {e['text_repeats']}, {e['chunks']} chunks) "
           f"encoded in {e['prepare_encode_s']:.2f} s with {e['workers']} workers, {e['prepare_1_worker_s']:.2f} s "
           f"with 1; SentencePiece alone, the same calls on one thread, {e['single_process_encode_s']:.2f} s "
-          f"(means of two, in turn)")
+          f"(medians of three, in turn)")
     if rep["pairs"]:
         print()
         print(bench_pairs.table(rep["pairs"]))
