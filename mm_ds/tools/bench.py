@@ -333,8 +333,7 @@ def run(args) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="mm-ds-bench-") as tmp:
         work = Path(tmp)
-        corpus_mb = args.corpus_mb or preset.corpus_mb
-        corpus_dir, text, encode = prepare_corpus(work, corpus_mb, max(corpus_mb, preset.encode_mb),
+        corpus_dir, text, encode = prepare_corpus(work, args.corpus_mb or preset.corpus_mb, preset.encode_mb,
                                                   mcfg.vocab_size, len(os.sched_getaffinity(0)), log)
         builder = Stages(work, corpus_dir, text, mcfg, preset, seq, micro, args.ds_config, log)
         results, peer, probes = {}, {}, [peak_start]
