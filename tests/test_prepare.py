@@ -391,7 +391,7 @@ def test_prepare_through_the_list_fallback_writes_the_same_shards(tmp_path, monk
 
 
 def test_a_rewritten_model_file_is_loaded_again(tmp_path):
-    """load_spm caches per file: a model written over another at the same path is the new one."""
+    """load_spm caches per content: a model written over another at the same path is the new one."""
     from mm_ds.data.tokenizer import load_spm
     (tmp_path / "a.txt").write_text(cc100(make_docs(40)))
     for vocab in (150, 200):

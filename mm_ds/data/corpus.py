@@ -359,8 +359,7 @@ def _prepare_into(tmp: Path, lang: str, sources: list[InputSource], settings: di
     held_path = tmp / HELDOUT_FILE if "heldout" in settings else os.devnull
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"encode {lang}", disable=not progress,
               file=sys.stderr) as bar, open(held_path, "w", encoding="utf-8") as held_out:
-        for r, first, i in _encoded_chunks(sources, spm_model or str(model_path), dtype, workers,
-                                           settings.get("heldout", 0.0)):  # spm_model: loaded by its check
+        for r, first, i in _encoded_chunks(sources, str(model_path), dtype, workers, settings.get("heldout", 0.0)):
             text[i] += len(r.lengths) + len(r.heldout)
             not_text[i] += r.skipped
             held_out.writelines(line + "\n" for line in r.heldout)
