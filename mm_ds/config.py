@@ -107,7 +107,8 @@ class TrainConfig:
     global_batch: int | None = None
     """Sequences per update (micro_batch x gradient accumulation x world size). None: the DeepSpeed JSON's."""
     micro_batch: int | None = None
-    """Sequences per rank per forward pass. None: the DeepSpeed JSON's."""
+    """Sequences per rank per forward pass, at most: where a rank's share of the global batch is smaller, that share
+    in one micro-step (ds_config.split). None: the DeepSpeed JSON's."""
     seed: int = 0
     """Seed of initialisation, MLM masking and example order (the finetuning seed in Step 3)."""
     checkpoint_steps: list[int] = field(default_factory=lambda: [1000, 2000, 3000, 4000])

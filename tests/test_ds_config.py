@@ -46,6 +46,21 @@ def test_every_shipped_config_passes_deepspeeds_parser(name, world):
     assert ds_config.reduction_dtype(ds) == {"bf16": "fp32"}.get(ds_config.precision(ds), ds_config.precision(ds))
 
 
+def test_a_micro_batch_is_the_most_a_rank_runs_at_once(tmp_path):
+    """A micro batch above a rank's share of the global batch runs the share in one micro-step (the paper recipe's
+    shallow stages: 64 per GPU on 8 GPUs, 32 on 64); one that does not divide the share is refused as before."""
+    G = ds_config.Geometry
+    assert ds_config.split(2048, 64, 8) == G(2048, 64, 4, 8)
+    assert ds_config.split(2048, 64, 64) == G(2048, 32, 1, 64)
+    assert ds_config.split(2048, 32, 128) == G(2048, 16, 1, 128)
+    assert ds_config.split(2048, 32, 48) is None and ds_config.split(10, 4, 2) is None  # shares 42.7, 5
+    assert ds_config.split(2048, 48, 16) is None  # a share of 128 is not 48s
+    out, geo = ds_config.resolve(cfg_with(base(), tmp_path, "train.global_batch=8", "train.micro_batch=8"), 2,
+                                 on_this_machine=False)  # DeepSpeed's parser agrees with the geometry written
+    assert (geo.micro_batch, geo.grad_accum) == (4, 1) and out["train_micro_batch_size_per_gpu"] == 4
+    assert out["gradient_accumulation_steps"] == 1 and out["train_batch_size"] == 8
+
+
 def test_auto_values_are_filled_in_where_mm_ds_owns_them(tmp_path):
     ds = base() | {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
                    "gradient_accumulation_steps": "auto"}

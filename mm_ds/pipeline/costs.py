@@ -38,6 +38,8 @@ class StageCost:
     """Engine checkpoints the stage writes (its config's schedule)."""
     secondary_heads: int = 1
     """pretrain_secondary: the secondary MLM heads (multi-depth MINIJOINT has several)."""
+    micro_batch: int | None = None
+    """Sequences per device per forward pass, at most (its config's: ds_config.split); None: not set."""
 
     @property
     def flops_per_step(self) -> float:
@@ -110,11 +112,12 @@ class _Prices:
         self.vocab = int(recipe.prepare.get("vocab_size", 50_000))
 
     def _row(self, label, primary, step, formula, cfg, layers, trainable=None) -> StageCost:
-        from ..runtime.ds_config import global_batch
+        from ..runtime.ds_config import global_batch, micro_batch
 
         model = self.cfgs[f"pretrain/{primary}"].model
         row = StageCost(label, step, formula, layers, trainable, cfg.train.steps, global_batch(cfg), cfg.data.seq_len,
-                        model.hidden_size, model.vocab_size or self.vocab, cfg.data.mask_prob, cfg.train.checkpoints())
+                        model.hidden_size, model.vocab_size or self.vocab, cfg.data.mask_prob, cfg.train.checkpoints(),
+                        micro_batch=micro_batch(cfg))
         return replace(row, **self.changes)
 
     def step1(self, name: str, label: str | None = None) -> StageCost:
@@ -169,7 +172,7 @@ def finetune_costs(recipe, cfgs: dict | None = None, out: Path = Path("OUT")) ->
 
     from .check import model_after
     from ..data.tasks import get_task
-    from ..runtime.ds_config import global_batch
+    from ..runtime.ds_config import global_batch, micro_batch
     from .stage_runs import stage_configs
 
     cfgs = stage_configs(recipe, out) if cfgs is None else cfgs
@@ -186,7 +189,7 @@ def finetune_costs(recipe, cfgs: dict | None = None, out: Path = Path("OUT")) ->
         rows[name] = StageCost(system_of(cfg.system).label, "step3", "finetune", model.num_layers, None, steps, B,
                                min(ft.max_length or spec.max_length, model.max_positions), model.hidden_size,
                                model.vocab_size or int(recipe.prepare.get("vocab_size", 50_000)), 0.0,
-                               dataclasses.replace(cfg.train, steps=steps).checkpoints())
+                               dataclasses.replace(cfg.train, steps=steps).checkpoints(), micro_batch=micro_batch(cfg))
     return rows
 
 

@@ -129,6 +129,23 @@ def global_batch(cfg: RunConfig) -> int:
     return _int(ds["train_batch_size"], "train_batch_size", path)
 
 
+def split(global_batch: int, micro_batch: int, world_size: int) -> Geometry | None:
+    """`global_batch` sequences per update over `world_size` ranks at most `micro_batch` per rank and forward pass;
+    None when they cannot divide. A micro batch above a rank's share of the global batch runs that share in one
+    micro-step: a micro batch is what one device holds at once, and the global batch is the algorithm's (the
+    paper recipe's shallow stages run 64 per device on 8 GPUs and 32 on 64 GPUs)."""
+    share, rest = divmod(global_batch, world_size)
+    micro = min(micro_batch, share)
+    if rest or not micro or share % micro:
+        return None
+    return Geometry(global_batch, micro, share // micro, world_size)
+
+
+def micro_batch(cfg: RunConfig) -> int | None:
+    """Sequences per device per forward pass, at most (`split`): the run config's, else the DeepSpeed JSON's."""
+    return cfg.train.micro_batch or read(cfg)[1].get("train_micro_batch_size_per_gpu")
+
+
 def geometry(cfg: RunConfig, world_size: int, path: Path | None = None, ds: dict | None = None) -> Geometry:
     """The batch geometry of `cfg` on `world_size` ranks (its engine JSON `ds` at `path`, read unless given);
     a ConfigError when it cannot divide. `mm-ds plan` asks it of a cluster's size."""
@@ -142,11 +159,12 @@ def geometry(cfg: RunConfig, world_size: int, path: Path | None = None, ds: dict
                           f"train_batch_size and train_micro_batch_size_per_gpu in {path}")
     gb = _int(gb, "train_batch_size", path)
     micro = _int(micro, "train_micro_batch_size_per_gpu", path)
-    if gb % (micro * world_size):
+    geo = split(gb, micro, world_size)
+    if geo is None:
         raise ConfigError(f"global batch {gb} is not divisible by micro batch {micro} x world size "
                           f"{world_size}; choose train.global_batch as a multiple of {micro * world_size} or "
                           f"change train.micro_batch / the number of ranks")
-    return Geometry(gb, micro, gb // (micro * world_size), world_size)
+    return geo
 
 
 def resolve(cfg: RunConfig, world_size: int, run_dir: Path | None = None, on_this_machine: bool = True

@@ -16,21 +16,24 @@ over the vocabulary are the same few whatever its size, and their size is device
 one thread, ZeRO 1 (the paper's optimizer path; in fp32, because this CPU's bf16 kernels cost milliseconds per call
 even at this width and would count as host time: the paper's bf16 runs DeepSpeed's BF16_Optimizer, which on every
 micro-step also casts and adds each trainable tensor's gradient into its fp32 copy, ~10 us per tensor here, not
-counted; Step 2 trains 2 tensors, Step 1 about 150) and the gradient accumulation of the paper presets' launch (2048
-sequences on their 8 ranks at `mm-ds plan`'s micro batch of 32: 8 micro-steps per update), batches from the
-prefetcher. The model issues the calls its GPU path issues (`gpu_op_path`): dropout as one `native_dropout` (what
-`F.dropout` dispatches to on a GPU, one autograd node; not the CPU path's cheaper-mask ops) and attention as one
-fused SDPA call (on a GPU the kernel applies attention dropout inside; CPU SDPA with dropout would fall back to its
-composite math, so here it runs without). What remains of the wall time is host work: this CPU's op dispatch stands
-in for a GPU's kernel launches, which cost about as much per op; the tiny kernels' own CPU time is counted too, so
-the figure still errs high (a CPU `native_dropout` dispatches its mask ops one by one where a GPU launches one
-kernel). The loop is timed in 5 rounds of 3 updates, the two shapes in turn, and the figure is the median round:
-op dispatch on these vCPUs swings ~1.5x from minute to minute. `builder` is `MLMBatches` building micro-batches of
-the paper's shape (32 x 512) over the bench corpus.
+counted; Step 2 trains 2 tensors, Step 1 about 150) and the gradient accumulation of the stage as `mm-ds run paper`
+launches it (`paper_shapes`: 2048 sequences on 8 ranks, Step 1 BL_BASE at 32 per micro-step, 8 micro-steps per
+update; Step 2 over the mini-model at 64, 4), batches from the prefetcher. The model issues the calls its GPU path
+issues (`gpu_op_path`): dropout as one `native_dropout` (what `F.dropout` dispatches to on a GPU, one autograd node;
+not the CPU path's cheaper-mask ops) and attention as one fused SDPA call (on a GPU the kernel applies attention
+dropout inside; CPU SDPA with dropout would fall back to its composite math, so here it runs without). What remains
+of the wall time is host work: this CPU's op dispatch stands in for a GPU's kernel launches, which cost about as
+much per op; the tiny kernels' own CPU time is counted too, so the figure still errs high (a CPU `native_dropout`
+dispatches its mask ops one by one where a GPU launches one kernel). The loop is timed in 5 rounds of 3 updates, the
+two shapes in turn, and the figure is the median round: op dispatch on these vCPUs swings ~1.5x from minute to
+minute. `builder` is `MLMBatches` building micro-batches of the stage's shape (micro batch x 512) over the bench
+corpus.
 Both are compared with the device time per micro-step that `mm-ds plan`'s model predicts for an H100: the analytic
-FLOPs (A1 for Step 1 BL_BASE, A3 over 4 layers for Step 2) over its bf16 peak at the plan's default MFU. PASS when
-each is below half of it: then even if the two threads never overlapped (Python's lock), the host stays ahead with
-margin.
+FLOPs of the stage's micro batch (A1 for Step 1 BL_BASE, A3 over 4 layers for Step 2) over its bf16 peak at the
+plan's default MFU. PASS when each is below half of it: then even if the two threads never overlapped (Python's
+lock), the host stays ahead with margin. At 32 sequences the mini-model's micro-step is 5.9 ms on an H100, and this
+loop took 44-71% of that on these vCPUs (docs/results.md, 2026-11-26): the paper recipe runs its 4-6-layer stages
+at 64 (presets/paper/bl_small.yaml).
 """
 
 from __future__ import annotations
@@ -38,30 +41,49 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from ..model import flops
+from ..runtime.ds_config import Geometry, geometry
 from ..runtime.prefetch import Prefetcher
 from .plan import Cluster
 
-PAPER_SEQ, PAPER_BATCH, PAPER_RANKS = 512, 2048, 8  # the paper presets' sequence, global batch, launch.ranks
-PAPER_MICRO = Cluster().micro_batch
-PAPER_ACCUM = PAPER_BATCH // (PAPER_MICRO * PAPER_RANKS)
-SHAPES = {  # bench stage -> (what, FLOPs kind, layers the device runs)
-    "pretrain": ("Step 1, BL_BASE", "pretrain", None),
-    "adapt_mini": ("Step 2, MINIJOINT mini-model", "adapt", "mini"),
+SHAPES = {  # bench stage -> (what, FLOPs kind, the paper recipe's stage run (its first language's), device layers)
+    "pretrain": ("Step 1, BL_BASE", "pretrain", "pretrain/bl_base", None),
+    "adapt_mini": ("Step 2, MINIJOINT mini-model", "adapt", "adapt/minijoint/", "mini"),
 }
 THRESHOLD = 0.5
 HOST_VOCAB = 256  # pieces of the loop's corpus; the paper's 250k-piece rows are device work (docstring)
 
 
-def device_seconds(kind: str, hidden: int, vocab: int, layers: int, cluster: Cluster) -> float:
-    """One micro-step (PAPER_MICRO x PAPER_SEQ) on one GPU at the plan's peak and MFU."""
-    f = flops.stage_flops_per_step(kind, hidden=hidden, vocab=vocab, layers=layers, seq_len=PAPER_SEQ,
-                                   mask_prob=0.15, global_batch=PAPER_MICRO)
+@dataclass(frozen=True)
+class Shape:
+    """A bench stage's micro-step as `mm-ds run paper` launches it."""
+
+    geo: Geometry
+    seq: int
+
+
+def paper_shapes() -> dict[str, Shape]:
+    """Each shape's batch geometry and sequence length in the paper recipe's stage config, on its launch's ranks."""
+    from ..pipeline.stage_runs import stage_configs
+    from ..recipe import load_recipe
+
+    cfgs = stage_configs(load_recipe("paper"))
+    out = {}
+    for name, (_, _, run, _) in SHAPES.items():
+        cfg = next(c for key, c in cfgs.items() if key.startswith(run))
+        out[name] = Shape(geometry(cfg, cfg.launch.world_size), cfg.data.seq_len)
+    return out
+
+
+def device_seconds(kind: str, hidden: int, vocab: int, layers: int, shape: Shape, cluster: Cluster) -> float:
+    """One micro-step (micro batch x sequence) on one GPU at the plan's peak and MFU."""
+    f = flops.stage_flops_per_step(kind, hidden=hidden, vocab=vocab, layers=layers, seq_len=shape.seq,
+                                   mask_prob=0.15, global_batch=shape.geo.micro_batch)
     return f / (cluster.peak_tflops * 1e12 * cluster.mfu)
 
 
@@ -79,17 +101,18 @@ def gpu_op_path():
         model.dropout, model._attention_with_dropout = saved
 
 
-def loop_seconds(builder, names, rounds: int, updates: int, rank: int) -> dict[str, list[float]]:
-    """Wall seconds per micro-step of `engine.train_step` for each bench stage in `names` of `builder` (a
-    `bench.Stages` over a near-zero-width model), batches from a `Prefetcher`: per round, the median over
-    `updates` updates of each stage in turn, so that a slow spell of the machine (this figure is all op
-    dispatch, which swings ~1.5x on these vCPUs from minute to minute) hits every stage and only some rounds."""
+def loop_seconds(builder, accum: dict[str, int], rounds: int, updates: int, rank: int) -> dict[str, list[float]]:
+    """Wall seconds per micro-step of `engine.train_step` for each bench stage of `builder` (a `bench.Stages`
+    over a near-zero-width model) in `accum`, at its micro-steps per update, batches from a `Prefetcher`: per
+    round, the median over `updates` updates of each stage in turn, so that a slow spell of the machine (this
+    figure is all op dispatch, which swings ~1.5x on these vCPUs from minute to minute) hits every stage and only
+    some rounds."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the host's work is one thread's; a thread pool's barriers per tiny op are not it
     try:
         with gpu_op_path(), contextlib.ExitStack() as stack:
-            loops = {name: _Loop(builder, name, rounds * updates + 1, rank, stack) for name in names}
-            times: dict[str, list[float]] = {name: [] for name in names}
+            loops = {name: _Loop(builder, name, n, rounds * updates + 1, rank, stack) for name, n in accum.items()}
+            times: dict[str, list[float]] = {name: [] for name in accum}
             for _ in range(rounds):
                 for name, loop in loops.items():
                     times[name].append(statistics.median(loop.update() for _ in range(updates)))
@@ -101,12 +124,12 @@ def loop_seconds(builder, names, rounds: int, updates: int, rank: int) -> dict[s
 class _Loop:
     """One bench stage's engine and prefetched batches; `update()` times the next update per micro-step."""
 
-    def __init__(self, builder, name: str, updates: int, rank: int, stack: contextlib.ExitStack):
+    def __init__(self, builder, name: str, accum: int, updates: int, rank: int, stack: contextlib.ExitStack):
         from ..runtime import engine as eng
 
         self.eng, self.rank = eng, rank
         self.stage = builder.timed(name, updates)
-        self.stage.cfg.train = replace(self.stage.cfg.train, global_batch=PAPER_ACCUM * builder.micro_batch)
+        self.stage.cfg.train = replace(self.stage.cfg.train, global_batch=accum * builder.micro_batch)
         built = eng.build_engine(self.stage, 1)
         self.engine, self.geo = built.engine, built.geo
         self.engine.train()
@@ -123,16 +146,17 @@ class _Loop:
         return (time.perf_counter() - t0) / self.geo.grad_accum
 
 
-def builder_seconds(corpus_dir, vocab: int, reps: int = 5) -> float:
-    """Median seconds to build one micro-batch of the paper's shape (packing, masking, masked positions)."""
+def builder_seconds(corpus_dir, vocab: int, shape: Shape, reps: int = 5) -> float:
+    """Median seconds to build one micro-batch of `shape` (packing, masking, masked positions)."""
     from ..data.mlm import MLMBatches
     from ..data.shards import TokenCorpus
 
-    mlm = MLMBatches(TokenCorpus(corpus_dir), PAPER_SEQ, seed=0, vocab_size=vocab)
+    mlm = MLMBatches(TokenCorpus(corpus_dir), shape.seq, seed=0, vocab_size=vocab)
+    g = shape.geo
     times = []
     for s in range(reps + 1):
         t0 = time.perf_counter()
-        mlm.batch(s, 0, 0, 8, PAPER_MICRO, PAPER_ACCUM)
+        mlm.batch(s, 0, 0, g.world_size, g.micro_batch, g.grad_accum)
         if s:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
@@ -146,36 +170,39 @@ def measure(stages_for, corpus_dir, host_corpus, paper_cfg, mini_layers: int, ra
     figure is the median over `rounds` rounds of `updates` updates, the shapes in turn (`loop_seconds`)."""
     from ..data.shards import TokenCorpus
 
-    cluster = Cluster()
+    cluster, shapes = Cluster(), paper_shapes()
     tiny = replace(paper_cfg, hidden_size=12, num_heads=12, ffn_size=12,
                    vocab_size=TokenCorpus(host_corpus).vocab_size)
     builder = stages_for(tiny, host_corpus, 16, 1, "fp32_zero1.json")
-    build = builder_seconds(corpus_dir, paper_cfg.vocab_size)
-    log(f"host side: timing the loop at near-zero width, {', '.join(w for w, _, _ in SHAPES.values())} in turn ...")
-    loops = loop_seconds(builder, list(SHAPES), rounds, updates, rank)
+    log(f"host side: timing the loop at near-zero width, {', '.join(v[0] for v in SHAPES.values())} in turn ...")
+    loops = loop_seconds(builder, {name: shape.geo.grad_accum for name, shape in shapes.items()}, rounds, updates,
+                         rank)
     rows = {}
-    for name, (what, kind, depth) in SHAPES.items():
+    for name, (what, kind, _, depth) in SHAPES.items():
+        shape = shapes[name]
         layers = mini_layers if depth == "mini" else paper_cfg.num_layers
-        dev = device_seconds(kind, paper_cfg.hidden_size, paper_cfg.vocab_size, layers, cluster)
+        dev = device_seconds(kind, paper_cfg.hidden_size, paper_cfg.vocab_size, layers, shape, cluster)
+        build = builder_seconds(corpus_dir, paper_cfg.vocab_size, shape)
         loop = statistics.median(loops[name])
-        rows[name] = {"what": what, "layers": layers, "device_s": dev, "loop_s": loop, "loop_rounds_s": loops[name],
-                      "builder_s": build, "loop_share": loop / dev, "builder_share": build / dev}
+        rows[name] = {"what": what, "layers": layers, "micro_batch": shape.geo.micro_batch, "seq": shape.seq,
+                      "grad_accum": shape.geo.grad_accum, "device_s": dev, "loop_s": loop,
+                      "loop_rounds_s": loops[name], "builder_s": build, "loop_share": loop / dev,
+                      "builder_share": build / dev}
     return {"rows": rows, "gpu": f"H100 at {cluster.peak_tflops:g} TFLOP/s bf16, MFU {cluster.mfu:g}",
-            "loop_vocab": tiny.vocab_size, "micro_batch": PAPER_MICRO, "seq": PAPER_SEQ, "grad_accum": PAPER_ACCUM,
-            "rounds": rounds, "updates": updates, "threshold": THRESHOLD}
+            "loop_vocab": tiny.vocab_size, "rounds": rounds, "updates": updates, "threshold": THRESHOLD}
 
 
 def table(host: dict) -> str:
-    lines = [f"host side per micro-step ({host['micro_batch']} x {host['seq']} tokens, {host['grad_accum']} "
-             f"micro-steps per update) against {host['gpu']}; loop: median of {host['rounds']} rounds of "
-             f"{host['updates']} updates, the shapes in turn:",
-             "| shape | layers | device ms | loop ms | rounds' range | loop share | builder ms | builder share |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"host side per micro-step, at `mm-ds run paper`'s micro batch and sequence, against {host['gpu']}; "
+             f"loop: median of {host['rounds']} rounds of {host['updates']} updates, the shapes in turn:",
+             "| shape | layers | micro x seq | micro-steps | device ms | loop ms | rounds' range | loop share | "
+             "builder ms | builder share |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in host["rows"].values():
         lo, hi = min(r["loop_rounds_s"]), max(r["loop_rounds_s"])
-        lines.append(f"| {r['what']} | {r['layers']} | {1e3 * r['device_s']:.2f} | {1e3 * r['loop_s']:.2f} | "
-                     f"{1e3 * lo:.2f}-{1e3 * hi:.2f} | {100 * r['loop_share']:.0f}% | {1e3 * r['builder_s']:.2f} | "
-                     f"{100 * r['builder_share']:.0f}% |")
+        lines.append(f"| {r['what']} | {r['layers']} | {r['micro_batch']} x {r['seq']} | {r['grad_accum']} | "
+                     f"{1e3 * r['device_s']:.2f} | {1e3 * r['loop_s']:.2f} | {1e3 * lo:.2f}-{1e3 * hi:.2f} | "
+                     f"{100 * r['loop_share']:.0f}% | {1e3 * r['builder_s']:.2f} | {100 * r['builder_share']:.0f}% |")
     return "\n".join(lines)
 
 

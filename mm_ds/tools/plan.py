@@ -24,6 +24,9 @@ disk      an engine checkpoint holds the weights in the training dtype plus, for
           fp32 master weights and two Adam moments (12 bytes each); final/ holds fp32 weights. The
           checkpoint schedule is each stage's (train.checkpoint_steps, every train.checkpoint_every, the last).
 
+A stage's micro-steps A per update follow from its config's micro batch (`--micro-batch` sets one for every stage), at
+most a GPU's share of the global batch (mm_ds/runtime/ds_config.py `split`), as `mm-ds run` launches it.
+
 Parameter counts are mm_ds.model.model's (`param_count`: FFN 4h, positions s+2, tied output projection, a bias of V
 per head). The model is mm_ds/tools/plan_model.py's.
 
@@ -126,18 +129,19 @@ def _gb(x: float) -> str:
 def format_plan(rows: list[StagePlan], c: Cluster) -> str:
     head = (f"cluster: {c.nodes} node(s) x {c.gpus_per_node} GPUs = {c.gpus}; peak {c.peak_tflops:g} TFLOP/s/GPU "
             f"at MFU {c.mfu:g}; {c.dtype} (gradients reduced in {c.reduction_dtype}), ZeRO-{c.zero}, micro batch "
-            f"{c.micro_batch}; all-reduce busbw "
+            f"{c.micro_batch or 'of each stage'} (per GPU, at most); all-reduce busbw "
             f"{c.intra_gbps:g} GB/s intra-node, {c.inter_gbps:g} GB/s inter-node (using "
             f"{c.busbw / 1e9:g}); overlap {c.overlap:g}")
-    cols = ["system", "step", "formula", "layers", "params M", "trainable M", "steps", "accum", "PFLOP/step",
-            "compute s", "comm GB/GPU", "comm s", "step s", "hours", "GPU-h"]
+    cols = ["system", "step", "formula", "layers", "params M", "trainable M", "steps", "micro", "accum",
+            "PFLOP/step", "compute s", "comm GB/GPU", "comm s", "step s", "hours", "GPU-h"]
     if c.usd_per_gpu_hour:
         cols.append("USD")
     cols += ["ckpt GB", "x ckpts", "final GB"]
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = [r.system, r.step, r.formula, str(r.layers), f"{r.params / 1e6:.1f}", f"{r.trainable / 1e6:.2f}",
-                 f"{r.steps:,}", str(r.grad_accum), f"{r.flops_per_step / 1e15:.2f}", f"{r.compute_s:.3f}",
+                 f"{r.steps:,}", str(r.micro_batch), str(r.grad_accum), f"{r.flops_per_step / 1e15:.2f}",
+                 f"{r.compute_s:.3f}",
                  _gb(r.comm_bytes), f"{r.comm_s:.4f}", f"{r.step_s:.3f}", f"{r.hours:.1f}", f"{r.gpu_hours:,.0f}"]
         if c.usd_per_gpu_hour:
             cells.append(f"{r.usd:,.0f}")
@@ -240,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default=d.dtype, choices=sorted(BYTES))
     ap.add_argument("--comm-dtype", default=d.comm_dtype, choices=sorted(BYTES),
                     help="gradient reduction dtype (communication_data_type; default: fp32 under bf16, else --dtype)")
-    ap.add_argument("--micro-batch", type=int, default=d.micro_batch, help="sequences per GPU per forward")
+    ap.add_argument("--micro-batch", type=int, default=d.micro_batch,
+                    help="sequences per GPU per forward pass, at most, for every stage (default: each stage's own)")
     ap.add_argument("--overlap", type=float, default=d.overlap, help="share of communication hidden (0-1)")
     ap.add_argument("--usd-per-gpu-hour", type=float, help="print cost in USD at this price")
     ap.add_argument("--measured-tflops", type=float, help="measured per-GPU TFLOP/s: print step times at it")

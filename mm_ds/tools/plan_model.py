@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from ..config import ModelConfig
-from ..runtime.ds_config import reduction_dtype
+from ..runtime.ds_config import reduction_dtype, split
 from ..model.model import LANGUAGE_PARAMS, param_count, param_shapes
 from ..model.surgery import minipost_trainable
 from ..pipeline.costs import StageCost
@@ -68,7 +68,8 @@ class Cluster:
     """Training dtype: weights in checkpoints and weights on the wire."""
     comm_dtype: str = ""
     """Gradients on the wire (communication_data_type); empty: as mm-ds resolves a config of `dtype`."""
-    micro_batch: int = 32
+    micro_batch: int | None = None
+    """Sequences per GPU per forward pass, at most (ds_config.split); None: each stage's own (its config's)."""
     overlap: float = 0.0
     """Share of communication hidden behind compute (0..1)."""
     usd_per_gpu_hour: float | None = None
@@ -87,7 +88,7 @@ class Cluster:
 
     def check(self) -> None:
         for name in ("nodes", "gpus_per_node", "micro_batch"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         for name in ("peak_tflops", "intra_gbps", "inter_gbps"):
             if getattr(self, name) <= 0:
@@ -139,6 +140,7 @@ class StagePlan:
     layers: int
     steps: int
     global_batch: int
+    micro_batch: int
     grad_accum: int
     params: int
     trainable: int
@@ -161,14 +163,17 @@ def plan_stages(costs: list[StageCost], cluster: Cluster) -> list[StagePlan]:
     for cost in costs:
         B, s = cost.global_batch, cost.seq_len
         n = cluster.gpus
-        if B % (cluster.micro_batch * n):
+        micro = cluster.micro_batch or cost.micro_batch
+        if not micro:
+            raise ValueError(f"{cost.system} {cost.step}: its config sets no micro batch; give --micro-batch")
+        geo = split(B, micro, n)
+        if geo is None:
             raise ValueError(f"{cost.system} {cost.step}: global batch {B} is not divisible by micro batch "
-                             f"{cluster.micro_batch} x {n} GPUs; change --micro-batch or the cluster size")
-        accum = B // (cluster.micro_batch * n)
+                             f"{micro} x {n} GPUs; change --micro-batch or the cluster size")
         pc = stage_params(cost.formula, cost.hidden, cost.vocab, cost.layers, s, cost.trainable_layers,
                           secondary_heads=cost.secondary_heads)
         compute = cost.flops_per_step / (n * cluster.peak_tflops * 1e12 * cluster.mfu)
-        vol = comm_bytes_per_step(cluster.zero, n, pc.trainable, pc.total, accum, cluster.dtype,
+        vol = comm_bytes_per_step(cluster.zero, n, pc.trainable, pc.total, geo.grad_accum, cluster.dtype,
                                   cluster.reduction_dtype, pc.persistent)
         comm = vol / cluster.busbw
         step = compute + (1 - cluster.overlap) * comm
@@ -176,7 +181,8 @@ def plan_stages(costs: list[StageCost], cluster: Cluster) -> list[StagePlan]:
         gpu_hours = hours * n
         w = BYTES[cluster.dtype]
         rows.append(StagePlan(
-            cost.system, cost.step, cost.formula, cost.layers, cost.steps, B, accum, pc.total, pc.trainable,
+            cost.system, cost.step, cost.formula, cost.layers, cost.steps, B, geo.micro_batch, geo.grad_accum,
+            pc.total, pc.trainable,
             cost.flops_per_step, compute, vol, comm, step, hours, gpu_hours,
             gpu_hours * cluster.usd_per_gpu_hour if cluster.usd_per_gpu_hour else None,
             pc.total * w + pc.trainable * 12, pc.total * 4, cost.checkpoints))
