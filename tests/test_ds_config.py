@@ -59,6 +59,8 @@ def test_a_micro_batch_is_the_most_a_rank_runs_at_once(tmp_path):
                                  on_this_machine=False)  # DeepSpeed's parser agrees with the geometry written
     assert (geo.micro_batch, geo.grad_accum) == (4, 1) and out["train_micro_batch_size_per_gpu"] == 4
     assert out["gradient_accumulation_steps"] == 1 and out["train_batch_size"] == 8
+    auto = cfg_with(base() | {"train_micro_batch_size_per_gpu": "auto"}, tmp_path, "train.micro_batch=null")
+    assert ds_config.micro_batch(auto) is None  # `mm-ds plan` then asks for --micro-batch, not a TypeError
 
 
 def test_auto_values_are_filled_in_where_mm_ds_owns_them(tmp_path):

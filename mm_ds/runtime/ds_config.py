@@ -142,8 +142,10 @@ def split(global_batch: int, micro_batch: int, world_size: int) -> Geometry | No
 
 
 def micro_batch(cfg: RunConfig) -> int | None:
-    """Sequences per device per forward pass, at most (`split`): the run config's, else the DeepSpeed JSON's."""
-    return cfg.train.micro_batch or read(cfg)[1].get("train_micro_batch_size_per_gpu")
+    """Sequences per device per forward pass, at most (`split`): the run config's, else the DeepSpeed JSON's; None
+    when neither sets a number (`geometry` says what is wrong)."""
+    value = cfg.train.micro_batch or read(cfg)[1].get("train_micro_batch_size_per_gpu")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def geometry(cfg: RunConfig, world_size: int, path: Path | None = None, ds: dict | None = None) -> Geometry:

@@ -141,8 +141,8 @@ def format_plan(rows: list[StagePlan], c: Cluster) -> str:
     for r in rows:
         cells = [r.system, r.step, r.formula, str(r.layers), f"{r.params / 1e6:.1f}", f"{r.trainable / 1e6:.2f}",
                  f"{r.steps:,}", str(r.micro_batch), str(r.grad_accum), f"{r.flops_per_step / 1e15:.2f}",
-                 f"{r.compute_s:.3f}",
-                 _gb(r.comm_bytes), f"{r.comm_s:.4f}", f"{r.step_s:.3f}", f"{r.hours:.1f}", f"{r.gpu_hours:,.0f}"]
+                 f"{r.compute_s:.3f}", _gb(r.comm_bytes), f"{r.comm_s:.4f}", f"{r.step_s:.3f}", f"{r.hours:.1f}",
+                 f"{r.gpu_hours:,.0f}"]
         if c.usd_per_gpu_hour:
             cells.append(f"{r.usd:,.0f}")
         cells += [_gb(r.ckpt_bytes), str(r.checkpoints), _gb(r.final_bytes)]
