@@ -60,7 +60,10 @@ def test_a_micro_batch_is_the_most_a_rank_runs_at_once(tmp_path):
     assert (geo.micro_batch, geo.grad_accum) == (4, 1) and out["train_micro_batch_size_per_gpu"] == 4
     assert out["gradient_accumulation_steps"] == 1 and out["train_batch_size"] == 8
     auto = cfg_with(base() | {"train_micro_batch_size_per_gpu": "auto"}, tmp_path, "train.micro_batch=null")
-    assert ds_config.micro_batch(auto) is None  # `mm-ds plan` then asks for --micro-batch, not a TypeError
+    assert ds_config.micro_batch(auto) is None  # `mm-ds plan` then asks for --micro-batch
+    text = cfg_with(base() | {"train_micro_batch_size_per_gpu": "32"}, tmp_path, "train.micro_batch=null")
+    with pytest.raises(ConfigError, match="train_micro_batch_size_per_gpu='32' must be a positive integer"):
+        ds_config.micro_batch(text)  # named, not a TypeError inside `mm-ds plan`
 
 
 def test_auto_values_are_filled_in_where_mm_ds_owns_them(tmp_path):

@@ -142,10 +142,11 @@ def split(global_batch: int, micro_batch: int, world_size: int) -> Geometry | No
 
 
 def micro_batch(cfg: RunConfig) -> int | None:
-    """Sequences per device per forward pass, at most (`split`): the run config's, else the DeepSpeed JSON's; None
-    when neither sets a number (`geometry` says what is wrong)."""
-    value = cfg.train.micro_batch or read(cfg)[1].get("train_micro_batch_size_per_gpu")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    """Sequences per device per forward pass, at most (`split`): the run config's, else the DeepSpeed JSON's (its
+    "auto" is dropped by `read`); None when neither sets one. A value that is not a positive integer: ConfigError."""
+    path, ds = read(cfg)
+    value = cfg.train.micro_batch or ds.get("train_micro_batch_size_per_gpu")
+    return None if value is None else _int(value, "train_micro_batch_size_per_gpu", path)
 
 
 def geometry(cfg: RunConfig, world_size: int, path: Path | None = None, ds: dict | None = None) -> Geometry:
