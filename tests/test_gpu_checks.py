@@ -1,9 +1,9 @@
-"""The GPU suite's checks that need no GPU (tests/gpu_checks.py, tests/gpu/gpu_thresholds.py, tests/gpu/device_waits.py),
-run on CPU: each fails when it should, and sees on CPU what tests/gpu/test_gpu.py will show it on the GPUs; the
-paper-shape update's own script (tests/gpu/paper_update.py) runs its flow here at a tiny shape. The suite itself must
-import and skip here, and keep what its source promises: "over NCCL" tests skip below 2 GPUs, the paper-shape floor
-and ceiling asserted, micro-steps watched under sync-debug "error", flash asserted, an unknown GPU's skip after its
-other checks, the pipeline run per stage too."""
+"""The GPU suite's checks that need no GPU (tests/gpu_checks.py, tests/gpu/gpu_thresholds.py,
+tests/gpu/device_waits.py), run on CPU: each fails when it should, and sees on CPU what tests/gpu/test_gpu.py will
+show it on the GPUs; the paper-shape update's own script (tests/gpu/paper_update.py) runs its flow here at a tiny
+shape. The suite itself must import and skip here, and keep what its source promises: "over NCCL" tests skip below
+2 GPUs, the paper-shape floor and ceiling asserted, micro-steps watched under sync-debug "error", flash asserted, an
+unknown GPU's skip after its other checks, the pipeline run per stage too."""
 
 import ast
 import json
@@ -166,7 +166,8 @@ def test_the_paper_shape_update_asserts_its_floor_and_ceiling():
     asserts = [a.test for a in ast.walk(test) if isinstance(a, ast.Assert)]
     compared = {(type(a.ops[0]).__name__, ast.unparse(a.left), ast.unparse(a.comparators[0]))
                 for a in asserts if isinstance(a, ast.Compare)}
-    assert ("GtE", "r['tokens_per_s']", "floor") in compared and ("LtE", "r['peak_bytes']", "mem['ceiling']") in compared
+    assert ("GtE", "r['tokens_per_s']", "floor") in compared
+    assert ("LtE", "r['peak_bytes']", "mem['ceiling']") in compared
     assert "floor, mfu = (want.floor_tokens_per_s, want.mfu(r['step_s']))" in ast.unparse(test)
     assert "want = gpu_thresholds.paper_update(system, r['gpu'])" in ast.unparse(test)
     params = ast.unparse(test.decorator_list[0])

@@ -9,7 +9,8 @@ against its datasheet peak (`bench_device`), the throughput to compare with `mm-
 What runs. Each stage kind is a real `RunConfig` handed to its stage module's `build()` (the model after
 the stage's own surgery, its trainable set, batches and FLOPs formula), then to `engine.build_engine`, the
 builder `engine.train` uses (same DeepSpeed config resolution, freezing before `deepspeed.initialize`;
-fp32 on CPU, bf16 on a GPU; one in-process rank), stepped by `engine.train_step`, the function `engine.train` loops over.
+fp32 on CPU, bf16 on a GPU; one in-process rank), stepped by `engine.train_step`, the function `engine.train`
+loops over.
 The parents the later stages start from are written into the temporary work directory by the product's
 own zero-update path (`engine.train` with train.steps=0: the model as built, untrained).
 
@@ -240,7 +241,8 @@ def _bench_stage(name, builder, o, rank, world, peer_ok, results, peer, probes, 
     fl = stage.flops_per_step(micro)
     r = summarise(raw, micro * seq, fl, probes[0]["median_flops"] if probes else o.peak["used_flops"])
     r |= {"layers": stage.cfg.model.num_layers, "kind": STAGE_RUNS[name][3], "title": STAGE_TITLES[name],
-          "peak_rss_bytes": mem.peak, "rss_before_bytes": mem.start, "peak_gpu_bytes": bench_device.memory_peak() if cuda else None,
+          "peak_rss_bytes": mem.peak, "rss_before_bytes": mem.start,
+          "peak_gpu_bytes": bench_device.memory_peak() if cuda else None,
           "matmul_probe_flops": probes[-1]["median_flops"] if probes else None}
     results[name] = r
     log(f"{name}: {r['step_time_s']:.3f} s/step, {r['tokens_per_s']:.0f} tokens/s, MFU {100 * r['mfu']:.1f}%")
@@ -280,7 +282,7 @@ def _settings(args) -> argparse.Namespace:
         precision=dsc.precision(json.loads(dsc.find(ds_config).read_text())),
         micro=args.micro_batch or device.micro_batch or preset.micro_batch,
         steps=args.steps or device.steps or preset.steps,
-        warmup=args.warmup if args.warmup is not None else device.warmup if device.warmup is not None else preset.warmup,
+        warmup=next(w for w in (args.warmup, device.warmup, preset.warmup) if w is not None),
         log=(lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)) if not args.quiet else (lambda m: None))
     o.peak = bench_device.gpu_peak(o.precision, args.peak_tflops) if device.kind == "cuda" else None
     return o

@@ -130,8 +130,8 @@ def test_paper_shape_update_memory_and_throughput(paper_runs, system, record_pro
     record_property("step", f"{r['step_s'] * 1e3:.1f} ms")
     record_property("peak memory", f"{r['peak_bytes'] / GiB:.2f} GiB (ceiling {mem['ceiling'] / GiB:.2f})")
     assert r["peak_bytes"] <= mem["ceiling"], (
-        f"{want.system}: {r['peak_bytes'] / GiB:.2f} GiB allocated at most, over the ceiling {mem['ceiling'] / GiB:.2f} "
-        f"GiB = {gpu_thresholds.MEMORY_MARGIN} x (states {mem['states'] / GiB:.2f} + activations "
+        f"{want.system}: {r['peak_bytes'] / GiB:.2f} GiB allocated at most, over the ceiling "
+        f"{mem['ceiling'] / GiB:.2f} GiB = {gpu_thresholds.MEMORY_MARGIN} x (states {mem['states'] / GiB:.2f} + activations "
         f"{mem['activations'] / GiB:.2f} + heads {mem['heads'] / GiB:.2f}); see gpu_thresholds.py")
     record_property("tokens/s", f"{r['tokens_per_s']:,.0f}")
     if want.peak_tflops != want.peak_tflops:  # last: the memory above holds whatever the GPU
