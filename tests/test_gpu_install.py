@@ -128,8 +128,10 @@ def test_make_test_gpu_with_python_runs_that_python_and_installs_from_wheels():
 @pytest.mark.skipif(torch.version.cuda is not None, reason="checks the stop of a CPU build of torch")
 def test_make_test_gpu_with_python_stops_on_a_cpu_torch_before_installing(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
-    proc = subprocess.run(["make", "test-gpu", f"PYTHON={sys.executable}", f"WHEELS={tmp_path}"], cwd=ROOT,
-                          capture_output=True, text=True, env=env, timeout=300)
+    # VENV: a Makefile that built .venv here after all would build a throwaway one, never the checkout's
+    proc = subprocess.run(["make", "test-gpu", f"PYTHON={sys.executable}", f"WHEELS={tmp_path}",
+                           f"VENV={tmp_path / 'no-venv'}"], cwd=ROOT, capture_output=True, text=True, env=env,
+                          timeout=300)
     assert proc.returncode != 0
     assert f"{sys.executable} has torch {torch.__version__}, a CPU build" in proc.stderr, proc.stderr
     assert "nothing was installed" in proc.stderr and "-m pytest" not in proc.stdout  # the suite never started
@@ -186,7 +188,8 @@ def test_a_wheel_folder_made_here_completes_a_python_that_has_only_torch(tmp_pat
     timings, folder, gpu_python = {}, tmp_path / "wheels", tmp_path / "gpu-python"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS", "PYTHONPATH"))}
     t0 = time.perf_counter()
-    made = subprocess.run(["make", "wheels", f"PYTHON={sys.executable}", f"WHEELS={folder}"], cwd=ROOT,
+    no_venv = f"VENV={tmp_path / 'no-venv'}"  # as above: never the checkout's .venv
+    made = subprocess.run(["make", "wheels", f"PYTHON={sys.executable}", f"WHEELS={folder}", no_venv], cwd=ROOT,
                           capture_output=True, text=True, env=env, timeout=1800)
     assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
     timings["make wheels"] = time.perf_counter() - t0
@@ -197,8 +200,8 @@ def test_a_wheel_folder_made_here_completes_a_python_that_has_only_torch(tmp_pat
     local = os.environ.get("MM_DS_LOCAL_PIP", "--index-url file:///opt/pypi/simple --find-links /opt/wheels").split()
     subprocess.run([py, "-m", "pip", "install", "-q", *local, f"torch=={torch.__version__}"], check=True, env=env)
     timings["venv with torch"] = time.perf_counter() - t0
-    stop = subprocess.run(["make", "test-gpu", f"PYTHON={py}", f"WHEELS={folder}"], cwd=ROOT, capture_output=True,
-                          text=True, env=env)
+    stop = subprocess.run(["make", "test-gpu", f"PYTHON={py}", f"WHEELS={folder}", no_venv], cwd=ROOT,
+                          capture_output=True, text=True, env=env)
     assert stop.returncode != 0 and "a CPU build" in stop.stderr and "nothing was installed" in stop.stderr
     t0 = time.perf_counter()
     subprocess.run([py, str(SCRIPT.parent / "wheels.py"), "install", str(folder), "--any-torch"], check=True,

@@ -84,6 +84,10 @@ def memory_peak_reset() -> None:
     torch.cuda.reset_peak_memory_stats()
 
 
+def memory_now() -> int:
+    return torch.cuda.memory_allocated()
+
+
 def memory_peak() -> int:
     """Bytes of tensors the GPU's allocator held at most since the last reset (`torch.cuda.max_memory_allocated`)."""
     return torch.cuda.max_memory_allocated()
