@@ -231,19 +231,19 @@ def _bench_stage(name, builder, o, rank, world, peer_ok, results, peer, probes, 
     release_free_memory()
     log(f"{name}: building ...")
     stage = builder.timed(name, warmup + steps)
-    if o.device.kind == "cpu":
-        probes.append(matmul_peak(reps=3))  # the machine is shared: probe the peak beside every stage
-    cuda = o.device.kind == "cuda"
+    cuda, before = o.device.kind == "cuda", None
     if cuda:
         bench_device.memory_peak_reset()
         before = bench_device.memory_now()  # what earlier stages left allocated (none, if their engines were freed)
+    else:
+        probes.append(matmul_peak(reps=3))  # the machine is shared: probe the peak beside every stage
     with RssPeak() as mem:
         raw = run_engine_stage(stage, warmup, steps, rank, world)
     fl = stage.flops_per_step(micro)
     r = summarise(raw, micro * seq, fl, probes[0]["median_flops"] if probes else o.peak["used_flops"])
     r |= {"layers": stage.cfg.model.num_layers, "kind": STAGE_RUNS[name][3], "title": STAGE_TITLES[name],
           "peak_rss_bytes": mem.peak, "rss_before_bytes": mem.start,
-          "peak_gpu_bytes": bench_device.memory_peak() if cuda else None, "gpu_bytes_before": before if cuda else None,
+          "peak_gpu_bytes": bench_device.memory_peak() if cuda else None, "gpu_bytes_before": before,
           "matmul_probe_flops": probes[-1]["median_flops"] if probes else None}
     results[name] = r
     log(f"{name}: {r['step_time_s']:.3f} s/step, {r['tokens_per_s']:.0f} tokens/s, MFU {100 * r['mfu']:.1f}%")
