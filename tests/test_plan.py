@@ -278,3 +278,34 @@ def test_the_paper_depth_sweep_is_planned(capsys):
     assert all(a.step_s < b.step_s for a, b in zip(step2, step2[1:]))  # deeper mini-models cost more per update
     assert rows[("MINIJOINT@4", "step2")].checkpoints == 29 and rows[("MINIJOINT@6", "step2")].checkpoints == 25
     assert "| MINIJOINT@12 | step2 |" in out.stdout
+
+
+def test_a_gpu_bench_is_read_as_the_gpus(tmp_path, capsys):
+    """`mm-ds bench --device cuda --json` (faked, as it writes it on an H100 PCIe): plan names the GPU, estimates
+    at its datasheet peak, says the plan prices another GPU, and gives the cluster at the measured Step 1 rate."""
+    peak = 756e12
+    stages = {"pretrain": {"kind": "pretrain", "flops_per_step": 15.12e12, "step_time_s": 0.05},  # 40% MFU
+              "adapt_mini": {"kind": "adapt", "flops_per_step": 3.0e12, "step_time_s": 0.0125}}
+    bench = tmp_path / "bench-gpu.json"
+    bench.write_text(json.dumps({"peak": {"used_flops": peak, "source": "datasheet, dense bf16",
+                                          "gpu": "NVIDIA H100 PCIe"}, "stages": stages,
+                                 "setup": {"device": "cuda", "gpu": "NVIDIA H100 PCIe", "precision": "bf16",
+                                           "dtype": "bf16"}}))
+    out = Out(capsys, "--bench", str(bench))
+    assert out.returncode == 0, out.stderr
+    assert "on NVIDIA H100 PCIe, bf16: peak 756 TFLOP/s (datasheet, dense bf16)" in out.stdout
+    assert "pass --peak-tflops 756" in out.stdout  # the plan's default prices an H100 SXM
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| pretrain "))
+    assert "| 0.050 | 302.4000 | 40.0% | 0.044 |" in row  # measured, TFLOP/s, MFU, est. at 756 x 0.45
+    assert "measured MFU of pretrain: 40.0% against the plan's 45%" in out.stdout
+    assert "NVIDIA H100 PCIe's measured Step 1 rate" in out.stdout and "measured 302.4 TFLOP/s per GPU" in out.stdout
+    js = json.loads(mm_ds("plan", "--json", "--bench", str(bench)).stdout)["bench"]
+    assert (js["device"], js["gpu"], js["precision"], js["peak_flops"]) == ("cuda", "NVIDIA H100 PCIe", "bf16", peak)
+    cpu = tmp_path / "bench-cpu.json"  # what a CPU bench writes (no device before this change: read as a CPU's)
+    cpu.write_text(json.dumps({"peak": {"used_flops": 1e11}, "stages": stages}))
+    out = Out(capsys, "--bench", str(cpu))
+    assert "measured in that run" in out.stdout and "measured Step 1 rate" not in out.stdout
+    unknown = tmp_path / "bench-unknown.json"  # a GPU bench did not know the peak of: NaN in its JSON
+    unknown.write_text(bench.read_text().replace("756000000000000.0", "NaN"))
+    out = Out(capsys, "--bench", str(unknown))
+    assert out.returncode == 0 and "its peak unknown: calibrated estimate only" in out.stdout
