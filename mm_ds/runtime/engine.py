@@ -7,7 +7,9 @@ the resume point); `train` resumes, trains, logs, checkpoints, and finally write
 the next stage. `mm-ds bench` builds its engines with the same `build_engine` and times `train_step`.
 
 Resume is exact: batches and dropout masks are pure functions of (seed, step, micro-step, rank), and the
-engine restores model, optimizer and LR-scheduler state, so a resumed run retraces the uninterrupted one.
+engine restores model, optimizer and LR-scheduler state, so a resumed run retraces the uninterrupted one, bit for
+bit on CPU. On CUDA `index_select`'s and SDPA's backward passes and the loss add with atomics in no fixed order:
+two runs, resumed or not, part in the last bits (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -232,6 +234,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
     if faults.ARMED:  # a test's look at the live frozen weights (MM_DS_DUMP_FROZEN); never in a production run
         faults.after_training(engine, f"{cfg.stage}.{cfg.system}.{cfg.lang}")
 
+    release(engine)
     final_dir = run_dir / ckpt_io.FINAL
     dist.on_rank0(lambda: _publish(stage, run_dir, meta(cfg.train.steps)), f"writing {final_dir}")
     return final_dir
@@ -244,6 +247,27 @@ def _row_writer(run_dir: Path, ds_cfg: dict) -> RowWriter:
     dist.on_rank0(lambda: made.insert(0, RowWriter(run_dir / "logs" / "train.jsonl", ds_cfg)),
                   f"opening the monitors under {run_dir / 'logs'}")
     return made[0]
+
+
+def release(engine) -> None:
+    """Let the stage's engine, optimizer and model go (`mm-ds run`'s one job trains every stage in one process).
+    `engine.destroy()` removes the optimizer's hooks (ZeRO 3: the parameter hooks of every module). Left, in
+    DeepSpeed 0.19.8, each holding the model and through its hooks the engine for the life of the process: the
+    engine's own forward hooks, and under ZeRO 3 a module list it never empties (parameter_offload's
+    FWD_MODULE_STACK) and a class-wide cache keyed by the parameter coordinator (only a cache: a live engine fills
+    it again)."""
+    from deepspeed.runtime.zero import parameter_offload
+    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as Coordinator
+
+    engine.destroy()
+    for hook in (engine.module_forward_pre_hook, engine.module_forward_post_hook):
+        if hook is not None:
+            hook.remove()
+    parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK if m is not engine.module]
+    cached = Coordinator.__dict__.get("_PartitionedParameterCoordinator__params_to_release")  # nvtx(lru_cache(f))
+    for cell in getattr(cached, "__closure__", None) or ():
+        if hasattr(cell.cell_contents, "cache_clear"):
+            cell.cell_contents.cache_clear()
 
 
 def _start_line(built, cfg, world: int, start_step: int) -> str:
