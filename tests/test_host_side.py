@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from host_reads import HostReads, quiet_updates, summary
+from host_reads import HostReads, summary
 from mm_ds.config import ModelConfig
 from mm_ds.data.mlm import MLMBatches
 from mm_ds.data.shards import TokenCorpus
@@ -187,6 +187,9 @@ DEEPSPEED_WAITS = {
         "per micro-step, ZeRO 3: every backward ends waiting for its gradient reduce-scatter, with or without "
         "overlap_comm",
 }
+# mm-ds's own, outside log and checkpoint updates: none. A new one is declared here with its reason, e.g. a read of
+# a host copy of an earlier update's result whose event was recorded then (that event's wait is a lagged one).
+MM_DS_WAITS: dict = {}
 ZERO3_TRACE = {(("deepspeed", f, None)): "ZeRO 3 records its parameter-fetch trace in the first update and checks "
                "it against every rank's" for f in ("zero/utils.py", "zero/partition_parameters.py",
                                                    "zero/partitioned_param_coordinator.py")}
@@ -209,10 +212,8 @@ def test_the_device_never_waits_for_the_host_outside_log_and_checkpoint_updates(
     ds_config, ranks = bf16_run
     for rank, result in enumerate(ranks):
         assert result["grad_accum"] == 2 and result["world"] == 2
-        waits = summary(result, DEEPSPEED_WAITS, ZERO3_TRACE)
+        waits = summary(result, DEEPSPEED_WAITS | MM_DS_WAITS, ZERO3_TRACE)
         assert not waits, f"{ds_config}, rank {rank}: waits per micro-step outside log/checkpoint updates: {waits}"
-        ours = [r for r in result["reads"] if r[1] == "mm_ds" and r[0] in quiet_updates(result)]
-        assert not ours, ours
 
 
 def test_rank_0_opens_no_file_in_the_training_thread_outside_checkpoints(bf16_run):
@@ -240,7 +241,8 @@ def test_the_loop_reads_the_device_only_at_log_and_checkpoint_updates(corpus, tm
     device, counted at the next read), fp32 ZeRO 0: no wait at all outside log and checkpoint updates."""
     import os
     result, = _reads(corpus, tmp_path, "pretrain", "fp32_zero0.json", os.environ | {"MM_DS_NAN_AT": "2"})
-    assert not summary(result), f"waits per micro-step outside log/checkpoint updates: {summary(result)}"
+    waits = summary(result, MM_DS_WAITS)
+    assert not waits, f"waits per micro-step outside log/checkpoint updates: {waits}"
     rows = [json.loads(line) for line in (tmp_path / "run" / "logs" / "train.jsonl").read_text().splitlines()]
     assert rows[0]["step"] == 3 and rows[0]["nonfinite_steps"] == 1  # the skip of update 2 was counted at 3
     assert all(r["loss"] == r["loss"] for r in rows)  # no NaN logged
