@@ -1,6 +1,8 @@
-"""The host never makes the device wait: no read of a device value outside log and checkpoint updates, batches
-built ahead (bitwise the batches the loop would build), masked positions without `nonzero`, and a non-finite
-update skipped on the device. The counter is tests/host_reads.py; `mm-ds bench` measures the host's time."""
+"""The host never makes the device wait: no synchronization and no read of a device value outside log and
+checkpoint updates (DeepSpeed's that no setting removes are named), no file opened by rank 0's training thread
+and no rank waiting for rank 0's log rows, batches built ahead (bitwise the batches the loop would build),
+masked positions without `nonzero`, and a non-finite update skipped on the device. The counter is
+tests/host_reads.py; `mm-ds bench` measures the host's time."""
 
 import json
 import subprocess
