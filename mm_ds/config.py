@@ -236,10 +236,12 @@ class LaunchConfig:
 @dataclass
 class MonitorConfig:
     """Training metrics to DeepSpeed's monitors, besides logs/train.jsonl, without editing the engine JSON.
-    Each writes under RUN/logs. A monitor block of the engine JSON wins over these (its keys are kept)."""
+    Each writes under RUN/logs. A monitor block of the engine JSON wins over these (its keys are kept). Rank 0
+    writes log rows to them from a thread of its own, never from the training loop (mm_ds/runtime/train_log.py)."""
 
-    csv: bool = True
-    """CSV files, one per metric, under RUN/logs/STAGE (DeepSpeed's csv_monitor)."""
+    csv: bool = False
+    """CSV files, one per metric, under RUN/logs/STAGE (DeepSpeed's csv_monitor). Off by default: logs/train.jsonl
+    holds the same rows in one file."""
     tensorboard: bool = False
     """TensorBoard event files under RUN/logs/STAGE (needs the `tensorboard` package: the [monitor] extra)."""
     wandb: bool = False

@@ -353,8 +353,10 @@ def _rank0_points(root: Path, corpus: Path) -> dict:
         "resume point": (lambda run: None, resume),
         "checkpoint directory": (lambda run: (run / "checkpoints").touch(),
                                  lambda run: engine.train(_tiny_stage(corpus, 1), run, progress=False)),
+        # rank 0's writer thread meets it at update 1's row, which no rank waits for; every rank stops at the next
+        # checkpoint (update 2's), where rank 0 raises the writer's error
         "training log": (lambda run: (run / "logs" / "train.jsonl").mkdir(parents=True),
-                         lambda run: engine.train(_tiny_stage(corpus, 1), run, progress=False)),
+                         lambda run: engine.train(_tiny_stage(corpus, 2), run, progress=False)),
         "final weights": (lambda run: (run / "final.tmp").touch(),
                           lambda run: engine.train(_tiny_stage(corpus, 1), run, progress=False)),
         "universal conversion": (lambda run: step1.with_name(step1.name + universal.SUFFIX + ".tmp").touch(),

@@ -137,7 +137,8 @@ def test_fp16_needs_a_gpu_bf16_does_not(tmp_path):
 def test_monitor_blocks_get_only_the_fields_deepspeed_defines(tmp_path):
     """W&B's block has no output_path or job_name (DeepSpeed rejects them); TensorBoard's and CSV's do."""
     ds = base() | {"wandb": {"enabled": True, "project": "mm-ds"}, "tensorboard": {"enabled": True}}
-    out, _ = ds_config.resolve(cfg_with(ds, tmp_path), 1, run_dir=tmp_path / "run", on_this_machine=False)
+    out, _ = ds_config.resolve(cfg_with(ds, tmp_path, "monitor.csv=true"), 1, run_dir=tmp_path / "run",
+                               on_this_machine=False)
     assert out["wandb"] == {"enabled": True, "project": "mm-ds"}
     assert out["tensorboard"] == {"enabled": True, "output_path": str(tmp_path / "run" / "logs"), "job_name": "pretrain"}
     assert out["csv_monitor"]["output_path"] == str(tmp_path / "run" / "logs")
@@ -181,7 +182,8 @@ def test_tensorboard_and_wandb_log_a_run(corpus, tmp_path, how):
 
 def test_monitor_keys_of_the_run_config_turn_deepspeeds_monitors_on(tmp_path):
     """`monitor.*` reaches DeepSpeed's blocks as it defines them, outputs under RUN/logs; the JSON's keys win."""
-    cfg = cfg_with(base(), tmp_path, "monitor.tensorboard=true", "monitor.wandb=true", "monitor.wandb_group=exp1")
+    cfg = cfg_with(base(), tmp_path, "monitor.tensorboard=true", "monitor.wandb=true", "monitor.wandb_group=exp1",
+                   "monitor.csv=true")
     out, geo = ds_config.resolve(cfg, 1, run_dir=tmp_path / "run", on_this_machine=False)
     logs = str(tmp_path / "run" / "logs")
     assert out["tensorboard"] == {"enabled": True, "output_path": logs, "job_name": "pretrain"}
@@ -195,6 +197,31 @@ def test_monitor_keys_of_the_run_config_turn_deepspeeds_monitors_on(tmp_path):
     out, _ = ds_config.resolve(cfg_with(mine, tmp_path, "monitor.tensorboard=true"), 1, run_dir=tmp_path / "run",
                                on_this_machine=False)
     assert not out["tensorboard"]["enabled"] and not out["csv_monitor"]["enabled"]
-    out, _ = ds_config.resolve(cfg_with(base(), tmp_path, "monitor.csv=false"), 1, run_dir=tmp_path / "run",
-                               on_this_machine=False)
-    assert not {"csv_monitor", "tensorboard", "wandb"} & set(out)
+    out, _ = ds_config.resolve(cfg_with(base(), tmp_path), 1, run_dir=tmp_path / "run", on_this_machine=False)
+    assert not {"csv_monitor", "tensorboard", "wandb"} & set(out)  # CSV is off by default: train.jsonl has the rows
+
+
+def test_the_engine_gets_no_monitor_and_no_syncing_timer(tmp_path, capsys):
+    """DeepSpeed's throughput timer (on and synchronized by default) is off; given a monitor the engine would write
+    the LR to it at every update on rank 0, so it gets none (mm-ds's row writer has them). A JSON that turns a
+    syncing option on is kept, and named, with why."""
+    cfg = cfg_with(base(), tmp_path, "monitor.csv=true", "monitor.tensorboard=true")
+    out, _ = ds_config.resolve(cfg, 1, run_dir=tmp_path / "run", on_this_machine=False)
+    assert out["timers"] == {"throughput": {"enabled": False}} and ds_config.syncing(out) == []
+    engine = ds_config.engine_config(out)
+    assert "timers" in engine and not set(ds_config.MONITORS) & set(engine) and out["csv_monitor"]["enabled"]
+    from deepspeed.runtime.config import DeepSpeedConfig
+    parsed = DeepSpeedConfig(engine)
+    assert not parsed.timers_config.enabled and not parsed.monitor_config.enabled
+
+    for on, named in [({"timers": {"throughput": {"enabled": True}}}, "timers.throughput"),
+                      ({"wall_clock_breakdown": True}, "wall_clock_breakdown"),
+                      ({"flops_profiler": {"enabled": True}}, "flops_profiler.enabled"),
+                      ({"comms_logger": {"enabled": True}}, "comms_logger.enabled")]:
+        out, _ = ds_config.resolve(cfg_with(base() | on, tmp_path), 1, on_this_machine=False)
+        assert [w.split(":")[0] for w in ds_config.syncing(out)] == [named], on
+    quiet = base() | {"timers": {"throughput": {"enabled": True, "synchronized": False}}}  # host clock only
+    assert ds_config.syncing(ds_config.resolve(cfg_with(quiet, tmp_path), 1, on_this_machine=False)[0]) == []
+    ds_config.warn_if_slow(ds_config.resolve(cfg_with(base() | on, tmp_path), 1, on_this_machine=False)[0])
+    assert "syncs the device every micro-step: comms_logger.enabled: it calls get_accelerator().synchronize() " \
+           "after every collective" in capsys.readouterr().out

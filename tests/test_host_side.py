@@ -1,12 +1,15 @@
-"""The host never makes the device wait: no read of a device value outside log and checkpoint updates, batches
-built ahead (bitwise the batches the loop would build), masked positions without `nonzero`, and a non-finite
-update skipped on the device. The counter is tests/host_reads.py; `mm-ds bench` measures the host's time."""
+"""The host never makes the device wait: no synchronization and no read of a device value outside log and
+checkpoint updates (DeepSpeed's that no setting removes are named), no file opened by rank 0's training thread
+and no rank waiting for rank 0's log rows, batches built ahead (bitwise the batches the loop would build),
+masked positions without `nonzero`, and a non-finite update skipped on the device. The counter is
+tests/host_reads.py; `mm-ds bench` measures the host's time."""
 
 import json
 import subprocess
 import sys
 import textwrap
 import threading
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -111,31 +114,152 @@ def test_prefetch_errors_order_and_shutdown():
     assert threading.active_count() == before
 
 
-def _reads(corpus: Path, out: Path, stage: str, ds_config: str, env=None, *overrides: str) -> dict:
-    proc = subprocess.run([sys.executable, str(HERE / "host_reads.py"), str(corpus), str(out), stage, ds_config,
-                           *overrides], capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.splitlines()[-1])
-
-
-@pytest.mark.parametrize("stage,ds_config", [("pretrain", "fp32_zero0.json"), ("adapt", "bf16_zero1.json")])
-def test_the_loop_reads_the_device_only_at_log_and_checkpoint_updates(corpus, tmp_path, stage, ds_config):
-    """pretrain: MINIJOINT's secondary head, torch's fused AdamW with a non-finite update in a quiet update
-    (skipped on the device, counted at the next read); adapt: Step 2 under DeepSpeed's bf16 ZeRO optimizer."""
+def _reads(corpus: Path, out: Path, stage: str, ds_config: str, env=None, *overrides: str, world: int = 1
+           ) -> list[dict]:
+    """tests/host_reads.py on `world` ranks started as a launcher starts them: each rank's records."""
     import os
-    env = os.environ | ({"MM_DS_NAN_AT": "2"} if stage == "pretrain" else {})
-    result = _reads(corpus, tmp_path, stage, ds_config, env)
-    per_micro = summary(result)
-    ours = {k: v for k, v in per_micro.items() if k[0] != "deepspeed"}
-    assert not ours, f"host reads per micro-step outside log/checkpoint updates: {ours}"
-    theirs = {k: v for k, v in per_micro.items() if k[0] == "deepspeed"}
-    # DeepSpeed's own, per update, not per micro-step: its ZeRO/bf16 optimizers' gradient-norm check (one read
-    # in is_invalid_grad_norm, one tensor from a host value in mask_nan_or_inf_with_val_inplace)
-    assert sum(theirs.values()) * result["grad_accum"] <= 2, theirs
+
+    from mm_ds.runtime.dist import free_port
+
+    port, procs = free_port(), []
+    for rank in range(world):
+        ranks = {} if world == 1 else {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                                       "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "host_reads.py"), str(corpus), str(out), stage,
+                                       ds_config, *overrides], env=(env or os.environ) | ranks,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0] * world, "\n".join(err[-3000:] for _, err in outs)
+    return [json.loads(out.splitlines()[-1]) for out, _ in outs]
+
+
+def test_the_counter_counts_syncs_stream_and_event_waits_and_files():  # a test that cannot fail is a defect
+    from deepspeed.accelerator import get_accelerator
+
+    from host_reads import AsyncDevice, allowed_by
+
+    reads = HostReads()
+    with reads, AsyncDevice(reads):
+        acc = get_accelerator()
+        assert not acc.is_synchronized_device()  # DeepSpeed takes its CUDA paths
+        reads.update = 1
+        early = acc.Event()
+        early.record()
+        acc.synchronize()
+        torch.cpu.synchronize()  # (torch.cuda's is counted the same way)
+        acc.Stream().synchronize()
+        acc.current_stream().wait_stream(acc.Stream())  # ordering on the device: the host does not wait
+        now = acc.Event()
+        now.record()
+        now.synchronize()
+        reads.update = 2
+        early.synchronize()  # recorded an update ago: it waits for old work only
+        with open(__file__) as f:
+            f.read(1)
+        torch.zeros(1).add_(1)  # not a wait
+    assert get_accelerator().is_synchronized_device()  # put back
+    assert [r[3] for r in reads.records] == ["synchronize", "torch.cpu.synchronize", "stream.synchronize",
+                                             "event.synchronize", "event.synchronize (lagged)"]
+    assert [(r[0], r[3]) for r in reads.opens] == [(2, __file__)]
+    quiet = {"steps": 3, "log_every": 3, "grad_accum": 1, "checkpoints": [], "reads": reads.records}
+    assert summary(quiet)[("other", reads.records[0][2], "synchronize")] == 0.5  # lagged ones are not counted
+    assert len(summary(quiet)) == 4 and not summary(quiet, {("other", "tests/test_host_side.py", None): "why"})
+    assert allowed_by({("other", "tests/test_host_side.py test_the", "synchronize"): "why"}, *reads.records[0][1:])
+
+
+# DeepSpeed 0.19.8's own waits that no engine setting removes (docs/gpus.md says why, and what each costs).
+DEEPSPEED_WAITS = {
+    ("deepspeed", "runtime/utils.py is_invalid_grad_norm", "_local_scalar_dense"):
+        "per update: its optimizers (BF16_Optimizer, ZeRO 1-3) read the gradient norm's validity to skip a "
+        "non-finite update; the engine then decides on the host whether the LR scheduler steps",
+    ("deepspeed", "runtime/utils.py mask_nan_or_inf_with_val_inplace", "lift_fresh"):
+        "per update: that norm's -1 sentinel, a tensor made from a host value",
+    ("deepspeed", "zero/stage3.py get_grad_norm_direct", "lift_fresh"): "per update, ZeRO 3: the same sentinel",
+    ("deepspeed", "zero/stage_1_and_2.py has_overflow", "_local_scalar_dense"):
+        "per update, ZeRO 2 under bf16: bf16.check_grad_overflow (on by default) also reads an overflow flag; "
+        "turned off, ZeRO 2 skips no non-finite update at all",
+    ("deepspeed", "zero/partition_parameters.py _allgather_params_coalesced", "synchronize"):
+        "per update, ZeRO 3: after the step it gathers its persistent (small) parameters and synchronizes",
+    ("deepspeed", "zero/stage3.py independent_gradient_partition_epilogue", "stream.synchronize"):
+        "per micro-step, ZeRO 3: every backward ends waiting for its gradient reduce-scatter, with or without "
+        "overlap_comm",
+}
+# mm-ds's own, outside log and checkpoint updates: none. A new one is declared here with its reason, e.g. a read of
+# a host copy of an earlier update's result whose event was recorded then (that event's wait is a lagged one).
+MM_DS_WAITS: dict = {}
+ZERO3_TRACE = {(("deepspeed", f, None)): "ZeRO 3 records its parameter-fetch trace in the first update and checks "
+               "it against every rank's" for f in ("zero/utils.py", "zero/partition_parameters.py",
+                                                   "zero/partitioned_param_coordinator.py")}
+BF16 = [("adapt", "bf16_zero1.json"), ("pretrain", "bf16_zero2.json"), ("pretrain", "bf16_zero3.json")]
+
+
+@pytest.fixture(scope="module", params=BF16, ids=[c for _, c in BF16])
+def bf16_run(request, corpus, tmp_path_factory) -> tuple[str, list[dict]]:
+    """One 2-rank run of each shipped bf16 config, on a device that runs behind the host (`AsyncDevice`): the
+    tests below share it. Two ranks: DeepSpeed's data-parallel world of one takes shortcuts (ZeRO 3 gathers
+    nothing)."""
+    stage, ds_config = request.param
+    out = tmp_path_factory.mktemp(ds_config.split(".")[0])
+    return ds_config, _reads(corpus, out, stage, ds_config, None, "train.micro_batch=2", world=2)
+
+
+def test_the_device_never_waits_for_the_host_outside_log_and_checkpoint_updates(bf16_run):
+    """Syncs, stream and event waits and reads of device values, per micro-step, through DeepSpeed's
+    forward/backward/step with the shipped GPU configs: none of mm-ds's, none of DeepSpeed's but those named."""
+    ds_config, ranks = bf16_run
+    for rank, result in enumerate(ranks):
+        assert result["grad_accum"] == 2 and result["world"] == 2
+        waits = summary(result, DEEPSPEED_WAITS | MM_DS_WAITS, ZERO3_TRACE)
+        assert not waits, f"{ds_config}, rank {rank}: waits per micro-step outside log/checkpoint updates: {waits}"
+
+
+def test_rank_0_opens_no_file_in_the_training_thread_outside_checkpoints(bf16_run):
+    """Not at a log row either: a thread of rank 0's writes logs/train.jsonl and the monitors (CSV off by
+    default); DeepSpeed's engine, given no monitor, writes none at every update."""
+    ds_config, ranks = bf16_run
+    checkpoints = set(ranks[0]["checkpoints"])
+    assert not [o for o in ranks[0]["opens"] if o[0] not in checkpoints], ranks[0]["opens"]
+    logs = ranks[0]["log_dir"]
+    assert [json.loads(line)["step"] for line in Path(logs, "train.jsonl").read_text().splitlines()] == [3, 6]
+
+
+def test_no_rank_waits_for_rank_0s_log_row(bf16_run):
+    """A row update has one collective of mm-ds's more than a quiet one, on every rank: the log window's."""
+    ds_config, ranks = bf16_run
+    for rank, result in enumerate(ranks):
+        per = {u: Counter((w.split(":")[0], w.split(" ")[-1], what) for v, o, w, what in result["collectives"]
+                          if v == u and o == "mm_ds") for u in (2, 3)}  # quiet, row
+        assert per[3] - per[2] == Counter({("runtime/dist.py", "all_reduce_tensor", "all_reduce"): 1}), (rank, per)
+        assert not per[2] - per[3], (rank, per)
+
+
+def test_the_loop_reads_the_device_only_at_log_and_checkpoint_updates(corpus, tmp_path):
+    """MINIJOINT's secondary head, torch's fused AdamW with a non-finite update in a quiet update (skipped on the
+    device, counted at the next read), fp32 ZeRO 0: no wait at all outside log and checkpoint updates."""
+    import os
+    result, = _reads(corpus, tmp_path, "pretrain", "fp32_zero0.json", os.environ | {"MM_DS_NAN_AT": "2"})
+    waits = summary(result, MM_DS_WAITS)
+    assert not waits, f"waits per micro-step outside log/checkpoint updates: {waits}"
     rows = [json.loads(line) for line in (tmp_path / "run" / "logs" / "train.jsonl").read_text().splitlines()]
-    if stage == "pretrain":  # the skip of update 2 was counted at the read of update 3, no NaN logged
-        assert rows[0]["step"] == 3 and rows[0]["nonfinite_steps"] == 1
-        assert all(r["loss"] == r["loss"] for r in rows)
+    assert rows[0]["step"] == 3 and rows[0]["nonfinite_steps"] == 1  # the skip of update 2 was counted at 3
+    assert all(r["loss"] == r["loss"] for r in rows)  # no NaN logged
+
+
+def test_presets_log_rows_at_a_rate_scaled_to_the_stage():
+    """Each log row reads the device's window back (a wait for the queued work, and an all-reduce): at most ~2,000
+    rows a stage (the paper's 125k updates: every 100th). Finetuning's steps come from its epochs (paper/finetune
+    logs every 50 of XNLI's ~37k); models/* hold model shapes only."""
+    from mm_ds import config
+
+    rows = {n: (c.train.steps // c.train.log_every) for n in config.preset_names() if not n.startswith("models/")
+            for c in [config.load(n, check=False)] if c.stage != "finetune"}
+    assert rows["paper/adapt"] == rows["paper/bl_base"] == 1250
+    assert all(n <= 2000 for n in rows.values()), rows
 
 
 RUN_TWICE = textwrap.dedent('''

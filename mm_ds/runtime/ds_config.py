@@ -50,6 +50,28 @@ FILLED_IN = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_acc
 # otherwise. W&B and Comet have no such fields (W&B's directory comes from WANDB_DIR, which the engine points
 # at RUN/logs).
 FILE_MONITORS = ("csv_monitor", "tensorboard")
+MONITORS = ("csv_monitor", "tensorboard", "wandb", "comet")
+"""DeepSpeed's monitor blocks. The engine itself gets none of them (`engine_config`): given one, it writes the LR
+to it at every update, on rank 0, in the training thread. mm-ds writes its log rows to them instead, from a
+thread of rank 0's (mm_ds/runtime/train_log.py `RowWriter`)."""
+
+# Engine settings that make the host wait for the device. On CUDA each such wait drains the queue the host keeps
+# ahead of the GPU, which then idles until the host queues work again. mm-ds measures throughput itself (wall time
+# over a log window: logs/train.jsonl), so `resolve` turns DeepSpeed's throughput timer off (it is on, and
+# synchronized, by default); the others are off by default, and `syncing` names them when a JSON turns one on.
+# DeepSpeed 0.19.8 (runtime/engine.py forward/step, utils/timer.py, comm/comm.py).
+SYNCING = (
+    ("timers.throughput", lambda ds: _get(ds, "timers.throughput.enabled", True)
+     and _get(ds, "timers.throughput.synchronized", True),
+     "its throughput timer calls get_accelerator().synchronize() at every forward's start and every "
+     "engine.step()'s end (set \"synchronized\": false, or leave the block out: mm-ds logs tokens_per_s itself)"),
+    ("wall_clock_breakdown", lambda ds: _get(ds, "wall_clock_breakdown", False),
+     "its timers read their CUDA events back (Event.synchronize) at every engine.step()"),
+    ("flops_profiler.enabled", lambda ds: _get(ds, "flops_profiler.enabled", False),
+     "it turns wall_clock_breakdown on, whose timers synchronize at every engine.step()"),
+    ("comms_logger.enabled", lambda ds: _get(ds, "comms_logger.enabled", False),
+     "it calls get_accelerator().synchronize() after every collective"),
+)
 
 
 def find(name: str) -> Path:
@@ -221,6 +243,7 @@ def resolve(cfg: RunConfig, world_size: int, run_dir: Path | None = None, on_thi
                 ds[k].setdefault("output_path", str(Path(run_dir) / "logs"))
                 ds[k].setdefault("job_name", cfg.stage)
     ds["steps_per_print"] = ds.get("steps_per_print", 10 ** 9)
+    ds.setdefault("timers", {}).setdefault("throughput", {}).setdefault("enabled", False)  # SYNCING says why
     validate(ds, geo, path)
     _precision(ds, path, on_this_machine)
     return ds, geo
@@ -379,9 +402,32 @@ def _unknown_params(params: dict, allowed: set[str], where: str, path) -> None:
                               f"{f' (did you mean {m[0]!r}?)' if m else ''}; accepted: {', '.join(sorted(allowed))}")
 
 
+def _get(ds: dict, dotted: str, default):
+    for key in dotted.split("."):
+        if not isinstance(ds, dict) or key not in ds:
+            return default
+        ds = ds[key]
+    return ds
+
+
+def syncing(ds: dict) -> list[str]:
+    """What in the engine config `ds` makes the host wait for the device every micro-step (`SYNCING`)."""
+    return [f"{key}: {why}" for key, on, why in SYNCING if on(ds)]
+
+
+def engine_config(ds: dict) -> dict:
+    """What `deepspeed.initialize` gets of the effective config `ds`: all of it but the monitor blocks
+    (`MONITORS` says why)."""
+    return {k: copy.deepcopy(v) for k, v in ds.items() if k not in MONITORS}
+
+
 def warn_if_slow(ds: dict) -> None:
-    """bf16 runs on DeepSpeed's CPU accelerator, but its matmuls are far slower than fp32 there."""
+    """bf16 runs on DeepSpeed's CPU accelerator, but its matmuls are far slower than fp32 there; and settings that
+    make a GPU wait for the host every micro-step (`syncing`)."""
     import torch
     if precision(ds) == "bf16" and not torch.cuda.is_available():
         print("[mm-ds] note: bf16 on CPU is slow (bf16 matmuls run ~400x slower than fp32 on a 2-core x86 CPU); "
               "use fp32_zero*.json for CPU runs beyond tiny sizes", flush=True)
+    for what in syncing(ds):
+        print(f"[mm-ds] warning: the DeepSpeed config syncs the device every micro-step: {what}; on a GPU it "
+              f"idles while the host catches up", flush=True)

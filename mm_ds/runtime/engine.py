@@ -7,13 +7,14 @@ the resume point); `train` resumes, trains, logs, checkpoints, and finally write
 the next stage. `mm-ds bench` builds its engines with the same `build_engine` and times `train_step`.
 
 Resume is exact: batches and dropout masks are pure functions of (seed, step, micro-step, rank), and the
-engine restores model, optimizer and LR-scheduler state, so a resumed run retraces the uninterrupted one.
+engine restores model, optimizer and LR-scheduler state, so a resumed run retraces the uninterrupted one, bit for
+bit on CPU. On CUDA `index_select`'s and SDPA's backward passes and the loss add with atomics in no fixed order:
+two runs, resumed or not, part in the last bits (docs/reliability.md).
 """
 
 from __future__ import annotations
 
-import copy
-import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from .ds_config import Geometry
 from .peaks import device_peak_flops
 from .phases import DepthSchedule
 from .prefetch import Prefetcher
-from .train_log import LogWindow, nonfinite_skips
+from .train_log import LogWindow, RowWriter, nonfinite_skips
 
 
 @dataclass
@@ -131,7 +132,7 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
         from . import resharding as universal  # another world size: reshard through a universal checkpoint
         load_from = universal.prepare(found, world, ds_cfg, rank, force=reshard)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model, wd),
-                                           config=copy.deepcopy(ds_cfg))
+                                           config=dsc.engine_config(ds_cfg))  # no monitors: RowWriter has them
     return Engine(engine, ds_cfg, geo, n_train, n_total, found, load_from)
 
 
@@ -165,15 +166,11 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
     run_dir = Path(run_dir)
     if cfg.train.steps == 0:
         return _publish_as_built(stage, run_dir)
-    from deepspeed.utils import logger as ds_logger
-
-    import logging
-    ds_logger.setLevel(logging.WARNING)
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # deepspeed.utils.logger
     rank, local_rank, world = dist.init()
     built = build_engine(stage, world, run_dir, resume, reshard)
     engine, ds_cfg, geo = built.engine, built.ds_cfg, built.geo
-    n_train, n_total = built.n_train, built.n_total
-    frozen_dir = str(run_dir / ckpt_io.FROZEN) if n_train < n_total else None
+    frozen_dir = str(run_dir / ckpt_io.FROZEN) if built.n_train < built.n_total else None
 
     start_step, tokens, nonfinite = _resume(built, stage, run_dir, rank) if resume else (0, 0, 0)
     schedule = stage.schedule
@@ -193,6 +190,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
     last_checkpoint = ckpt_io.latest_tag(run_dir)
     ahead = Prefetcher(stage.batches, rank, geo, start_step, cfg.train.steps, ahead=cfg.data.prefetch,
                        pin=engine.device.type == "cuda")
+    writer = _row_writer(run_dir, ds_cfg)  # rank 0's thread; on the other ranks it writes nothing
     try:
         for step in range(start_step, cfg.train.steps):
             depth = schedule.depth_for(step) if schedule else None
@@ -212,8 +210,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
                     schedule.observe(settled, done)
             if row:
                 logs = _row_logs(engine, stage, geo, window, settled, done, depth, nonfinite, peak)
-                line = {"step": done, "total_steps": cfg.train.steps, "tokens": tokens} | logs
-                dist.on_rank0(lambda: _log_row(engine, run_dir, line), f"writing {run_dir / 'logs'}")
+                writer.put({"step": done, "total_steps": cfg.train.steps, "tokens": tokens} | logs)  # no rank waits
                 if bar is not None:
                     bar.set_postfix({k: f"{v:.3g}" for k, v in logs.items()
                                      if k in ("loss", "loss_main", "loss_secondary", "tokens_per_s", "mfu")},
@@ -221,22 +218,56 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
                 window.reset()
             if bar is not None:
                 bar.update(1)
-            if checkpoint:
+            if checkpoint:  # the rows so far are written, or every rank stops with rank 0's reason
+                dist.on_rank0(lambda: writer.flush(), f"writing {run_dir / 'logs'}")
                 client = {"step": done, "tokens": tokens, "rng_cpu": torch.get_rng_state(), "seed": cfg.train.seed,
                           "nonfinite_steps": nonfinite} | ({"schedule": schedule.state_dict()} if schedule else {})
                 ckpt_io.save(engine, run_dir, done, client, meta(done))
                 last_checkpoint = ckpt_io.tag_for(done)
             faults.after_step(done, rank, cfg.stage)  # a test's fault point (MM_DS_KILL_AT); inert otherwise
+        dist.on_rank0(lambda: writer.close(), f"writing {run_dir / 'logs'}")
     finally:
         ahead.close()
+        writer.close(timeout=30.0)  # after an error: the rows queued before it (a no-op after the close above)
     if bar is not None:
         bar.close()
     if faults.ARMED:  # a test's look at the live frozen weights (MM_DS_DUMP_FROZEN); never in a production run
         faults.after_training(engine, f"{cfg.stage}.{cfg.system}.{cfg.lang}")
 
+    release(engine)
     final_dir = run_dir / ckpt_io.FINAL
     dist.on_rank0(lambda: _publish(stage, run_dir, meta(cfg.train.steps)), f"writing {final_dir}")
     return final_dir
+
+
+def _row_writer(run_dir: Path, ds_cfg: dict) -> RowWriter:
+    """Collective: rank 0's writer of log rows, its monitors opened (a failure there stops every rank); on the
+    other ranks one that writes nothing."""
+    made = [RowWriter(None, ds_cfg)]
+    dist.on_rank0(lambda: made.insert(0, RowWriter(run_dir / "logs" / "train.jsonl", ds_cfg)),
+                  f"opening the monitors under {run_dir / 'logs'}")
+    return made[0]
+
+
+def release(engine) -> None:
+    """Let the stage's engine, optimizer and model go (`mm-ds run`'s one job trains every stage in one process).
+    `engine.destroy()` removes the optimizer's hooks (ZeRO 3: the parameter hooks of every module). Left, in
+    DeepSpeed 0.19.8, each holding the model and through its hooks the engine for the life of the process: the
+    engine's own forward hooks, and under ZeRO 3 a module list it never empties (parameter_offload's
+    FWD_MODULE_STACK) and a class-wide cache keyed by the parameter coordinator (only a cache: a live engine fills
+    it again)."""
+    from deepspeed.runtime.zero import parameter_offload
+    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as Coordinator
+
+    engine.destroy()
+    for hook in (engine.module_forward_pre_hook, engine.module_forward_post_hook):
+        if hook is not None:
+            hook.remove()
+    parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK if m is not engine.module]
+    cached = Coordinator.__dict__.get("_PartitionedParameterCoordinator__params_to_release")  # nvtx(lru_cache(f))
+    for cell in getattr(cached, "__closure__", None) or ():
+        if hasattr(cell.cell_contents, "cache_clear"):
+            cell.cell_contents.cache_clear()
 
 
 def _start_line(built, cfg, world: int, start_step: int) -> str:
@@ -365,18 +396,6 @@ def _publish_as_built(stage: Stage, run_dir: Path) -> Path:
 
     dist.on_rank0(publish, f"writing {final_dir}")
     return final_dir
-
-
-def _log_row(engine, run_dir: Path, row: dict) -> None:
-    """Rank 0: one row of logs/train.jsonl, and the same metrics to DeepSpeed's monitors."""
-    if engine.monitor is not None and engine.monitor.enabled:
-        engine.monitor.write_events([(f"train/{k}", v, row["step"]) for k, v in row.items()
-                                     if k not in ("step", "total_steps", "tokens")])
-    path = run_dir / "logs" / "train.jsonl"
-    with ckpt_io.writing(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as f:
-            f.write(json.dumps(row) + "\n")
 
 
 def skip_nonfinite(engine) -> bool | torch.Tensor:

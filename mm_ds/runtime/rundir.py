@@ -2,7 +2,7 @@
 
     RUN/
       run_config.yaml  ds_config.json      effective configs of the stage
-      logs/                                DeepSpeed monitor output (CSV; TensorBoard/W&B when enabled)
+      logs/                                train.jsonl, and the monitors' output when enabled (CSV, TensorBoard, W&B)
       checkpoints/                         engine checkpoints (mm_ds/runtime/checkpoint.py: DeepSpeed's layout)
         step_00001000/
           mm_ds.json                       meta: stage, system, lang, step, tokens, FLOPs, parent, model config

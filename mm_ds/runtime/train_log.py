@@ -13,12 +13,17 @@ and the plateau schedule (mm_ds/runtime/phases.py) sees each update's loss; its 
 
 from __future__ import annotations
 
+import json
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from . import dist
+from .rundir import writing
 
 
 @dataclass
@@ -130,3 +135,68 @@ def nonfinite_skips(settled: Settled, count: int, budget: int, fp16: bool, last_
         say(f"[mm-ds] skipped the update of {where}")
     return count
 
+
+class RowWriter:
+    """Rank 0's writer of log rows: logs/train.jsonl and the monitors the engine config enables (CSV, TensorBoard,
+    W&B, Comet: DeepSpeed's, built here instead of in the engine), on a thread of its own. The training thread only
+    queues a row, so it never opens a file or waits for a shared file system, and no other rank waits for rank 0's
+    writes. The first write that fails stops the writer; `flush` and `close` raise its error (the loop calls them
+    inside `dist.on_rank0` at each checkpoint and at the end, so every rank stops with rank 0's reason)."""
+
+    def __init__(self, path: Path | None, ds_cfg: dict):
+        """`path`: logs/train.jsonl; None (the ranks other than 0): a writer that writes nothing."""
+        from deepspeed.monitor.config import get_monitor_config
+        from deepspeed.monitor.monitor import MonitorMaster
+
+        from .ds_config import MONITORS
+
+        self.path, self.monitor, self.error = path, None, None
+        self.rows: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="mm-ds log rows", daemon=True)
+        if path is None:
+            return
+        blocks = {k: v for k, v in ds_cfg.items() if k in MONITORS}
+        if any(b.get("enabled") for b in blocks.values()):  # W&B's run starts here, on the main thread
+            self.monitor = MonitorMaster(get_monitor_config(blocks))
+        self.thread.start()
+
+    def put(self, row: dict) -> None:
+        if self.path is not None:
+            self.rows.put(row)
+
+    def _run(self) -> None:
+        while True:
+            row = self.rows.get()
+            try:
+                if row is not None and self.error is None:
+                    self._write(row)
+            except Exception as e:  # noqa: BLE001  raised in the training thread by flush/close
+                self.error = e
+            finally:
+                self.rows.task_done()
+            if row is None:
+                return
+
+    def _write(self, row: dict) -> None:
+        if self.monitor is not None:
+            self.monitor.write_events([(f"train/{k}", v, row["step"]) for k, v in row.items()
+                                       if k not in ("step", "total_steps", "tokens")])
+        with writing(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def flush(self) -> None:
+        """Wait until every queued row is written; raise the writer's error, if any."""
+        self.rows.join()
+        if self.error is not None:
+            raise self.error
+
+    def close(self, timeout: float | None = None) -> None:
+        """Write what is queued, end the thread, raise the writer's error. With `timeout` (the loop failed), wait
+        at most that long and raise nothing: the loop's own error is the one to report."""
+        if self.thread.is_alive():  # (never started on the ranks other than 0)
+            self.rows.put(None)
+            self.thread.join(timeout)
+        if timeout is None and self.error is not None:
+            raise self.error
