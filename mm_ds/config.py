@@ -209,6 +209,10 @@ class LaunchConfig:
     node_rank: int | None = None
     """deepspeed without ssh: start only this node's ranks (`--no_ssh --node_rank`); run the same
     command on every node with its own node_rank."""
+    spread: int = 1
+    """`mm-ds run` only: split the hostfile's nodes into this many groups, each running one of a step's independent
+    stage runs at a time (Step 2's languages and systems), side by side (mm_ds/pipeline/spread.py). 1: every run on
+    every node, one after another. Stage commands ignore it."""
 
     @property
     def world_size(self) -> int:
@@ -313,7 +317,7 @@ RANGES = {
     "finetune.epochs": "(0, inf)", "finetune.lr": "(0, inf)", "finetune.warmup_ratio": "[0, 1]",
     "finetune.max_length": "[1, inf)", "finetune.max_train_examples": "[1, inf)",
     "launch.ranks": "[1, inf)", "launch.master_port": "[1, 65535]", "launch.nodes": "[1, inf)",
-    "launch.node_rank": "[0, inf)",
+    "launch.node_rank": "[0, inf)", "launch.spread": "[1, inf)",
     "peak_tflops": "(0, inf)",
 }
 

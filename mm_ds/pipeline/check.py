@@ -18,6 +18,7 @@ from pathlib import Path
 from ..config import ConfigError, ModelConfig, RunConfig
 from ..runtime.phases import schedule_for
 from ..systems import MINI_SYSTEMS, system_of
+from .spread import check_spread
 
 PREPARED = "meta.json"  # `mm-ds prepare` writes it last: a prepared corpus needs no text inputs
 
@@ -70,6 +71,7 @@ def check(recipe, out: Path, strict: bool) -> Findings:
         report.add("recipe", str(e))
         return report
     configs = check_stages(nodes, report)
+    check_spread(recipe, nodes, configs, report)  # launch.spread: each group's world size
     report.notes += protocol(recipe, nodes, configs)
     vocab = int(recipe.prepare.get("vocab_size", 50_000))  # `mm-ds prepare`'s default
     for node in nodes:
