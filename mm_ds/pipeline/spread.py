@@ -20,7 +20,7 @@ A failed run stops the scheduling: no further run starts, the runs in flight fin
 
 Launchers: `deepspeed` through an ssh-style runner (pdsh, openmpi, mvapich, mpich, impi) and `mpirun`, each with a
 hostfile. DeepSpeed's runner runs a one-host hostfile on the machine it is started on; a group of one node that is
-not this machine is started with `--force_multi` (through the runner, like several nodes). Not `srun` nor
+not this machine is started with `--force_multi` (through the runner, like several nodes; `runner_flags`). Not `srun` nor
 `launch.ds_launcher=slurm` (srun chooses a job step's nodes itself: give the allocation's nodes as a hostfile,
 `scontrol show hostnames`, and use pdsh, openmpi or mpirun), nor `launch.node_rank` (one command per node).
 """
@@ -36,6 +36,7 @@ from pathlib import Path
 
 from ..config import ConfigError, LaunchConfig, from_dict
 from ..runtime import checkpoint
+from ..runtime.launch import is_loopback
 from ..stages.runner import StageRun
 from .progress import Follow, StageFailed, Watched, say
 
@@ -165,13 +166,12 @@ class Group:
     hostfile: Path
     overrides: tuple[str, ...]
     """What makes a stage run this group's launch (after the run's own launch.* overrides)."""
-    force_multi: bool
+    runner: tuple[str, ...]
+    """Flags for DeepSpeed's runner (`runner_flags`)."""
 
 
 def write_groups(launch: LaunchConfig, out: Path) -> list[Group]:
     """Each group's hostfile (its lines of launch.hostfile, comments dropped) under OUT/logs/spread/."""
-    from ..runtime.launch import is_loopback
-
     lines = Path(launch.hostfile).read_text().splitlines()
     found = []
     for k, hosts in enumerate(groups(launch)):
@@ -180,20 +180,32 @@ def write_groups(launch: LaunchConfig, out: Path) -> list[Group]:
         path.write_text("".join(lines[h.line - 1].split("#", 1)[0].strip() + "\n" for h in hosts))
         found.append(Group(k, hosts, path, (f"launch.hostfile={path}", f"launch.nodes={len(hosts)}",
                                             f"launch.master_port={launch.master_port + k}", "launch.master_addr="),
-                           launch.launcher == "deepspeed" and not all(is_loopback(h.name) for h in hosts)))
+                           runner_flags(launch, hosts)))
     return found
 
 
-def run_spread(todo: list[StageRun], recipe, out: Path, sequential) -> None:
+def runner_flags(launch: LaunchConfig, hosts: list) -> tuple[str, ...]:
+    """DeepSpeed's runner, given a hostfile, first checks ssh to its first host, then runs a one-host hostfile on
+    this machine (runner.py `main`): a group of one node that is this machine (loopback) skips the ssh check; one
+    that is another machine goes through the runner (pdsh, ...) as several nodes do (`--force_multi`)."""
+    if launch.launcher != "deepspeed":
+        return ()
+    if all(is_loopback(h.name) for h in hosts):
+        return ("--no_ssh_check",) if len(hosts) == 1 else ()
+    return ("--force_multi",)
+
+
+def run_spread(todo: list[StageRun], recipe, out: Path, sequential, start_run=None) -> None:
     """Run `todo` (dependency order, the complete ones left out) step by step: a step with at least as many runs
-    as groups side by side, the others by `sequential(runs)` on every node (run.run_stages)."""
+    as groups side by side (`start_run`, default `start`), the others by `sequential(runs)` on every node
+    (run.run_stages)."""
     launch = launch_of(recipe)
     groups_ = write_groups(launch, out)
     for stage in dict.fromkeys(r.stage for r in todo):
         mine = [r for r in todo if r.stage == stage]
         if stage in STEPS and len(mine) >= len(groups_):
             say(f"{stage}: {len(mine)} runs side by side on {len(groups_)} groups of {len(groups_[0].hosts)} node(s)")
-            side_by_side(mine, groups_, out / "logs", start)
+            side_by_side(mine, groups_, out / "logs", start_run or start)
         else:
             if stage in STEPS:
                 say(f"{stage}: {len(mine)} run(s) left, fewer than the {len(groups_)} groups: one after another on "
@@ -207,7 +219,7 @@ def side_by_side(runs: list[StageRun], groups_: list[Group], logs: Path, start_r
     Interrupted (Ctrl-C, a signal's exception), every run in flight is terminated: each resumes on the next run."""
     queue, running, failed = deque(runs), {}, []
     try:
-        while queue or running:
+        while running or queue and not failed:
             for g in groups_:
                 while g.index not in running and queue and not failed:
                     run = queue.popleft()
@@ -263,8 +275,7 @@ def start(run: StageRun, group: Group, log: Path) -> tuple[subprocess.Popen, int
     if done:
         return None
     cmd = command(cfg.launch, argv)
-    if group.force_multi:  # a one-host hostfile would run here: through the runner, as several nodes are
-        cmd.insert(1, "--force_multi")
+    cmd[1:1] = group.runner
     say(f"$ {' '.join(cmd)}")
     env = launch_env(cfg.launch) | validated_env(argv)
     f = open(log, "a")  # noqa: SIM115 (the child holds it; closed below once started)
