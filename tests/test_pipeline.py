@@ -473,12 +473,13 @@ def test_check_says_how_the_groups_run_and_refuses_what_cannot(tmp_path):
         "world size 1") and bad.problems[0][1].endswith("keeps its global batch on these 3 nodes: 1")
 
 
-def test_only_prepare_prepares_the_data_apart(tmp_path):
+def test_only_prepare_prepares_the_data_apart(tmp_path, capsys):
     """`--only prepare` prepares the recipe's languages and nothing else (`--lang`: some of them), is idempotent,
     and with --check lists them; a missing input is named before any work; `mm-ds run` then finds the data ready."""
-    import subprocess
-
     from textgen import write_corpus
+
+    from mm_ds.pipeline import run as pipeline
+    from mm_ds.pipeline.prepare import prepare_data
 
     for lang in ("en", "de"):
         write_corpus(tmp_path / f"{lang}.txt", n_docs=30, per_doc=5)
@@ -488,28 +489,26 @@ def test_only_prepare_prepares_the_data_apart(tmp_path):
                                       "pretrain": "tiny/{system}", "adapt": "tiny/adapt"}}))
     out = tmp_path / "out"
 
-    def run(*args):
-        return subprocess.run([sys.executable, "-m", "mm_ds.cli", "run", str(recipe), "--out", str(out), *args],
-                              capture_output=True, text=True)
+    def run(*args):  # in this process; each language's `mm-ds prepare` is its own, as in `mm-ds run`
+        code = pipeline.main([str(recipe), "--out", str(out), *args])
+        return code, capsys.readouterr().out
 
-    check = run("--only", "prepare", "--check")
-    assert check.returncode == 0 and check.stdout.startswith(f"mm-ds run {recipe} --only prepare --check: ok: 2 "
-                                                             f"language(s) to prepare\n  en: {tmp_path}/en.txt (")
-    one = run("--only", "prepare", "--lang", "de")
-    assert one.returncode == 0, one.stdout + one.stderr
-    assert (out / "data" / "de" / "meta.json").is_file() and not (out / "data" / "en").exists()
+    code, listed = run("--only", "prepare", "--check")
+    assert code == 0 and listed.startswith(f"mm-ds run {recipe} --only prepare --check: ok: 2 language(s) to prepare\n"
+                                           f"  en: {tmp_path}/en.txt (") and not out.exists()
+    code, _ = run("--only", "prepare", "--lang", "de")
+    assert code == 0 and (out / "data" / "de" / "meta.json").is_file() and not (out / "data" / "en").exists()
     assert not (out / "pretrain").exists()  # nothing but data
-    both = run("--only", "prepare")
-    assert both.returncode == 0 and "skip prepare de: complete" in both.stdout and "--lang en" in both.stdout
-    assert "ok: 0 language(s) to prepare" in run("--only", "prepare", "--check").stdout
-    from mm_ds.pipeline.prepare import prepare_data
-    out_lines = subprocess.run([sys.executable, "-c", f"from mm_ds.recipe import load_recipe; from mm_ds.pipeline."
-                                f"prepare import prepare_data; from pathlib import Path; prepare_data(load_recipe("
-                                f"'{recipe}'), Path('{out}'))"], capture_output=True, text=True).stdout
-    assert out_lines.splitlines() == ["[mm-ds run] skip prepare en: complete", "[mm-ds run] skip prepare de: complete"]
+    code, both = run("--only", "prepare")
+    assert code == 0 and "skip prepare de: complete" in both and "prepare --lang en" in both
+    assert "ok: 0 language(s) to prepare" in run("--only", "prepare", "--check")[1]
+    prepare_data(load_recipe(str(recipe)), out)  # what `mm-ds run` does first: nothing left, the GPU stages next
+    assert capsys.readouterr().out.splitlines() == ["[mm-ds run] skip prepare en: complete",
+                                                    "[mm-ds run] skip prepare de: complete"]
     (tmp_path / "en.txt").unlink()
     shutil.rmtree(out / "data" / "en")
-    missing = run("--only", "prepare")
-    assert missing.returncode == 1 and f"prepare/en: text input '{tmp_path}/en.txt' matches no file" in missing.stdout
-    assert not (out / "data" / "en").exists() and prepare_data
-    assert run("--only", "prepare", "--lang", "fr").returncode == 2  # ConfigError: not a language of the recipe
+    code, missing = run("--only", "prepare")
+    assert code == 1 and f"prepare/en: text input '{tmp_path}/en.txt' matches no file" in missing
+    assert not (out / "data" / "en").exists()
+    with pytest.raises(ConfigError, match="--lang fr: the recipe prepares en, de"):
+        run("--only", "prepare", "--lang", "fr")

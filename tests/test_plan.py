@@ -341,7 +341,7 @@ def test_jobs_under_a_time_limit_lose_the_work_since_a_checkpoint():
         parse_duration("48")
 
 
-def test_side_by_side_prices_each_run_on_its_group():
+def test_side_by_side_prices_each_run_on_its_group(capsys):
     """Step 2's 56 runs on 4 groups of one node each: each run's step at 8 GPUs with NVLink's bandwidth, taken in
     the recipe's order by the group that frees up first; the allocation pays all 32 GPUs for the longest group.
     A step with fewer runs than groups (Step 1: 3) stays one after another. A group too small to keep a global batch
@@ -371,13 +371,13 @@ def test_side_by_side_prices_each_run_on_its_group():
     # 96 sequences at most 64 per GPU: 32 each on 3 GPUs, but 96 on one (one node a group) is not 64 x micro-steps
     batch = [f"--set=overrides.{s}=[train.global_batch=96,train.micro_batch=64]" for s in ("pretrain", "build_mini",
                                                                                            "adapt")]
-    out = mm_ds("plan", "paper", "--nodes", "3", "--gpus-per-node", "1", *batch)
+    out = Out(capsys, "paper", "--nodes", "3", "--gpus-per-node", "1", *batch)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     assert "side by side (--spread 3, 1 node(s) a group) is refused: BL_BASE step1: global batch 96 is not divisible " \
            "by micro batch 64 x 1 GPUs" in text and "--spread values whose groups keep every global batch: 1" in text
     assert "launch.spread=" not in text  # the budget: one after another only
-    out = mm_ds("plan", "paper", "--nodes", "4", "--gpus-per-node", "8", "--spread", "3")
+    out = Out(capsys, "paper", "--nodes", "4", "--gpus-per-node", "8", "--spread", "3")
     assert out.returncode == 2 and "--spread 3: 4 nodes do not split into 3 groups of equal size; choose from 1, " \
         "2, 4" in out.stderr
 

@@ -33,7 +33,8 @@ from .progress import Follow, StageFailed, Watched, say
 from .progress import run_logged as _run_logged
 from ..config import recipe_names
 from ..recipe import Recipe, load_recipe, minis_in_english, task_root
-from .prepare import only_prepare, prepare_data, world_complete  # noqa: F401 (world_complete: run's, as before)
+from .prepare import languages, only_prepare, prepare_data, prepared
+from .prepare import world_complete  # noqa: F401 (run.world_complete, as it was)
 from .stage_runs import stage_runs
 from ..stages.runner import StageRun
 from ..systems import REFERENCE, system_of
@@ -187,12 +188,17 @@ def stage_runs_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, boo
     from ..config import LaunchConfig
     from ..eval.align import aligned_runs
 
-    world = from_dict(LaunchConfig, recipe.launch).world_size
+    from .spread import spread_steps
+
+    launch = from_dict(LaunchConfig, recipe.launch)
+    world, spread = launch.world_size, launch.spread
+    side = spread_steps(runs, spread) if recipe.mode == "per_stage" else {}
     lines = [f"# {len(runs)} stage runs into {out}, {sum(done.values())} done (final/ verifies):"]
     for stage, title in STEP_NAMES.items():
         mine = [n for n in runs if n.name.startswith(stage + "/")]
         if mine:
             how = (f"single-device runs, {min(world, len(mine))} at once" if mine[0].packed
+                   else f"side by side on {spread} groups of {world // spread} rank(s)" if stage in side
                    else f"each data-parallel on {world} rank(s), one after another")
             lines.append(f"#   {title:<21} {len(mine):>4} runs, {sum(done[n.name] for n in mine):>4} done; {how}")
     results = len(list((out / "eval").glob("*.json"))) if (out / "eval").is_dir() else 0
@@ -290,6 +296,9 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     t0 = time.time()
     os.environ.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # stage ranks exit if this process dies
     out.mkdir(parents=True, exist_ok=True)
+    if recipe.world is None and (left := [lang for lang in languages(recipe) if not prepared(out, lang)]):
+        say(f"preparing {' '.join(left)} here before any stage; on a cluster `mm-ds run RECIPE --only prepare` does "
+            f"it apart, as a CPU job before the GPU allocation")
     prepare_data(recipe, out)
     todo = [n for n in runs if not complete(n.out)]
     for n in runs:

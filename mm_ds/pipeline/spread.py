@@ -35,9 +35,10 @@ from collections import deque
 from pathlib import Path
 
 from ..config import ConfigError, LaunchConfig, from_dict
-from ..runtime import checkpoint
-from ..runtime.launch import is_loopback
-from ..stages.runner import StageRun
+from ..runtime import checkpoint, hostfile
+from ..runtime.ds_config import geometry
+from ..runtime.launch import command, is_loopback, launch_env
+from ..stages.runner import StageRun, preflight, validated_env
 from .progress import Follow, StageFailed, Watched, say
 
 STEPS = ("pretrain", "build_mini", "adapt")
@@ -52,8 +53,6 @@ def launch_of(recipe) -> LaunchConfig:
 def groups(launch: LaunchConfig) -> list[list]:
     """The hostfile's hosts (`hostfile.Host`) in `launch.spread` groups; [] without spread. ConfigError when the
     launcher cannot start a subset of nodes or the nodes do not split evenly."""
-    from ..runtime import hostfile
-
     g = launch.spread
     if g == 1:
         return []
@@ -116,8 +115,6 @@ def check_spread(recipe, runs: list[StageRun], configs: dict, report) -> None:
 
 def geometry_problems(runs: list[StageRun], configs: dict, world: int) -> list[tuple[str, str]]:
     """(run directory under OUT, why) of each run whose global batch `world` ranks cannot divide."""
-    from ..runtime.ds_config import geometry
-
     found = []
     for run in runs:
         cfg = configs.get(run.out.resolve())
@@ -143,8 +140,6 @@ def spreads_that_fit(runs: list[StageRun], configs: dict, nodes: int, ranks: int
 
 
 def describe(launch: LaunchConfig, hosts: list[list], steps: dict[str, list[StageRun]], configs: dict) -> str:
-    from ..runtime.ds_config import geometry
-
     world = len(hosts[0]) * launch.ranks
     first = next(iter(steps.values()))[0]
     cfg = configs.get(first.out.resolve())
@@ -257,9 +252,6 @@ def side_by_side(runs: list[StageRun], groups_: list[Group], logs: Path, start_r
 def start(run: StageRun, group: Group, log: Path) -> tuple[subprocess.Popen, int] | None:
     """`run` on `group`'s nodes: checked here as run._launch_stage checks a stage, its ranks started by the launcher
     in the background, output to `log`."""
-    from ..runtime.launch import command, launch_env
-    from ..stages.runner import preflight, validated_env
-
     resume = bool(checkpoint.list_checkpoints(run.out))
     if resume:
         found = checkpoint.find_resume_point(run.out, checksums=False)  # its rank 0 hashes it
