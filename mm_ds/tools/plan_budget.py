@@ -23,7 +23,8 @@ training on the sample, then a pass that encodes (one thread reads, splits and w
 encode: that thread bounds it from 2 workers on). `PREPARE` holds the rates, CPU time measured 2026-11-27 on
 ../shared/data/text/en.txt.xz (21 MB of CC-100-like English, 52 bytes a line; CC-100's longer lines cost less per
 byte), one EPYC vCPU. Sizes: the recipe's text files when they are here (compressed ones x `COMPRESSION`), else
-CC-100's (the paper's Table 1).
+CC-100's (the paper's Table 1). Not counted: packing the MLM blocks where prepare does it (`--seq-len`; a pass over
+the token shards, minutes for English by mm_ds/data/blocks.py's account, not measured here).
 """
 
 from __future__ import annotations
