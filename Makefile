@@ -13,7 +13,7 @@ PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
 STAMP   := $(VENV)/.mm-ds-installed
 
-.PHONY: venv demo test test-gpu rehearsal real
+.PHONY: venv demo test test-gpu gpu-python wheels rehearsal real
 venv: $(STAMP)
 
 $(STAMP): setup.py Makefile constraints.txt
@@ -34,11 +34,26 @@ demo: $(STAMP)
 test: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m "not rehearsal" -n 2 --dist loadfile
 
-# On a machine with CUDA GPUs: what CPU machines cannot run (tests/gpu). Stops first, saying why, without a CUDA
-# torch, a visible GPU or a FusedAdam that loads on it (tests/gpu/fused_adam.py --gpu).
-test-gpu: $(STAMP)
-	$(PY) tests/gpu/fused_adam.py --gpu
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests/gpu -m gpu
+# On a machine with CUDA GPUs: what CPU machines cannot run (tests/gpu), under 8 minutes on one GPU (LONG=1 adds the
+# per-stage pipeline cases), ending with a summary to paste (also written to gpu-summary.txt). Stops first, saying
+# why, without a CUDA torch, a visible GPU or a FusedAdam that loads on it (tests/gpu/fused_adam.py --gpu).
+# PYTHON=python3: that Python and its own CUDA torch instead of .venv (a GPU machine without network); DeepSpeed and
+# whatever else it lacks come from WHEELS=DIR, a folder `make wheels WHEELS=DIR` filled where there is network
+# (tests/gpu/wheels.py; GPU_PYTHON_VERSION=3.12 there when the GPU machine's Python is another).
+GPU_PY := $(or $(PYTHON),$(PY))
+
+test-gpu: $(if $(PYTHON),gpu-python,$(STAMP))
+	build="$$($(GPU_PY) tests/gpu/fused_adam.py)" && env $$build $(GPU_PY) tests/gpu/fused_adam.py --gpu && \
+	bin="$$($(GPU_PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')" && \
+	env $$build PATH="$$bin:$$PATH" PYTHONPATH=$(CURDIR) MM_DS_GPU_SUMMARY=$(CURDIR)/gpu-summary.txt \
+	    $(GPU_PY) -m pytest -q tests/gpu -m "$(if $(LONG),gpu,gpu and not gpu_long)"
+
+gpu-python:
+	$(PYTHON) tests/gpu/wheels.py install $(WHEELS)
+
+wheels: $(if $(PYTHON),,$(STAMP))
+	$(GPU_PY) tests/gpu/wheels.py build $(or $(WHEELS),$(error give WHEELS=DIR, the folder to fill)) \
+	    $(if $(GPU_PYTHON_VERSION),--python-version $(GPU_PYTHON_VERSION))
 
 # tests/rehearsal.yaml: the paper recipe's structure on the real data in ../shared/data, per-stage launches (about 15
 # minutes; the test makes the English training files the data lacks and passes them in as task_root).

@@ -15,7 +15,7 @@ import os
 import sys
 import traceback
 
-from .config import ConfigError, did_you_mean
+from .config import ConfigError, DataConfig, did_you_mean
 from .runtime.checkpoint import CheckpointError
 from .runtime.dist import OtherRankFailed
 from .stages.runner import STAGES, run_stage
@@ -81,10 +81,14 @@ def prepare_main(argv: list[str]) -> int:
     p.add_argument("--heldout", type=float, default=0.0, metavar="FRACTION",
                    help="hold this fraction of the lines out of training (chosen by a hash of each line's text) "
                         "into heldout.txt, for the alignment check (default: %(default)s, none)")
+    p.add_argument("--seq-len", type=int, nargs="*", default=[DataConfig.seq_len], metavar="N",
+                   help="pack MLM blocks of these lengths (the stages' data.seq_len) and cache them in --out, so "
+                        "that no training run packs them at its start; also for a corpus prepared before; none "
+                        "after the flag: skip (default: %(default)s)")
     a = p.parse_args(argv)
     meta = prepare(a.lang, a.input, a.out, vocab_size=a.vocab_size, character_coverage=a.character_coverage,
                    sample_sentences=a.sample_sentences, workers=a.workers, seed=a.seed, spm_model=a.spm_model,
-                   model_type=a.model_type, heldout=a.heldout)
+                   model_type=a.model_type, heldout=a.heldout, seq_lens=tuple(a.seq_len))
     print(json.dumps(meta, indent=2, default=str))
     return 0
 

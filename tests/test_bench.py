@@ -62,7 +62,10 @@ def test_setup_peak_prepare_peer_and_targets_are_reported(report):
               "load_avg_start", "load_avg_end", "ds_config"):
         assert f in setup, f
     assert setup["seq"] == 64 and setup["micro_batch"] == 2
-    assert rep["peak"]["used_flops"] > 1e9
+    # on CPU: the CPU's own figures, with what they were measured on and against
+    assert (setup["device"], setup["precision"], setup["gpu"]) == ("cpu", "fp32", None)
+    assert rep["peak"]["used_flops"] > 1e9 and rep["peak"]["source"].startswith("measured")
+    assert all(r["peak_gpu_bytes"] is None for r in rep["stages"].values())
     enc = rep["prepare"]
     assert enc["prepare_bytes_per_s"] > 0 and enc["single_process_bytes_per_s"] > 0 and enc["ratio"] > 0
     assert [len(v) for v in enc["in_turn_s"].values()] == [3, 3]  # both sides timed in turn, three times each
@@ -80,6 +83,7 @@ def test_setup_peak_prepare_peer_and_targets_are_reported(report):
         assert next(t for t in rep["targets"] if t["target"] == target)["detail"].endswith("in turn")
     keys = {t["target"] for t in rep["targets"]}
     assert {"a3_speedup", "mfu_pretrain", "prepare_encode", "loader_share", "host_side"} <= keys
+    assert "mfu_plan" not in keys  # a GPU's target
     host = rep["host"]
     assert set(host["rows"]) == {"pretrain", "adapt_mini"}  # as `mm-ds run paper` launches them (8 GPUs):
     shapes = [(r["micro_batch"], r["grad_accum"], r["seq"]) for r in host["rows"].values()]
@@ -120,3 +124,56 @@ def test_bad_arguments_fail_clearly():
         bench.main(["--preset", "tiny", "--stages", "nope", "--no-peer"])
     with pytest.raises(ValueError, match="--seq 4096 exceeds"):
         bench.main(["--preset", "tiny", "--seq", "4096", "--no-peer"])
+
+
+def fake_gpu(monkeypatch, name="NVIDIA H100 80GB HBM3"):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
+
+
+def settings(*argv):
+    import argparse
+
+    args = argparse.Namespace(device="auto", preset="base", stages=None, seq=None, ds_config=None, micro_batch=None,
+                              steps=None, warmup=None, quiet=True, peak_tflops=None)
+    for flag, value in zip(argv[::2], argv[1::2]):
+        setattr(args, flag, value)
+    return bench._settings(args)
+
+
+def test_on_a_gpu_the_bench_runs_the_paper_config_against_the_gpus_peak(monkeypatch):
+    """`mm-ds bench` where torch sees a GPU (faked): the paper presets' bf16 engine JSON, Step 1's per-GPU micro
+    batch, more updates, the datasheet's bf16 peak; the CPU-only parts off, the GPU's targets on."""
+    from mm_ds.tools import bench_device
+
+    cpu = settings()
+    assert (cpu.device.kind, cpu.ds_config, cpu.precision, cpu.micro, cpu.peak) == ("cpu", "fp32_zero1.json", "fp32",
+                                                                                     2, None)
+    fake_gpu(monkeypatch)
+    gpu = settings()
+    assert (gpu.device.kind, gpu.ds_config, gpu.precision) == ("cuda", "bf16_zero1.json", "bf16")
+    assert (gpu.micro, gpu.steps, gpu.warmup) == (32, 10, 2) and not (gpu.device.peer or gpu.device.host)
+    assert gpu.peak == {"used_flops": 989.4e12, "source": "datasheet, dense bf16", "gpu": "NVIDIA H100 80GB HBM3"}
+    assert settings("micro_batch", 64, "ds_config", "fp32_zero1.json").peak["used_flops"] == 494.7e12  # TF32
+    assert settings("peak_tflops", 500.0).peak["source"] == "--peak-tflops"
+    assert settings("device", "cpu").device.kind == "cpu"  # the CPU bench on a GPU machine, when asked
+    fake_gpu(monkeypatch, "NVIDIA B300")
+    unknown = settings().peak
+    assert unknown["used_flops"] != unknown["used_flops"] and "--peak-tflops" in unknown["source"]
+    stages = {"pretrain": {"mfu": 0.40, "tflops": 396.0, "loader_share": 0.001, "flops_per_step": 1.0}}
+    targets = bench.evaluate_targets(stages, {}, None, None, "cuda")
+    assert [(t["target"], t["pass"]) for t in targets] == [("mfu_plan", False), ("loader_share", True)]
+    assert "--measured-tflops 396" in targets[0]["detail"] and bench_device.PLAN_MFU == 0.45
+    assert [t["target"] for t in bench.evaluate_targets(stages, {}, None, None, "cpu")] == ["mfu_pretrain",
+                                                                                           "loader_share"]
+
+
+def test_cuda_is_refused_where_torch_sees_no_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    with pytest.raises(ValueError, match="--device cuda: torch .* sees no CUDA GPU here"):
+        settings("device", "cuda")

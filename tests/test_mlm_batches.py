@@ -1,17 +1,29 @@
-"""MLM batches: FULL-SENTENCES packing, dynamic masking statistics, deterministic per-rank order."""
+"""MLM batches: FULL-SENTENCES packing, dynamic masking statistics, deterministic per-rank order; the block cache
+at cluster scale (one writer, writers on several hosts, memory-mapped reads)."""
 
+import collections
+import copy
+import json
+import os
 import random
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
 
-from mm_ds import tokens
-from mm_ds.data import mlm as mlm_mod
+from mm_ds import config, tokens
+from mm_ds.data import blocks
 from mm_ds.data.corpus import prepare
-from mm_ds.data.mlm import MLMBatches, pack_shard
+from mm_ds.data.blocks import pack_shard
+from mm_ds.data.mlm import MLMBatches
 from mm_ds.data.order import sample_ids
 from mm_ds.data.shards import TokenCorpus
+from mm_ds.runtime import dist
+from mm_ds.stages import pretrain
 
 SEQ = 32
 VOCAB = 300
@@ -77,11 +89,11 @@ def test_packing_keeps_lines_whole_and_blocks_short(corpus):
 
 def test_blocks_are_cached(corpus, monkeypatch):
     MLMBatches(corpus, 24, seed=0, vocab_size=VOCAB)
-    assert (corpus.dir / f"blocks_v{mlm_mod.PACKING_VERSION}_s24.npy").is_file()
+    assert (corpus.dir / f"blocks_v{blocks.PACKING_VERSION}_s24.npy").is_file()
 
     def no_packing(*a, **k):
         raise AssertionError("packing recomputed although cached")
-    monkeypatch.setattr(mlm_mod, "pack_shard", no_packing)
+    monkeypatch.setattr(blocks, "pack_shard", no_packing)
     MLMBatches(corpus, 24, seed=0, vocab_size=VOCAB)
 
 
@@ -174,3 +186,122 @@ def test_bad_arguments(corpus):
         MLMBatches(corpus, SEQ, seed=0, vocab_size=VOCAB - 1)
     with pytest.raises(ValueError, match="keep_prob"):
         MLMBatches(corpus, SEQ, seed=0, vocab_size=VOCAB, random_prob=0.6, keep_prob=0.6)
+
+
+# ----------------------------------------------------------------------------------------------- the block cache
+
+def test_writers_on_two_hosts_with_one_pid_never_share_a_file(corpus, monkeypatch, capsys):
+    """Two writers of one cache on two hosts of a shared filesystem, with one pid (containers start their first
+    process as the same pid): B runs while A is about to publish. Each writes its own temporary file and publishes a
+    whole one; a temporary file its writer died with is removed once stale, a live writer's is left alone."""
+    seq = 20
+    path = blocks.cache_file(corpus, seq)
+    dead, live = (path.with_name(f"{path.name}.{who}.77.0a0b0c0d.tmp") for who in ("dead-host", "live-host"))
+    for f in (dead, live):
+        f.write_bytes(b"half a file")
+    old = time.time() - 2 * blocks.STALE_TMP_S
+    os.utime(dead, (old, old))
+    host = {"name": "node-a"}
+    monkeypatch.setattr(socket, "gethostname", lambda: host["name"])
+    monkeypatch.setattr(os, "getpid", lambda: 4242)
+    replace, published = os.replace, []
+
+    def publish(src, dst):
+        published.append(os.path.basename(src))
+        if len(published) == 1:  # A is about to publish: B, on the other host, runs start to finish
+            host["name"] = "node-b"
+            blocks.block_spans(TokenCorpus(corpus.dir), seq)
+        replace(src, dst)
+    monkeypatch.setattr(os, "replace", publish)
+    blocks.block_spans(TokenCorpus(corpus.dir), seq)  # A
+    a, b = published
+    assert a != b and "node-a.4242." in a and "node-b.4242." in b, published
+    assert "cannot cache" not in capsys.readouterr().err
+    spans = np.load(path)
+    assert spans[0, 0] == 0 and spans[-1, 1] == corpus.num_tokens and (spans[1:, 0] == spans[:-1, 1]).all()
+    assert sorted(path.parent.glob(f"{path.name}.*.tmp")) == [live]
+    live.unlink()
+
+
+def rss_bytes() -> int:
+    """This process's resident set (anonymous and file-backed pages)."""
+    status = open("/proc/self/status").read()
+    return int(status.split("VmRSS:")[1].split()[0]) * 1024
+
+
+def big_corpus(root, n_blocks: int, width: int):
+    """A corpus of one line of n_blocks x width tokens (a sparse shard: nothing read unless drawn) and its cache of
+    blocks `width` tokens long, as `mm-ds prepare --seq-len width+1` would leave them; the cache file's path."""
+    n = n_blocks * width
+    with open(root / "shard_00000.bin", "wb") as f:
+        f.truncate(2 * n)
+    np.save(root / "shard_00000.idx.npy", np.array([0, n], dtype=np.int64))
+    np.save(root / "shard_00000.docs.npy", np.array([0], dtype=np.int64))
+    (root / "spm.model").write_bytes(b"")
+    (root / "meta.json").write_text(json.dumps({
+        "format_version": 1, "lang": "xx", "vocab_size": VOCAB, "dtype": "uint16", "num_lines": 1, "num_tokens": n,
+        "spm_model": "spm.model", "shards": [{"name": "shard_00000", "num_lines": 1, "num_tokens": n,
+                                              "num_documents": 1}]}))
+    path = root / f"blocks_v{blocks.PACKING_VERSION}_s{width + 1}.npy"
+    spans = np.lib.format.open_memmap(path, mode="w+", dtype=np.int64, shape=(n_blocks, 2))
+    for lo in range(0, n_blocks, 1 << 18):
+        start = np.arange(lo, min(lo + (1 << 18), n_blocks), dtype=np.int64) * width
+        spans[lo:lo + len(start), 0], spans[lo:lo + len(start), 1] = start, start + width
+    spans.flush()
+    del spans
+    return path
+
+
+def test_the_cache_is_memory_mapped_not_read(tmp_path, corpus):
+    """A rank maps the cache and reads only the blocks it draws: opening a 32 MiB cache and drawing a batch grows the
+    process by far less than the file (reading it whole, with a shard index per block, grew it by ~1.5x its size)."""
+    path = big_corpus(tmp_path, 1 << 21, SEQ - 1)
+    size = path.stat().st_size
+    MLMBatches(corpus, SEQ, seed=0, vocab_size=VOCAB).batch(0, 0, 0, 1, 4)  # what a first batch allocates once
+    before = rss_bytes()
+    m = MLMBatches(TokenCorpus(tmp_path), SEQ, seed=0, vocab_size=VOCAB)
+    opened = rss_bytes() - before
+    m.batch(5, 0, 1, 8, 4)
+    drawn = rss_bytes() - before
+    assert isinstance(m.spans, np.memmap) and os.path.samefile(m.spans.filename, path)
+    assert opened < size / 8, f"opening the cache grew this process by {opened >> 20} MiB (file: {size >> 20} MiB)"
+    # Drawing holds the epoch's permutation (4 bytes a block, a quarter of the file), no more.
+    assert drawn < size / 2, f"a batch grew this process by {drawn >> 20} MiB (file: {size >> 20} MiB)"
+
+
+def test_one_rank_packs_the_corpus_for_all(corpus, monkeypatch):
+    """Two ranks start a stage at once (threads with a stand-in collective): rank 0 packs and writes the cache while
+    rank 1 waits, then rank 1 maps it. A rank packs only once the other has entered the collective or started
+    packing itself: ranks that do not wait for one writer are caught whatever the threads' timing."""
+    cfg = config.load("tiny/minijoint", None, [
+        "model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=64", "model.max_positions=32",
+        "model.secondary_head_layer=1", "data.seq_len=28", f"data.corpus={corpus.dir}"])
+    local, slot = threading.local(), {}
+    decided, barrier = [threading.Event(), threading.Event()], threading.Barrier(2, timeout=60)
+
+    def broadcast_object(obj, src=0):
+        decided[local.rank].set()
+        if local.rank == src:
+            slot["value"] = obj
+        barrier.wait()
+        value = slot["value"]
+        barrier.wait()
+        return value
+    monkeypatch.setattr(dist, "rank", lambda: local.rank)
+    monkeypatch.setattr(dist, "broadcast_object", broadcast_object)
+    packed, pack = collections.Counter(), blocks.pack_shard
+
+    def counted(offsets, seq_len):
+        decided[local.rank].set()
+        assert decided[1 - local.rank].wait(60), f"rank {1 - local.rank} never reached the blocks"
+        packed[local.rank] += 1
+        return pack(offsets, seq_len)
+    monkeypatch.setattr(blocks, "pack_shard", counted)
+
+    def start(rank):
+        local.rank = rank
+        return pretrain.build(copy.deepcopy(cfg))
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(start, [0, 1]))
+    assert packed == {0: corpus.num_shards}, f"shards packed per rank: {dict(packed)}"
+    assert blocks.cache_file(corpus, 28).is_file()

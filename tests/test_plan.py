@@ -211,11 +211,12 @@ def test_plan_totals_are_what_mm_ds_run_launches():
     assert sum(t.gpu_hours for t in totals.values()) > 4 * 406  # the old "all stages" sum: one language, no Step 3
     for gpus in (1, 8, 16, 32, 64, 128):  # at most 64 or 32 per GPU: 2048 over 128 GPUs is 16 each, one micro-step
         assert refusals(recipe, cfgs, gpus) == []
+    keep = ("(48 ranks cannot share it evenly, whatever the micro batch). World sizes that keep it: 1, 2, 4, 8, 16, 32, "
+            "64, 128, 256, 512, 1024, 2048 (launch.nodes x launch.ranks). Changing train.global_batch instead departs "
+            "from the paper's protocol (the update's size is part of it)")
     assert refusals(recipe, cfgs, 48) == [
-        "pretrain/bl_base (and 15 more like it): global batch 2048 is not divisible by micro batch 32 x world size 48; "
-        "choose train.global_batch as a multiple of 1536 or change train.micro_batch / the number of ranks",
-        "pretrain/bl_small (and 44 more like it): global batch 2048 is not divisible by micro batch 64 x world size "
-        "48; choose train.global_batch as a multiple of 3072 or change train.micro_batch / the number of ranks"]
+        f"pretrain/bl_base (and 15 more like it): global batch 2048 is not divisible by micro batch 32 x world size 48 {keep}",
+        f"pretrain/bl_small (and 44 more like it): global batch 2048 is not divisible by micro batch 64 x world size 48 {keep}"]
 
 
 def test_the_printed_totals_of_the_paper_plan(capsys):
@@ -262,7 +263,9 @@ def test_the_printed_totals_of_the_paper_plan(capsys):
     reason = lines[refused + 1:lines.index("", refused)]  # folded to 120 columns
     assert " ".join(line.strip() for line in reason) == (
         "finetune/bl_base/xnli/seed1 (and 64 more like it): global batch 32 is not divisible by micro batch 5 x "
-        "world size 1; choose train.global_batch as a multiple of 5 or change train.micro_batch / the number of ranks")
+        "world size 1 (a rank's share, 32 sequences, is not a multiple of 5). World sizes that keep it: 8, 16, 32 "
+        "(launch.nodes x launch.ranks), or a train.micro_batch that divides 32, e.g. 4. Changing train.global_batch "
+        "instead departs from the paper's protocol (the update's size is part of it)")
     # 48 GPUs divide 2048 at no micro batch: the plan itself stops, naming the stage
     out = Out(capsys, "paper", "--nodes", "6", "--gpus-per-node", "8")
     assert out.returncode == 2 and out.stdout == "" and "BL_BASE step1: global batch 2048 is not divisible by " \
@@ -402,3 +405,34 @@ def test_the_data_preparation_estimate():
         en = next(t for t in prepare_times(real) if t.lang == "en")
         assert en.source == "its files" and en.text_bytes == pytest.approx(
             COMPRESSION * (ROOT.parent / "shared" / "data" / "text" / "en.txt.xz").stat().st_size)
+
+
+def test_a_gpu_bench_is_read_as_the_gpus(tmp_path, capsys):
+    """`mm-ds bench --device cuda --json` (faked, as it writes it on an H100 PCIe): plan names the GPU, estimates
+    at its datasheet peak, says the plan prices another GPU, and gives the cluster at the measured Step 1 rate."""
+    peak = 756e12
+    stages = {"pretrain": {"kind": "pretrain", "flops_per_step": 15.12e12, "step_time_s": 0.05},  # 40% MFU
+              "adapt_mini": {"kind": "adapt", "flops_per_step": 3.0e12, "step_time_s": 0.0125}}
+    bench = tmp_path / "bench-gpu.json"
+    bench.write_text(json.dumps({"peak": {"used_flops": peak, "source": "datasheet, dense bf16",
+                                          "gpu": "NVIDIA H100 PCIe"}, "stages": stages,
+                                 "setup": {"device": "cuda", "gpu": "NVIDIA H100 PCIe", "precision": "bf16",
+                                           "dtype": "bf16"}}))
+    out = Out(capsys, "--bench", str(bench))
+    assert out.returncode == 0, out.stderr
+    assert "on NVIDIA H100 PCIe, bf16: peak 756 TFLOP/s (datasheet, dense bf16)" in out.stdout
+    assert "pass --peak-tflops 756" in out.stdout  # the plan's default prices an H100 SXM
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| pretrain "))
+    assert "| 0.050 | 302.4000 | 40.0% | 0.044 |" in row  # measured, TFLOP/s, MFU, est. at 756 x 0.45
+    assert "measured MFU of pretrain: 40.0% against the plan's 45%" in out.stdout
+    assert "NVIDIA H100 PCIe's measured Step 1 rate" in out.stdout and "measured 302.4 TFLOP/s per GPU" in out.stdout
+    js = json.loads(mm_ds("plan", "--json", "--bench", str(bench)).stdout)["bench"]
+    assert (js["device"], js["gpu"], js["precision"], js["peak_flops"]) == ("cuda", "NVIDIA H100 PCIe", "bf16", peak)
+    cpu = tmp_path / "bench-cpu.json"  # what a CPU bench writes (no device before this change: read as a CPU's)
+    cpu.write_text(json.dumps({"peak": {"used_flops": 1e11}, "stages": stages}))
+    out = Out(capsys, "--bench", str(cpu))
+    assert "measured in that run" in out.stdout and "measured Step 1 rate" not in out.stdout
+    unknown = tmp_path / "bench-unknown.json"  # a GPU bench did not know the peak of: NaN in its JSON
+    unknown.write_text(bench.read_text().replace("756000000000000.0", "NaN"))
+    out = Out(capsys, "--bench", str(unknown))
+    assert out.returncode == 0 and "its peak unknown: calibrated estimate only" in out.stdout

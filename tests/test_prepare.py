@@ -402,3 +402,27 @@ def test_a_rewritten_model_file_is_loaded_again(tmp_path):
     assert load_spm(path).get_piece_size() == 150 and load_spm(path) is load_spm(path)
     path.write_bytes((tmp_path / "v200" / "spm.model").read_bytes())
     assert load_spm(path).get_piece_size() == 200
+
+
+def test_prepare_packs_the_blocks_of_each_seq_len_once(tmp_path, monkeypatch, capsys):
+    """`mm-ds prepare --seq-len` writes the block caches, also into a corpus prepared before (a new length only), so
+    that no training run packs them."""
+    from mm_ds import cli
+    from mm_ds.data import blocks
+    from mm_ds.data.mlm import MLMBatches
+
+    (tmp_path / "a.txt").write_text(cc100(make_docs(30, seed=9)))
+    out = tmp_path / "out"
+    args = ["prepare", "--lang", "xx", "--input", str(tmp_path / "a.txt"), "--out", str(out), "--vocab-size", "150",
+            "--workers", "1"]
+    assert cli.main(args + ["--seq-len", "16"]) == 0
+    corpus = TokenCorpus(out)
+    assert blocks.cache_file(corpus, 16).is_file() and not blocks.cache_file(corpus, 24).exists()
+    packed, pack = [], blocks.pack_shard
+    monkeypatch.setattr(blocks, "pack_shard", lambda offsets, n: packed.append(n) or pack(offsets, n))
+    assert cli.main(args + ["--seq-len", "16", "24"]) == 0
+    assert packed == [24] * corpus.num_shards and blocks.cache_file(corpus, 24).is_file()
+    MLMBatches(corpus, 24, seed=0, vocab_size=150)
+    assert packed == [24] * corpus.num_shards  # read from the cache
+    assert cli.main(args + ["--seq-len", "1"]) == 2
+    assert "--seq-len 1: a block needs at least 2 tokens" in capsys.readouterr().err

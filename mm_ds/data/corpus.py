@@ -60,6 +60,7 @@ import numpy as np
 from tqdm import tqdm
 
 from mm_ds import tokens
+from mm_ds.data.blocks import cache_file, write_cache
 from mm_ds.data.inputs import InputSource, chunks, not_text_error, resolve_inputs, split_lines, total_bytes
 from mm_ds.data.shards import (FORMAT_VERSION, META_FILE, SPM_MODEL_FILE, SPM_VOCAB_FILE, TokenCorpus,
                                shard_dtype, shard_files)
@@ -265,13 +266,16 @@ def prepare(lang: str, inputs: list[str], out_dir: str, *, vocab_size: int = 500
             character_coverage: float = 0.9998, sample_sentences: int = 2_000_000,
             workers: int | None = None, shard_tokens: int = 100_000_000, seed: int = 0,
             model_type: str = "unigram",
-            spm_model: str | None = None, progress: bool = True, heldout: float = 0.0) -> dict:
+            spm_model: str | None = None, progress: bool = True, heldout: float = 0.0,
+            seq_lens: tuple[int, ...] = ()) -> dict:
     """Prepare the `lang` corpus from `inputs` into `out_dir`; returns its meta.json content.
 
     With `spm_model=` the given SentencePiece model is copied and used (its own size wins over
     `vocab_size`); otherwise one of `vocab_size` pieces (fewer, with a warning, where the corpus cannot
     support that many) is trained on a sample. `heldout`: the fraction of lines kept out of training
-    (`is_heldout`), written to heldout.txt."""
+    (`is_heldout`), written to heldout.txt. `seq_lens`: pack the corpus into MLM blocks of these lengths and
+    write their caches (mm_ds/data/blocks.py), also into a corpus prepared before, so that no training stage
+    packs them at its start."""
     if not lang or "/" in lang:
         raise ValueError(f"--lang {lang!r} must be a language code such as 'de'")
     if shard_tokens < 1:
@@ -282,6 +286,8 @@ def prepare(lang: str, inputs: list[str], out_dir: str, *, vocab_size: int = 500
         raise ValueError(f"--sample-sentences must be positive, got {sample_sentences}")
     if model_type not in MODEL_TYPES:
         raise ValueError(f"--model-type {model_type!r}: choose one of {', '.join(MODEL_TYPES)}")
+    if any(n < 2 for n in seq_lens):
+        raise ValueError(f"--seq-len {' '.join(map(str, seq_lens))}: a block needs at least 2 tokens (<s> and one)")
     if not 0.0 <= heldout < 1.0:
         raise ValueError(f"--heldout {heldout} must be a fraction of the lines in [0, 1), e.g. 0.01 (0: none)")
     if spm_model is None and vocab_size <= len(tokens.SPECIAL_IDS):
@@ -304,7 +310,8 @@ def prepare(lang: str, inputs: list[str], out_dir: str, *, vocab_size: int = 500
         settings["heldout"] = heldout
     existing = _check_out_dir(out, settings)
     if existing is not None:
-        _log(progress, f"{out} already holds this corpus ({existing['num_tokens']} tokens); nothing to do")
+        _log(progress, f"{out} already holds this corpus ({existing['num_tokens']} tokens)")
+        _pack_blocks(out, seq_lens, progress)
         return existing
 
     tmp = out.with_name(out.name + ".partial")
@@ -320,7 +327,15 @@ def prepare(lang: str, inputs: list[str], out_dir: str, *, vocab_size: int = 500
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _pack_blocks(out, seq_lens, progress)
     return meta
+
+
+def _pack_blocks(out: Path, seq_lens: tuple[int, ...], progress: bool) -> None:
+    corpus = TokenCorpus(out) if seq_lens else None
+    for seq_len in seq_lens:
+        _log(progress, f"packing MLM blocks of {seq_len} tokens ({cache_file(corpus, seq_len).name})")
+        write_cache(corpus, seq_len)
 
 
 def _prepare_into(tmp: Path, lang: str, sources: list[InputSource], settings: dict, dtype: np.dtype,

@@ -1,12 +1,7 @@
 """MLM pretraining batches: RoBERTa FULL-SENTENCES packing, deterministic order, dynamic masking.
 
-Packing. A block is `<s>` followed by whole consecutive lines (each already ending in `</s>`) while they
-fit in `seq_len`; blocks may cross document boundaries (as RoBERTa's FULL-SENTENCES) but not shards. A
-line longer than `seq_len - 1` is cut into `seq_len - 1`-token pieces (the last one shorter by one token
-if the tail would otherwise be its EOS alone), and its tail starts the next block.
-The rest of a block is PAD. Block spans are computed once per `seq_len` and cached in the corpus
-directory as `blocks_v1_s{seq_len}.npy` (int64 (num_blocks, 2): global token [start, stop), BOS excluded;
-v = PACKING_VERSION).
+Packing (mm_ds.data.blocks): RoBERTa FULL-SENTENCES blocks of whole lines, their spans memory-mapped from a cache
+file in the corpus directory that one process writes (`mm-ds prepare --seq-len`, or a stage's rank 0).
 
 Order. Sample ids are global (mm_ds.data.order: a step's samples are the same whatever the world size);
 sample g is block permutation_e[g % num_blocks] of epoch e = g // num_blocks, the permutation seeded by (seed, e).
@@ -23,20 +18,17 @@ finds them without a device-to-host read.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 import torch
 
 from mm_ds import tokens
+from mm_ds.data.blocks import block_spans
 from mm_ds.data.order import sample_ids
 from mm_ds.data.shards import TokenCorpus
 
 N_SPECIAL = len(tokens.SPECIAL_IDS)
 assert tuple(tokens.SPECIAL_IDS) == tuple(range(N_SPECIAL)), "masking assumes special ids 0..N_SPECIAL-1"
 
-PACKING_VERSION = 1  # part of the cache file name: bump when pack_shard changes its output
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _STREAMS = 4  # independent random values per position: selection, 80/10/10 choice, random token, spare
 
@@ -53,73 +45,6 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 def _uniform(h: np.ndarray) -> np.ndarray:
     """uint64 hash -> float64 in [0, 1) from its top 53 bits."""
     return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
-
-
-# ----------------------------------------------------------------------------------------------- packing
-
-def pack_shard(offsets: np.ndarray, seq_len: int) -> np.ndarray:
-    """Shard-local [start, stop) token spans of FULL-SENTENCES blocks for line offsets `offsets`.
-
-    Greedy: a block takes every next line that still fits in `seq_len - 1` tokens (one slot is <s>)."""
-    cap = seq_len - 1
-    o = np.asarray(offsets, dtype=np.int64)
-    n = len(o) - 1
-    if n <= 0:
-        return np.zeros((0, 2), dtype=np.int64)
-    # furthest[i]: last line boundary reachable from boundary i within one block (vectorised, once).
-    furthest = (np.searchsorted(o, o + cap, side="right") - 1).tolist()
-    ol = o.tolist()
-    spans: list[tuple[int, int]] = []
-    i = 0
-    while i < n:  # one iteration per block: cheap list indexing, no per-token work
-        j = furthest[i]
-        if j > i:
-            spans.append((ol[i], ol[j]))
-            i = j
-            continue
-        # Line i alone exceeds the block: cut full pieces, then let its tail open the next block. The
-        # tail keeps at least one token besides EOS, so that no block is left with nothing to mask.
-        p, end = ol[i], ol[i + 1]
-        while end - p > cap:
-            step = cap - 1 if end - p == cap + 1 and cap > 1 else cap
-            spans.append((p, p + step))
-            p += step
-        j = int(np.searchsorted(o, p + cap, side="right") - 1)
-        spans.append((p, ol[j]))
-        i = j
-    return np.asarray(spans, dtype=np.int64).reshape(-1, 2)
-
-
-def _covers(spans: np.ndarray | None, num_tokens: int) -> bool:
-    """Cheap cache check: contiguous spans that cover exactly the corpus tokens."""
-    return (spans is not None and spans.ndim == 2 and spans.shape[1] == 2 and len(spans) > 0
-            and spans[0, 0] == 0 and spans[-1, 1] == num_tokens and bool((spans[1:, 0] == spans[:-1, 1]).all()))
-
-
-def block_spans(corpus: TokenCorpus, seq_len: int) -> np.ndarray:
-    """Global token spans (num_blocks, 2) of all blocks, read from or written to the corpus cache."""
-    if seq_len < 2:
-        raise ValueError(f"seq_len={seq_len} leaves no room after <s>; use seq_len >= 2")
-    path = corpus.dir / f"blocks_v{PACKING_VERSION}_s{seq_len}.npy"
-    if path.is_file():
-        try:
-            spans = np.load(path)
-        except (OSError, ValueError):
-            spans = None
-        if _covers(spans, corpus.num_tokens):
-            return spans
-        print(f"warning: {path} does not match the corpus; recomputing it", file=sys.stderr)
-    spans = np.concatenate([pack_shard(corpus.shard_offsets(s), seq_len) + corpus.token_base[s]
-                            for s in range(corpus.num_shards)])
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:  # atomic, so concurrent ranks never read a half-written cache
-        with open(tmp, "wb") as f:
-            np.save(f, spans)
-        os.replace(tmp, path)
-    except OSError as e:  # a read-only corpus still works, it just pays the packing each time
-        print(f"warning: cannot cache packed blocks in {corpus.dir} ({e})", file=sys.stderr)
-        tmp.unlink(missing_ok=True)
-    return spans
 
 
 # ----------------------------------------------------------------------------------------------- batches
@@ -143,11 +68,9 @@ class MLMBatches:
         self.corpus, self.seq_len, self.seed = corpus, seq_len, seed
         self.mask_prob, self.random_prob, self.keep_prob = mask_prob, random_prob, keep_prob
         self.vocab_size = vocab_size
-        self.spans = block_spans(corpus, seq_len)
+        self.spans = block_spans(corpus, seq_len)  # memory-mapped: each rank touches the blocks it draws
         if len(self.spans) == 0:
             raise ValueError(f"corpus {corpus.dir} has no tokens to pack")
-        # Blocks never cross shards: map each to its shard once, fetch with plain slices.
-        self._shard = (np.searchsorted(corpus.token_base, self.spans[:, 0], side="right") - 1).astype(np.int64)
         self._perms: dict[int, np.ndarray] = {}
         self._seed_key = _mix64(np.array([seed % 2**64], dtype=np.uint64) + _GOLDEN)[0]
 
@@ -177,6 +100,9 @@ class MLMBatches:
         for e in np.unique(epoch):
             sel = epoch == e
             out[sel] = self._permutation(int(e))[pos[sel]]
+        # Draws move forward: an epoch before this batch's is over, its permutation (4 bytes a block) dropped.
+        for done in [e for e in self._perms if len(g) and e < epoch.min()]:
+            del self._perms[done]
         return out
 
     def samples(self, g: np.ndarray) -> dict:
@@ -186,11 +112,11 @@ class MLMBatches:
         B, T = len(g), self.seq_len
         ids = np.full((B, T), tokens.PAD, dtype=np.int64)
         ids[:, 0] = tokens.BOS
-        for row, b in enumerate(blocks):  # B slices from memmaps; the per-token work is vectorised
-            s = self._shard[b]
+        spans = np.asarray(self.spans[blocks])  # (B, 2): these rows of the memmap only
+        shards = np.searchsorted(self.corpus.token_base, spans[:, 0], side="right") - 1  # blocks never cross shards
+        for row, (s, (start, stop)) in enumerate(zip(shards.tolist(), spans.tolist())):  # B slices from memmaps
             base = int(self.corpus.token_base[s])
-            start, stop = int(self.spans[b, 0]) - base, int(self.spans[b, 1]) - base
-            ids[row, 1:1 + stop - start] = self.corpus.shard_tokens(s)[start:stop]
+            ids[row, 1:1 + stop - start] = self.corpus.shard_tokens(s)[start - base:stop - base]
         input_ids, labels = self._mask(ids, g)
         pad = ids == tokens.PAD
         return {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels),

@@ -11,7 +11,7 @@ On-disk format (format_version 1), written by `mm_ds.data.corpus.prepare`:
       shard_00000.docs.npy   int64: shard-local indices of lines that begin a document (blank line or new
                              input before them); a shard whose first line continues a document from the
                              previous shard does not list 0
-      blocks_v1_s512.npy     cache written by mm_ds.data.mlm (packed block spans per sequence length)
+      blocks_v1_s512.npy     packed MLM block spans per sequence length (mm_ds.data.blocks), memory-mapped
 
 meta.json keys: format_version, lang, vocab_size, dtype, num_lines, num_tokens, num_documents,
 skipped_lines (undecodable input lines), inputs, spm_model (file name inside the corpus dir),
@@ -74,7 +74,8 @@ def read_meta(corpus_dir: str | Path) -> dict:
 
 
 class TokenCorpus:
-    """All shards of a prepared corpus, memory-mapped; lines are indexed globally in shard order."""
+    """All shards of a prepared corpus, memory-mapped (tokens, line offsets, document starts: a rank holds none of
+    them in its own memory); lines are indexed globally in shard order."""
 
     def __init__(self, corpus_dir: str | Path):
         self.dir = Path(corpus_dir)
@@ -114,7 +115,7 @@ class TokenCorpus:
             raise ValueError(f"{idx_path} does not match meta.json ({entry}); re-run `mm-ds prepare`")
         self._tokens.append(np.memmap(bin_path, dtype=self.dtype, mode="r"))
         self._offsets.append(np.asarray(offsets))
-        self._docs.append(np.load(docs_path))
+        self._docs.append(np.load(docs_path, mmap_mode="r"))
 
     @property
     def num_lines(self) -> int:

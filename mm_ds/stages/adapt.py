@@ -22,7 +22,7 @@ from ..runtime.engine import Stage
 from ..model.model import RobertaMLM, is_language_param
 from ..runtime.phases import DepthSchedule, schedule_for
 from ..systems import system_of
-from .common import load_parent, mlm_batches, open_corpus, stage_flops
+from .common import load_parent, mlm_batches, open_corpus, pack_blocks, stage_flops
 
 
 def _target_model(cfg: RunConfig):
@@ -63,6 +63,7 @@ def depth_schedule(cfg: RunConfig) -> DepthSchedule | None:
 
 
 def build(cfg: RunConfig) -> Stage:
+    pack_blocks(cfg)
     meta, new_cfg, new_sd, corpus, report = _target_model(cfg)
     cfg.model = new_cfg  # the architecture is the parent's; only the vocabulary changes
     model = RobertaMLM(new_cfg)

@@ -15,7 +15,7 @@ from ..config import ConfigError, RunConfig
 from ..runtime.engine import Stage
 from ..model.model import RobertaMLM
 from ..systems import MINI_SYSTEMS, system_of
-from .common import load_parent, mlm_batches, open_corpus, stage_flops
+from .common import load_parent, mlm_batches, open_corpus, pack_blocks, stage_flops
 
 
 def _mini_model(cfg: RunConfig):
@@ -54,6 +54,8 @@ def preflight(cfg: RunConfig) -> None:
 
 
 def build(cfg: RunConfig) -> Stage:
+    if system_of(cfg.system).mini == "build":  # MINIPOST trains on the source corpus; MINIJOINT reads nothing
+        pack_blocks(cfg)
     meta, mini_cfg, mini_sd = _mini_model(cfg)
     model = RobertaMLM(mini_cfg)
     model.load_state_dict(mini_sd, strict=True)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..runtime import checkpoint
+from ..runtime import checkpoint, dist
 from ..model import flops
 from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict
+from ..data import blocks
 from ..data.mlm import MLMBatches
 from ..data.shards import TokenCorpus
 from ..runtime.ds_config import Geometry
@@ -58,6 +59,15 @@ def resolve_vocab(cfg: RunConfig, corpus: TokenCorpus) -> None:
     elif cfg.model.vocab_size != corpus.vocab_size:
         raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} but the tokenizer of {cfg.data.corpus} has "
                           f"{corpus.vocab_size} pieces; set model.vocab_size=null to take it from the tokenizer")
+
+
+def pack_blocks(cfg: RunConfig) -> None:
+    """Collective, first in the build of a stage that draws MLM blocks (before anything that may fail on one rank
+    only, so that every rank reaches it): rank 0 packs data.corpus into blocks of data.seq_len and writes their
+    cache, unless `mm-ds prepare --seq-len` did, while the other ranks wait; then each rank maps that one file
+    (mm_ds/data/blocks.py). Without it every rank of every node would pack the corpus and write the same file."""
+    dist.on_rank0(lambda: blocks.write_cache(open_corpus(cfg), cfg.data.seq_len),
+                  f"packing {cfg.data.corpus} into blocks of data.seq_len={cfg.data.seq_len}")
 
 
 def mlm_batches(cfg: RunConfig, corpus: TokenCorpus):

@@ -7,7 +7,7 @@ import torch
 from ..config import RunConfig
 from ..runtime.engine import Stage
 from ..model.model import RobertaMLM
-from .common import mlm_batches, open_corpus, resolve_vocab, stage_flops
+from .common import mlm_batches, open_corpus, pack_blocks, resolve_vocab, stage_flops
 
 
 def preflight(cfg: RunConfig) -> None:
@@ -16,6 +16,7 @@ def preflight(cfg: RunConfig) -> None:
 
 
 def build(cfg: RunConfig) -> Stage:
+    pack_blocks(cfg)
     corpus = open_corpus(cfg)
     resolve_vocab(cfg, corpus)
     torch.manual_seed(cfg.train.seed)

@@ -1,13 +1,16 @@
 """`mm-ds bench`: time every stage kind through the real training step, against a same-run matmul peak
-and a Hugging Face `transformers` peer, and check the CPU speed targets.
+and a Hugging Face `transformers` peer, and check the CPU speed targets; on a GPU, in the paper presets' bf16
+against its datasheet peak (`bench_device`), the throughput to compare with `mm-ds plan --bench`.
 
     mm-ds bench --preset base --micro-batch 2 --json bench.json
     mm-ds bench --preset tiny --steps 2 --no-peer
+    mm-ds bench --preset base --device cuda --json bench-gpu.json      # on the target GPU
 
 What runs. Each stage kind is a real `RunConfig` handed to its stage module's `build()` (the model after
 the stage's own surgery, its trainable set, batches and FLOPs formula), then to `engine.build_engine`, the
 builder `engine.train` uses (same DeepSpeed config resolution, freezing before `deepspeed.initialize`;
-fp32 on CPU, one in-process rank), stepped by `engine.train_step`, the function `engine.train` loops over.
+fp32 on CPU, bf16 on a GPU; one in-process rank), stepped by `engine.train_step`, the function `engine.train`
+loops over.
 The parents the later stages start from are written into the temporary work directory by the product's
 own zero-update path (`engine.train` with train.steps=0: the model as built, untrained).
 
@@ -52,9 +55,10 @@ from ..runtime import engine as eng
 from ..config import DataConfig, FinetuneConfig, MiniConfig, ModelConfig, RunConfig, TrainConfig, read_preset
 from ..runtime.peaks import measure_matmul_peak
 from ..systems import SYSTEMS
-from . import bench_host
+from . import bench_device, bench_host
 from .bench_report import print_report
-from .bench_data import host_corpus, pair_batches, prepare_corpus, write_pair_task
+from .bench_targets import TARGETS, evaluate_targets  # noqa: F401 (TARGETS: bench's own list)
+from .bench_data import host_corpus, pair_batches, prepare_corpus, spread_corpus, write_pair_task
 from . import bench_pairs
 from .bench_pairs import EngineSteps, alternate
 from .bench_peer import PeerSteps, RssPeak, maxrss_bytes, release_free_memory
@@ -107,19 +111,6 @@ STAGE_RUNS = {
 # parent -> (stage module, system, its own parent): BL_BASE's and MINIJOINT's pretraining, MINIJOINT's Step 1b
 PARENT_RUNS = {"pretrain": ("pretrain", "bl_base", None), "secondary": ("pretrain", "minijoint", None),
                "mini": ("build_mini", "minijoint", "secondary")}
-
-# Speed targets at the base shape, as (key, description, threshold).
-TARGETS = (
-    ("a3_speedup", "Step 2 mini vs full: speedup >= 90% of analytic A3 ratio", 0.90),
-    ("peer_pretrain", "pretrain tokens/s >= 1.25x transformers", 1.25),
-    ("peer_adapt_mini", "Step 2 mini tokens/s >= 1.6x transformers", 1.6),
-    ("mfu_pretrain", "pretrain achieved FLOP/s >= 50% of matmul peak", 0.50),
-    ("prepare_encode", "prepare encode >= 80% of 1-proc SentencePiece x workers", 0.80),
-    ("loader_share", "loader < 2% of step time (every MLM stage)", 0.02),
-    ("host_side", "host keeps an H100 busy: loop and batch builder each < 50% of its time per micro-step "
-                  "(Step 1 BL_BASE, Step 2 MINIJOINT mini; bench_host.py)", bench_host.THRESHOLD),
-)
-
 
 def matmul_peak(n: int = 2048, reps: int = 5) -> dict:
     return measure_matmul_peak(n, reps)
@@ -214,50 +205,16 @@ def summarise(raw: dict, tokens_per_step: int, flops_per_step: float, peak: floa
     return out | {k: v for k, v in raw.items() if k not in out}
 
 
-def evaluate_targets(results: dict, pairs: dict, encode: dict | None, host: dict | None = None) -> list[dict]:
-    """Every speed target the run can judge; the ratio targets from `pairs` (`bench_pairs.measure`)."""
-    out = []
-
-    def add(key, value, ok, detail):
-        desc, thr = next((d, t) for k, d, t in TARGETS if k == key)
-        out.append({"target": key, "description": desc, "threshold": thr, "value": value,
-                    "pass": None if ok is None else bool(ok), "detail": detail})
-
-    if "a3_speedup" in pairs:
-        measured = pairs["a3_speedup"]["ratio"]
-        analytic = results["adapt_full"]["flops_per_step"] / results["adapt_mini"]["flops_per_step"]
-        add("a3_speedup", measured / analytic, measured / analytic >= 0.90,
-            f"measured {measured:.2f}x vs analytic {analytic:.2f}x (need >= {0.9 * analytic:.2f}x), in turn")
-    for key, thr in (("peer_pretrain", 1.25), ("peer_adapt_mini", 1.6)):
-        if key in pairs:
-            (_, a), (_, b) = pairs[key]["sides"].items()
-            ratio = pairs[key]["ratio"]
-            add(key, ratio, ratio >= thr, f"{a['tokens_per_s']:.0f} vs {b['tokens_per_s']:.0f} tokens/s = "
-                                          f"{ratio:.2f}x, in turn")
-    if "pretrain" in results:
-        m = results["pretrain"]["mfu"]
-        add("mfu_pretrain", m, m >= 0.5, f"{results['pretrain']['tflops'] * 1e3:.1f} GFLOP/s = {100 * m:.1f}% of peak")
-    if encode:
-        add("prepare_encode", encode["ratio"], encode["ratio"] >= 0.8,
-            f"{encode['prepare_bytes_per_s'] / 2**20:.2f} MiB/s with {encode['workers']} workers vs "
-            f"{encode['single_process_bytes_per_s'] / 2**20:.2f} MiB/s single-process = {encode['ratio']:.2f}")
-    mlm = {k: v for k, v in results.items() if k != "finetune"}
-    if mlm:
-        worst = max(mlm, key=lambda k: mlm[k]["loader_share"])
-        share = mlm[worst]["loader_share"]
-        add("loader_share", share, share < 0.02, f"worst: {worst} {100 * share:.2f}% of step time")
-    if host:
-        share, what = bench_host.worst_share(host)
-        add("host_side", share, share < bench_host.THRESHOLD, f"worst: {what} = {100 * share:.0f}%")
-    return out
-
-
 # ----------------------------------------------------------------------------------------------- main
 
-def _peer_available(wanted: bool, log) -> tuple[bool, str | None]:
+def _peer_available(wanted: bool, device: bench_device.Device, log) -> tuple[bool, str | None]:
     """(run the transformers peer, why not)."""
     if not wanted:
         return False, None
+    if not device.peer:
+        note = f"the transformers peer is a CPU comparison: not run on {device.kind} (run `mm-ds bench --device cpu`)"
+        log(note)
+        return False, note
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -267,19 +224,27 @@ def _peer_available(wanted: bool, log) -> tuple[bool, str | None]:
     return True, None
 
 
-def _bench_stage(name, builder, mcfg, seq, micro, warmup, steps, rank, world, peer_ok, results, peer, probes, log):
-    """One stage kind timed through the engine (into `results`), then its transformers peer (into `peer`)."""
+def _bench_stage(name, builder, o, rank, world, peer_ok, results, peer, probes, log):
+    """One stage kind timed through the engine (into `results`), then its transformers peer (into `peer`). `o`:
+    the run's settings (`_settings`); `probes`: the CPU's matmul peaks so far (the first is MFU's until the end)."""
+    mcfg, seq, micro, warmup, steps = o.mcfg, o.seq, o.micro, o.warmup, o.steps
     release_free_memory()
     log(f"{name}: building ...")
     stage = builder.timed(name, warmup + steps)
-    probes.append(matmul_peak(reps=3))  # the machine is shared: probe the peak beside every stage
+    cuda, before = o.device.kind == "cuda", None
+    if cuda:
+        bench_device.memory_peak_reset()
+        before = bench_device.memory_now()  # what earlier stages left allocated (none, if their engines were freed)
+    else:
+        probes.append(matmul_peak(reps=3))  # the machine is shared: probe the peak beside every stage
     with RssPeak() as mem:
         raw = run_engine_stage(stage, warmup, steps, rank, world)
     fl = stage.flops_per_step(micro)
-    r = summarise(raw, micro * seq, fl, probes[0]["median_flops"])
+    r = summarise(raw, micro * seq, fl, probes[0]["median_flops"] if probes else o.peak["used_flops"])
     r |= {"layers": stage.cfg.model.num_layers, "kind": STAGE_RUNS[name][3], "title": STAGE_TITLES[name],
           "peak_rss_bytes": mem.peak, "rss_before_bytes": mem.start,
-          "matmul_probe_flops": probes[-1]["median_flops"]}
+          "peak_gpu_bytes": bench_device.memory_peak() if cuda else None, "gpu_bytes_before": before,
+          "matmul_probe_flops": probes[-1]["median_flops"] if probes else None}
     results[name] = r
     log(f"{name}: {r['step_time_s']:.3f} s/step, {r['tokens_per_s']:.0f} tokens/s, MFU {100 * r['mfu']:.1f}%")
     batches = stage.batches
@@ -298,15 +263,12 @@ def _bench_stage(name, builder, mcfg, seq, micro, warmup, steps, rank, world, pe
         log(f"{name} (transformers): {p['step_time_s']:.3f} s/step, {p['tokens_per_s']:.0f} tokens/s")
 
 
-def run(args) -> dict:
-    from ..runtime import dist
-    from ..data.mlm import MLMBatches
-    from ..data.shards import TokenCorpus
+def _settings(args) -> argparse.Namespace:
+    """The run's shape, device and engine JSON from the arguments, the bench preset and the device's defaults."""
+    from ..runtime import ds_config as dsc
 
+    device = bench_device.choose(args.device)
     preset = PRESETS[args.preset]
-    micro = args.micro_batch or preset.micro_batch
-    steps = args.steps or preset.steps
-    warmup = preset.warmup if args.warmup is None else args.warmup
     stages = args.stages or list(STAGES)
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
@@ -315,9 +277,58 @@ def run(args) -> dict:
     seq = args.seq or min(preset.seq, mcfg.max_positions)
     if seq > mcfg.max_positions:
         raise ValueError(f"--seq {seq} exceeds the {args.preset} model's max_positions={mcfg.max_positions}")
-    log = (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)) if not args.quiet else (lambda m: None)
+    ds_config = args.ds_config or (bench_device.paper_ds_config() if device.paper_config else RunConfig.ds_config)
+    o = argparse.Namespace(
+        device=device, preset=preset, stages=stages, mcfg=mcfg, seq=seq, ds_config=ds_config,
+        precision=dsc.precision(json.loads(dsc.find(ds_config).read_text())),
+        micro=args.micro_batch or device.micro_batch or preset.micro_batch,
+        steps=args.steps or device.steps or preset.steps,
+        warmup=next(w for w in (args.warmup, device.warmup, preset.warmup) if w is not None),
+        log=(lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)) if not args.quiet else (lambda m: None))
+    o.peak = bench_device.gpu_peak(o.precision, args.peak_tflops) if device.kind == "cuda" else None
+    return o
 
-    peer_ok, peer_note = _peer_available(args.peer, log)
+
+def _measure(args, o, rank: int, world: int, peer_ok: bool, probes: list) -> dict:
+    """Every stage, the ratio pairs, and on CPU prepare's encoding and the host side, over a synthetic corpus."""
+    from ..data.mlm import MLMBatches
+    from ..data.shards import TokenCorpus
+
+    log, preset, mcfg = o.log, o.preset, o.mcfg
+    with tempfile.TemporaryDirectory(prefix="mm-ds-bench-") as tmp:
+        work = Path(tmp)
+        mb, workers = args.corpus_mb or preset.corpus_mb, len(os.sched_getaffinity(0))
+        if o.device.encode:
+            corpus_dir, text, encode = prepare_corpus(work, mb, preset.encode_mb, mcfg.vocab_size, workers, log)
+        else:
+            (corpus_dir, text, _, _), encode = spread_corpus(work, mb, mcfg.vocab_size, workers, log), None
+        builder = Stages(work, corpus_dir, text, mcfg, preset, o.seq, o.micro, o.ds_config, log)
+        results, peer = {}, {}
+        for name in o.stages:
+            _bench_stage(name, builder, o, rank, world, peer_ok, results, peer, probes, log)
+        pairs = bench_pairs.measure(builder, mcfg, o.stages, o.warmup, o.steps, rank, world, peer_ok, log)
+        host = None
+        if o.device.host:
+            host = bench_host.measure(lambda m, c, sq, mb, ds: Stages(work / "host", c, text, m, PRESETS["base"], sq,
+                                                                      mb, ds, log),
+                                      corpus_dir, host_corpus(work, text, bench_host.HOST_VOCAB),
+                                      base_model_cfg(PRESETS["base"]), PRESETS["base"].mini_layers, rank, log)
+        # The loader alone, for reference.
+        mlm = MLMBatches(TokenCorpus(corpus_dir), o.seq, seed=0, vocab_size=mcfg.vocab_size)
+        t0 = time.perf_counter()
+        for s in range(5):
+            mlm.batch(s, 0, 0, 1, o.micro)
+        loader_only = (time.perf_counter() - t0) / 5
+    return {"stages": results, "peer": peer, "pairs": pairs, "prepare": encode, "loader_only_s": loader_only,
+            "host": host}
+
+
+def run(args) -> dict:
+    from ..runtime import dist
+
+    o = _settings(args)
+    log = o.log
+    peer_ok, peer_note = _peer_available(args.peer, o.device, log)
 
     import logging
 
@@ -327,57 +338,45 @@ def run(args) -> dict:
     if world != 1:
         raise ValueError("mm-ds bench runs as a single process; do not start it under a launcher")
     load_start = os.getloadavg()
-    peak_start = matmul_peak()
-    log(f"matmul peak (2048^3 fp32, {torch.get_num_threads()} threads): {peak_start['median_flops'] / 1e9:.1f} "
-        f"GFLOP/s median; load average {load_start[0]:.2f}")
+    probes = []
+    if o.device.kind == "cpu":
+        probes.append(matmul_peak())
+        log(f"matmul peak (2048^3 fp32, {torch.get_num_threads()} threads): "
+            f"{probes[0]['median_flops'] / 1e9:.1f} GFLOP/s median; load average {load_start[0]:.2f}")
+    else:
+        log(f"{o.peak['gpu']}: peak {o.peak['used_flops'] / 1e12:g} TFLOP/s ({o.peak['source']}); {o.ds_config}")
+    measured = _measure(args, o, rank, world, peer_ok, probes)
+    if o.device.kind == "cpu":
+        probes.append(matmul_peak())
+        # MFU against the most the machine delivered in this run (contention only ever lowers a probe).
+        peak = {"start": probes[0], "end": probes[-1], "probes": probes,
+                "used_flops": max(p["median_flops"] for p in probes), "source": "measured: fp32 2048^3 matmul"}
+    else:
+        peak = o.peak
+    for r in list(measured["stages"].values()) + list(measured["peer"].values()):
+        r["mfu"] = r["flops_per_step"] / r["step_time_s"] / peak["used_flops"]
+    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "setup": _setup(args, o, world, load_start),
+              "peak": peak, "peer_note": peer_note, "max_rss_bytes": maxrss_bytes(), **measured}
+    report["targets"] = evaluate_targets(measured["stages"], measured["pairs"], measured["prepare"],
+                                         measured["host"], o.device.kind)
+    return report
 
-    with tempfile.TemporaryDirectory(prefix="mm-ds-bench-") as tmp:
-        work = Path(tmp)
-        corpus_dir, text, encode = prepare_corpus(work, args.corpus_mb or preset.corpus_mb, preset.encode_mb,
-                                                  mcfg.vocab_size, len(os.sched_getaffinity(0)), log)
-        builder = Stages(work, corpus_dir, text, mcfg, preset, seq, micro, args.ds_config, log)
-        results, peer, probes = {}, {}, [peak_start]
-        for name in stages:
-            _bench_stage(name, builder, mcfg, seq, micro, warmup, steps, rank, world, peer_ok, results, peer, probes,
-                         log)
-        pairs = bench_pairs.measure(builder, mcfg, stages, warmup, steps, rank, world, peer_ok, log)
-        host = bench_host.measure(lambda m, c, sq, mb, ds: Stages(work / "host", c, text, m, PRESETS["base"], sq, mb,
-                                                                  ds, log),
-                                  corpus_dir, host_corpus(work, text, bench_host.HOST_VOCAB),
-                                  base_model_cfg(PRESETS["base"]), PRESETS["base"].mini_layers, rank, log)
-        # The loader alone, for reference.
-        mlm = MLMBatches(TokenCorpus(corpus_dir), seq, seed=0, vocab_size=mcfg.vocab_size)
-        t0 = time.perf_counter()
-        for s in range(5):
-            mlm.batch(s, 0, 0, 1, micro)
-        loader_only = (time.perf_counter() - t0) / 5
 
-    peak_end = matmul_peak()
-    probes.append(peak_end)
-    # MFU against the most the machine delivered in this run (contention only ever lowers a probe).
-    peak = max(p["median_flops"] for p in probes)
-    for r in list(results.values()) + list(peer.values()):
-        r["mfu"] = r["flops_per_step"] / r["step_time_s"] / peak
-    load_end = os.getloadavg()
+def _setup(args, o, world: int, load_start) -> dict:
     import deepspeed
 
-    report = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "setup": {"preset": args.preset, "hidden": mcfg.hidden_size, "layers": mcfg.num_layers,
-                  "heads": mcfg.num_heads, "ffn": mcfg.ffn_size, "vocab": mcfg.vocab_size, "seq": seq,
-                  "micro_batch": micro, "global_batch": micro * world, "mini_layers": preset.mini_layers,
-                  "new_layers": preset.new_layers, "steps": steps, "warmup": warmup, "dtype": "fp32",
-                  "ds_config": args.ds_config, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-                  "torch": torch.__version__, "deepspeed": deepspeed.__version__,
-                  "transformers": _version("transformers"), "python": platform.python_version(),
-                  "machine": platform.processor() or platform.machine(), "device": "cpu",
-                  "load_avg_start": load_start, "load_avg_end": load_end},
-        "peak": {"start": peak_start, "end": peak_end, "probes": probes, "used_flops": peak},
-        "stages": results, "peer": peer, "peer_note": peer_note, "pairs": pairs, "prepare": encode,
-        "loader_only_s": loader_only, "max_rss_bytes": maxrss_bytes(), "host": host,
-    }
-    report["targets"] = evaluate_targets(results, pairs, encode, host)
-    return report
+    mcfg, preset = o.mcfg, o.preset
+    cuda = o.device.kind == "cuda"
+    return {"preset": args.preset, "hidden": mcfg.hidden_size, "layers": mcfg.num_layers,
+            "heads": mcfg.num_heads, "ffn": mcfg.ffn_size, "vocab": mcfg.vocab_size, "seq": o.seq,
+            "micro_batch": o.micro, "global_batch": o.micro * world, "mini_layers": preset.mini_layers,
+            "new_layers": preset.new_layers, "steps": o.steps, "warmup": o.warmup, "dtype": o.precision,
+            "precision": o.precision, "ds_config": o.ds_config, "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "deepspeed": deepspeed.__version__, "transformers": _version("transformers"),
+            "python": platform.python_version(), "machine": platform.processor() or platform.machine(),
+            "device": o.device.kind, "gpu": torch.cuda.get_device_name() if cuda else None,
+            "load_avg_start": load_start, "load_avg_end": os.getloadavg()}
 
 
 def _version(mod: str) -> str | None:
@@ -396,7 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, help="timed steps per stage; the median is reported")
     ap.add_argument("--warmup", type=int, help="untimed steps per stage first")
     ap.add_argument("--stages", nargs="+", metavar="STAGE", help=f"subset of: {' '.join(STAGES)}")
-    ap.add_argument("--ds-config", default=RunConfig.ds_config, help="DeepSpeed JSON (CPU: fp32)")
+    ap.add_argument("--device", default="auto", choices=["auto", *bench_device.DEVICES],
+                    help="cpu, or cuda (the first visible GPU, bf16: see mm_ds/tools/bench_device.py); auto: cuda "
+                         "where torch sees a GPU")
+    ap.add_argument("--ds-config", help=f"DeepSpeed JSON (default: {RunConfig.ds_config} on cpu, the paper presets' "
+                                        f"on cuda)")
+    ap.add_argument("--peak-tflops", type=float, help="cuda: the GPU's peak for MFU, if not in mm_ds/runtime/peaks.py")
     ap.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
                     help="also time transformers' RobertaForMaskedLM (needs the [bench] extra)")
     ap.add_argument("--corpus-mb", type=float, help="synthetic text to prepare and encode (default: the preset's)")

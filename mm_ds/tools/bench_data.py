@@ -66,11 +66,30 @@ def spread_tokenizer(model: Path, vocab: int, out: Path, seed: int = 0) -> Path:
     return out
 
 
+def spread_corpus(work: Path, megabytes: float, vocab: int, workers: int, log) -> tuple[Path, Path, Path, dict]:
+    """The synthetic corpus prepared with a `vocab`-piece tokenizer (`spread_tokenizer`): (corpus dir, text file,
+    the tokenizer, the first prepare's figures). `mm-ds bench` on a GPU and the GPU suite's paper-shape update
+    (tests/gpu) use it alone; on CPU `prepare_corpus` also times the encoding."""
+    from ..data.corpus import prepare
+
+    text = work / "corpus.txt"
+    nbytes = synthetic_text(text, megabytes)
+    trained = 2000 if megabytes < 4 else 8000
+    log(f"synthetic corpus: {nbytes / 2**20:.1f} MiB; training a {trained}-piece SentencePiece model ...")
+    t0 = time.perf_counter()
+    meta = prepare("xx", [str(text)], str(work / "trained"), vocab_size=trained, sample_sentences=20000,
+                   workers=workers, seed=0, progress=False)
+    first = {"text_bytes": nbytes, "corpus_tokens": meta["num_tokens"], "corpus_vocab": meta["vocab_size"],
+             "first_prepare_s": time.perf_counter() - t0}
+    model = spread_tokenizer(work / "trained" / meta["spm_model"], vocab, work / "spread.model")
+    prepare("xx", [str(text)], str(work / "corpus"), spm_model=str(model), workers=workers, progress=False)
+    return work / "corpus", text, model, first
+
+
 def prepare_corpus(work: Path, megabytes: float, encode_mb: float, vocab: int, workers: int,
                    log) -> tuple[Path, Path, dict]:
-    """Prepare the synthetic corpus with a `vocab`-piece tokenizer (`spread_tokenizer`); then measure
-    `mm-ds prepare`'s encoding against single-process SentencePiece (target 4). Returns (corpus dir, text
-    file, measurements).
+    """Prepare the synthetic corpus (`spread_corpus`); then measure `mm-ds prepare`'s encoding against
+    single-process SentencePiece (target 4). Returns (corpus dir, text file, measurements).
 
     The encoding is timed on the text repeated to `encode_mb` (the same work per byte, enough of it that
     prepare's fixed start-up, ~0.05 s, does not decide the ratio). The reference is SentencePiece alone on one
@@ -83,16 +102,8 @@ def prepare_corpus(work: Path, megabytes: float, encode_mb: float, vocab: int, w
     from ..data.inputs import chunks, resolve_inputs, split_lines
     from ..data.tokenizer import encoder
 
-    text = work / "corpus.txt"
-    nbytes = synthetic_text(text, megabytes)
-    trained = 2000 if megabytes < 4 else 8000
-    log(f"synthetic corpus: {nbytes / 2**20:.1f} MiB; training a {trained}-piece SentencePiece model ...")
-    t0 = time.perf_counter()
-    meta = prepare("xx", [str(text)], str(work / "trained"), vocab_size=trained, sample_sentences=20000,
-                   workers=workers, seed=0, progress=False)
-    t_first = time.perf_counter() - t0
-    model = spread_tokenizer(work / "trained" / meta["spm_model"], vocab, work / "spread.model")
-
+    corpus, text, model, first = spread_corpus(work, megabytes, vocab, workers, log)
+    nbytes = first["text_bytes"]
     timed = work / "encode.txt"
     repeat = max(1, round(encode_mb / megabytes))
     timed.write_bytes(text.read_bytes() * repeat)
@@ -114,18 +125,17 @@ def prepare_corpus(work: Path, megabytes: float, encode_mb: float, vocab: int, w
     t0 = time.perf_counter()
     prepare("xx", [str(timed)], str(work / "encoded_1worker"), spm_model=str(model), workers=1, progress=False)
     t_prep1 = time.perf_counter() - t0
-    prepare("xx", [str(text)], str(work / "corpus"), spm_model=str(model), workers=workers, progress=False)
     shutil.rmtree(work / "encoded_1worker")
     timed.unlink()
     enc = {"text_bytes": timed_bytes, "text_repeats": repeat, "chunks": len(chunk_lines),
-           "corpus_tokens": meta["num_tokens"], "corpus_vocab": meta["vocab_size"],
-           "first_prepare_s": t_first, "workers": workers, "prepare_encode_s": t_prep,
+           "corpus_tokens": first["corpus_tokens"], "corpus_vocab": first["corpus_vocab"],
+           "first_prepare_s": first["first_prepare_s"], "workers": workers, "prepare_encode_s": t_prep,
            "prepare_bytes_per_s": timed_bytes / t_prep, "prepare_1_worker_s": t_prep1,
            "prepare_1_worker_bytes_per_s": timed_bytes / t_prep1, "single_process_encode_s": t_single,
            "single_process_bytes_per_s": timed_bytes / t_single}
     enc["ratio"] = enc["prepare_bytes_per_s"] / (enc["single_process_bytes_per_s"] * workers)
     enc["in_turn_s"] = spent
-    return work / "corpus", text, enc
+    return corpus, text, enc
 
 
 def host_corpus(work: Path, text: Path, vocab: int) -> Path:

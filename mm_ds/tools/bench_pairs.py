@@ -18,6 +18,7 @@ import time
 from typing import Callable
 
 from ..runtime import engine as eng
+from ..runtime.prefetch import Prefetcher
 from .bench_peer import PeerSteps, release_free_memory
 
 # target -> (its numerator: an mm-ds bench stage; its denominator: who, and which bench stage)
@@ -50,20 +51,28 @@ def alternate(steppers: dict[str, Step], warmup: int, steps: int) -> dict[str, d
 
 class EngineSteps:
     """A bench stage's engine as `engine.train` builds it (`engine.build_engine`); a call runs one
-    `engine.train_step`, the function `engine.train` loops over, and times it."""
+    `engine.train_step`, the function `engine.train` loops over, and times it. On a GPU its batches come as
+    `engine.train` gives them, built ahead on a thread and pinned (`Prefetcher`); on CPU the step builds them."""
 
     def __init__(self, stage: eng.Stage, world: int, rank: int):
         self.stage, self.rank = stage, rank
         self.built = eng.build_engine(stage, world)
         self.built.engine.train()
+        self.ahead = None
+        if self.built.engine.device.type == "cuda":
+            self.ahead = Prefetcher(stage.batches, rank, self.built.geo, 0, stage.cfg.train.steps,
+                                    ahead=stage.cfg.data.prefetch, pin=True)
 
     def __call__(self, step: int) -> tuple[float, float, float, float]:
         t0, c0 = time.perf_counter(), time.process_time()
-        logs, data, _ = eng.train_step(self.built.engine, self.stage, step, self.rank, self.built.geo)
+        logs, data, _ = eng.train_step(self.built.engine, self.stage, step, self.rank, self.built.geo,
+                                       self.ahead.get if self.ahead else None)
         loss = float(logs["loss"])  # a host read: the update is timed to its end
         return time.perf_counter() - t0, data, time.process_time() - c0, loss
 
     def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
         self.built.engine = None
 
 

@@ -35,28 +35,36 @@ def print_report(rep: dict) -> None:
           f"{s['deepspeed']}, transformers {s['transformers']}; ds config {s['ds_config']}; median of "
           f"{s['steps']} steps after {s['warmup']} warm-up")
     pk = rep["peak"]
-    probes = [p["median_flops"] / 1e9 for p in pk["probes"]]
-    print(f"matmul peak (fp32 2048^3, medians): {pk['start']['median_flops'] / 1e9:.1f} GFLOP/s at start, "
-          f"{pk['end']['median_flops'] / 1e9:.1f} at end, {min(probes):.1f}-{max(probes):.1f} over "
-          f"{len(probes)} probes; MFU uses the highest, {pk['used_flops'] / 1e9:.1f}. "
-          f"load average {s['load_avg_start'][0]:.2f} -> {s['load_avg_end'][0]:.2f}")
+    if "probes" in pk:
+        probes = [p["median_flops"] / 1e9 for p in pk["probes"]]
+        print(f"matmul peak (fp32 2048^3, medians): {pk['start']['median_flops'] / 1e9:.1f} GFLOP/s at start, "
+              f"{pk['end']['median_flops'] / 1e9:.1f} at end, {min(probes):.1f}-{max(probes):.1f} over "
+              f"{len(probes)} probes; MFU uses the highest, {pk['used_flops'] / 1e9:.1f}. "
+              f"load average {s['load_avg_start'][0]:.2f} -> {s['load_avg_end'][0]:.2f}")
+    else:
+        print(f"gpu: {pk['gpu']}, CUDA {s['cuda']}; MFU against {pk['used_flops'] / 1e12:g} TFLOP/s ({pk['source']})")
     print()
     print(table(rep["stages"], rep["peer"]))
+    gpu = {k: r["peak_gpu_bytes"] for k, r in rep["stages"].items() if r.get("peak_gpu_bytes") is not None}
+    if gpu:
+        print("GPU memory, peak allocated: " + ", ".join(f"{k} {b / 2**30:.2f} GiB" for k, b in gpu.items()))
     if rep["peer_note"]:
         print(f"peer: {rep['peer_note']}")
     spread = [f"{k} {100 * (r['step_time_max_s'] / r['step_time_min_s'] - 1):.0f}%" for k, r in rep["stages"].items()]
     print(f"step-time spread (max/min - 1): {', '.join(spread)}")
     e = rep["prepare"]
-    print(f"prepare: {e['text_bytes'] / 2**20:.1f} MiB (the corpus text x {e['text_repeats']}, {e['chunks']} chunks) "
-          f"encoded in {e['prepare_encode_s']:.2f} s with {e['workers']} workers, {e['prepare_1_worker_s']:.2f} s "
-          f"with 1; SentencePiece alone, the same calls on one thread, {e['single_process_encode_s']:.2f} s "
-          f"(medians of three, in turn)")
+    if e:
+        print(f"prepare: {e['text_bytes'] / 2**20:.1f} MiB (the corpus text x {e['text_repeats']}, {e['chunks']} "
+              f"chunks) encoded in {e['prepare_encode_s']:.2f} s with {e['workers']} workers, "
+              f"{e['prepare_1_worker_s']:.2f} s with 1; SentencePiece alone, the same calls on one thread, "
+              f"{e['single_process_encode_s']:.2f} s (medians of three, in turn)")
     if rep["pairs"]:
         print()
         print(bench_pairs.table(rep["pairs"]))
-    print()
-    print(bench_host.table(rep["host"]))
+    if rep["host"]:
+        print()
+        print(bench_host.table(rep["host"]))
     print()
     for t in rep["targets"]:
-        verdict = "PASS" if t["pass"] else "FAIL"
+        verdict = {True: "PASS", False: "FAIL", None: "----"}[t["pass"]]
         print(f"[{verdict}] {t['description']}: {t['detail']}")

@@ -4,6 +4,7 @@
     mm-ds plan paper --nodes 4 --gpus-per-node 8 --usd-per-gpu-hour 2.5 --time-limit 48h   # a budget
     mm-ds plan paper --nodes 2 --gpus-per-node 8 --peak-tflops 312 --mfu 0.4 --inter-gbps 22
     mm-ds plan --bench bench.json                # also: the compute model against `mm-ds bench` measurements
+    mm-ds plan --bench bench-gpu.json            # ... and the cluster at a GPU's measured rate (bench on cuda)
 
 Per optimizer step of each stage:
 
@@ -45,10 +46,12 @@ every column of the stage table.
 
 Checking the compute part here. `--bench FILE` reads `mm-ds bench --json FILE` output (any JSON holding
 `stages: {name: {kind?, flops_per_step, step_time_s}}` and `peak: {used_flops}` works) and prints, per stage
-kind, the measured step time against the estimate at the plan's MFU (against the peak measured in that
-run) and against an estimate calibrated on the measured pretraining MFU: the latter checks that the FLOPs
-formulas predict the *relative* cost of the stages. `--measured-tflops X` instead takes one measured
-per-GPU throughput (e.g. `mm-ds bench` on the target GPU) and prints the cluster step times at it.
+kind, the measured step time against the estimate at the plan's MFU (against the bench's peak: on CPU the
+matmul rate measured in that run, on a GPU its datasheet rate in the training dtype) and against an estimate
+calibrated on the measured pretraining MFU: the latter checks that the FLOPs formulas predict the *relative*
+cost of the stages. A GPU's bench (`mm-ds bench --device cuda` on the target GPU, the paper presets' bf16) also
+gives the cluster's step times at its measured Step 1 rate, as `--measured-tflops X` does for any one measured
+per-GPU throughput.
 """
 
 from __future__ import annotations
@@ -147,8 +150,10 @@ def format_spread(one: list, side: list, c: Cluster, spread: int) -> str:
 _BENCH_KIND = {"adapt_full": "adapt", "adapt_mini": "adapt"}
 
 
-def read_bench(path: str | Path) -> tuple[float | None, list[dict]]:
-    """(peak FLOP/s of the run or None, [{name, formula, flops_per_step, step_time_s}]) of an `mm-ds bench --json`."""
+def read_bench(path: str | Path) -> tuple[float | None, list[dict], dict]:
+    """(peak FLOP/s of the run or None, [{name, formula, flops_per_step, step_time_s}], {device, gpu, precision,
+    peak_source}) of an `mm-ds bench --json`: a CPU run's peak is its measured matmul rate, a GPU run's the GPU's
+    datasheet rate in its training dtype (mm_ds/tools/bench_device.py)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -167,17 +172,37 @@ def read_bench(path: str | Path) -> tuple[float | None, list[dict]]:
         rows.append({"name": name, "formula": r.get("kind") or _BENCH_KIND.get(name, name),  # bench's name for it
                      "flops_per_step": float(r["flops_per_step"]), "step_time_s": float(r["step_time_s"])})
     peak = data.get("peak", {})
+    source = peak.get("source") if isinstance(peak, dict) else None
     peak = peak.get("used_flops") if isinstance(peak, dict) else None
     peak = peak or (data.get("peak_tflops") and data["peak_tflops"] * 1e12)
-    return (float(peak) if peak else None), rows
+    setup = data.get("setup") if isinstance(data.get("setup"), dict) else {}
+    about = {"device": setup.get("device", "cpu"), "gpu": setup.get("gpu"),
+             "precision": setup.get("precision") or setup.get("dtype"), "peak_source": source}
+    peak = float(peak) if peak and float(peak) == float(peak) else None  # NaN: a GPU whose peak bench did not know
+    return peak, rows, about
 
 
-def bench_check(peak: float | None, bench: list[dict], mfu: float) -> str:
-    """Estimated vs measured step time of each benchmarked stage on the machine that ran the benchmark."""
+def _bench_head(peak: float | None, about: dict, plan_peak_tflops: float) -> list[str]:
+    if about.get("device") != "cuda":
+        return [f"compute model vs `mm-ds bench` (peak {peak / 1e12:.3f} TFLOP/s measured in that run)" if peak else
+                "compute model vs `mm-ds bench` (no peak in the file: calibrated estimate only)"]
+    gpu = f"{about.get('gpu') or 'a GPU'}, {about.get('precision') or '?'}"
+    if not peak:
+        return [f"compute model vs `mm-ds bench` on {gpu} (its peak unknown: calibrated estimate only)"]
+    lines = [f"compute model vs `mm-ds bench` on {gpu}: peak {peak / 1e12:g} TFLOP/s ({about.get('peak_source')})"]
+    if abs(peak / 1e12 - plan_peak_tflops) > 0.01 * plan_peak_tflops:
+        lines.append(f"note: this plan prices GPUs of {plan_peak_tflops:g} TFLOP/s; for this bench's GPU pass "
+                     f"--peak-tflops {peak / 1e12:g}")
+    return lines
+
+
+def bench_check(peak: float | None, bench: list[dict], mfu: float, about: dict | None = None,
+                plan_peak_tflops: float = Cluster.peak_tflops) -> str:
+    """Estimated vs measured step time of each benchmarked stage on the machine that ran the benchmark (a CPU, or
+    the GPU `mm-ds bench` ran on: then the estimate at the plan's MFU is the plan's own for that GPU)."""
     ref = next((r for r in bench if r["formula"] == "pretrain"), bench[0])
     ref_mfu = ref["flops_per_step"] / ref["step_time_s"] / peak if peak else None
-    lines = [f"compute model vs `mm-ds bench` (peak {peak / 1e12:.3f} TFLOP/s measured in that run)" if peak else
-             "compute model vs `mm-ds bench` (no peak in the file: calibrated estimate only)",
+    lines = _bench_head(peak, about or {}, plan_peak_tflops) + [
              "| stage | formula | GFLOP/step | measured s | TFLOP/s | MFU | est. s at plan MFU | est. s calibrated "
              f"on {ref['name']} | measured / calibrated |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in bench:
@@ -193,6 +218,12 @@ def bench_check(peak: float | None, bench: list[dict], mfu: float) -> str:
                      f"the last column means the stage runs below the reference's efficiency (the plan's "
                      f"estimate for it is optimistic by that factor)")
     return "\n".join(lines)
+
+
+def bench_tflops(bench: list[dict]) -> float:
+    """TFLOP/s the benchmark's reference stage (Step 1 where it ran) achieved: a GPU bench's per-GPU rate."""
+    ref = next((r for r in bench if r["formula"] == "pretrain"), bench[0])
+    return ref["flops_per_step"] / ref["step_time_s"] / 1e12
 
 
 def measured_check(rows: list[StagePlan], c: Cluster, tflops: float) -> str:
@@ -276,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                "spread": {"groups": spread, "totals": totals_json(side, []) if isinstance(side, list) else side},
                "budget": [asdict(b) for b in money], "prepare": [asdict(t) for t in prepare]}
         if bench:
-            out["bench"] = {"peak_flops": bench[0], "stages": bench[1]}
+            out["bench"] = {"peak_flops": bench[0], "stages": bench[1], **bench[2]}
         print(json.dumps(out, indent=2))
         return 0
     shapes = sorted({(c.hidden, c.vocab, c.seq_len, c.mask_prob) for c in costs})
@@ -296,7 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         print(measured_check(rows, cluster, a.measured_tflops))
     if bench:
         print()
-        print(bench_check(bench[0], bench[1], cluster.mfu))
+        print(bench_check(bench[0], bench[1], cluster.mfu, bench[2], cluster.peak_tflops))
+        if bench[2]["device"] == "cuda" and not a.measured_tflops:  # a GPU's rate: the cluster at it
+            print()
+            print(f"at {bench[2]['gpu']}'s measured Step 1 rate in {a.bench}:")
+            print(measured_check(rows, cluster, bench_tflops(bench[1])))
     return 0
 
 

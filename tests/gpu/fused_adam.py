@@ -75,9 +75,10 @@ def check_gpu() -> None:
     import torch
 
     if torch.version.cuda is None:
-        raise Stop(f"make test-gpu needs a CUDA build of torch; this .venv has torch {torch.__version__}, a CPU build. "
-                   f"Install the CUDA build of the pinned version (pip's default wheels on Linux), e.g. remove .venv "
-                   f"and run `make test-gpu` on the GPU machine")
+        raise Stop(f"make test-gpu needs a CUDA build of torch; {sys.executable} has torch {torch.__version__}, a CPU "
+                   f"build. Install the CUDA build of the pinned version (pip's default wheels on Linux), e.g. remove "
+                   f".venv and run `make test-gpu` on the GPU machine, or name a Python whose torch is a CUDA build: "
+                   f"`PYTHON=python3 make test-gpu`")
     if not torch.cuda.is_available():
         raise Stop(f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU here "
                    f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); run `make test-gpu` where "
@@ -87,8 +88,10 @@ def check_gpu() -> None:
     try:
         FusedAdamBuilder().load(verbose=False)
     except Exception as e:  # a prebuilt op for another accelerator, then a just-in-time build that failed
-        raise Stop(f"DeepSpeed's FusedAdam does not load on this GPU ({type(e).__name__}: {e}); reinstall DeepSpeed "
-                   f"here: rm .venv/.mm-ds-installed && make test-gpu") from None
+        raise Stop(f"DeepSpeed's FusedAdam does not load on this GPU ({type(e).__name__}: {e}); with .venv, "
+                   f"reinstall DeepSpeed here: rm .venv/.mm-ds-installed && make test-gpu; with PYTHON= (DeepSpeed "
+                   f"from a wheel without ops), FusedAdam is compiled here at first use: it needs nvcc of torch's "
+                   f"CUDA release ($CUDA_HOME) and ninja") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,16 +1,26 @@
-"""On CUDA GPUs: what no CPU machine can run. `make test-gpu` (or `pytest -m gpu tests/gpu`) on a machine with one or
-more GPUs; without CUDA every test here is skipped. The checks that need no GPU live in tests/gpu_checks.py, where
-CPU tests (tests/test_gpu_checks.py, tests/test_reduction_dtype.py) show that they can fail.
+"""On CUDA GPUs: what no CPU machine can run. `make test-gpu` on a machine with one or more GPUs (under 8 minutes on
+one GPU; `make test-gpu LONG=1` adds the `gpu_long` cases); without CUDA every test here is skipped. It ends with a
+summary to paste (tests/gpu/conftest.py). The checks that need no GPU live in tests/gpu_checks.py and beside this file
+(gpu_thresholds.py, device_waits.py), where CPU tests (tests/test_gpu_checks.py) show that they can fail.
 
-- 20 updates of BL_BASE pretraining (the paper's shape, shorter sequences) on every local GPU, in bf16
-  (BF16_Optimizer) and fp16 (the ZeRO optimizer, loss scaling): NCCL, DeepSpeed's CUDA FusedAdam, loss going
-  down, MFU logged against the GPU's peak;
-- SDPA: the kernel torch's default dispatcher picks for real MLM batches (their padding masks as the data pipeline
-  makes them) in bf16 training is a fused one, and runs forward and backward;
-- the whole pipeline in bf16 under ZeRO 1-3 (every stage kind, Step 2 over both mini-models, Step 4 on the GPUs),
-  per stage as the paper recipe runs it and as one job: the frozen weights the Step-2 engines held on the GPUs
+On one GPU:
+- the paper-shape update: Step 1 of BL_BASE and MINIJOINT as the paper presets run it (bf16 under ZeRO 1, 32 x 512
+  per micro-step, 2 micro-steps per update), in a process of its own (paper_update.py): the GPU's peak allocated
+  memory under a ceiling and its tokens/s over a floor from `mm-ds plan`'s model (gpu_thresholds.py says why
+  half the plan's rate); a GPU missing from mm_ds/runtime/peaks.py skips the floor, saying so;
+- its micro-steps through the real engine (`engine.train_step` on an engine built as `engine.train` builds it, past
+  the first updates, no log or checkpoint among them) under `torch.cuda.set_sync_debug_mode("error")` and torch's
+  GPU trace: no wait of the host for the device; at the optimizer step only DeepSpeed's named norm read;
+- SDPA on real MLM batches: flash attention runs for a batch without padding, a fused kernel (never the math
+  fallback) for one with its padding mask, forward and backward;
+- the miniature pipeline in bf16 under ZeRO 1-3 (every stage kind, Step 2 over both mini-models, Step 4 on the
+  GPUs) as one job (per stage: `gpu_long`): the frozen weights the Step-2 engines held on the GPUs
   (MM_DS_DUMP_FROZEN) are the parent's rounded to bf16, and final/ holds the parent's fp32 ones;
-- Step 2 killed and resumed on the GPUs, both ways.
+- Step 2 killed and resumed on the GPUs (per stage: `gpu_long`).
+With 2 or more GPUs (skipped below, saying what they would test), over NCCL between them:
+- 20 updates of BL_BASE pretraining (the paper's shape, shorter sequences) in bf16 (BF16_Optimizer) and fp16 (the
+  ZeRO optimizer, loss scaling): DeepSpeed's CUDA FusedAdam, loss going down, MFU logged against the GPU's peak;
+  NCCL's transports between the GPUs, read from its NCCL_DEBUG=INFO lines (P2P or SHM, never NET, on one node).
 """
 
 import json
@@ -24,13 +34,23 @@ import pytest
 import torch
 import yaml
 
-from gpu_checks import attention_calls, frozen_mismatches, fused_attention_problems, sdpa_backend
+import gpu_thresholds
+from gpu_checks import (attention_calls, describe_transports, frozen_mismatches, fused_attention_problems,
+                        nccl_transports, sdpa_backend, sdpa_kernels_run, transport_problems)
 from mm_ds.runtime import checkpoint
 from mm_ds.model.model import LANGUAGE_PARAMS, is_language_param
 
+HERE = Path(__file__).resolve().parent
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs CUDA GPUs: run `make test-gpu` on a GPU machine")]
 NGPU = torch.cuda.device_count() if torch.cuda.is_available() else 0
+GiB = 2 ** 30
+
+
+def over_nccl(what: str):
+    """A test of traffic between GPUs: on fewer than 2 a world of one would pass it without any; skip, saying what
+    it would have tested."""
+    return pytest.mark.skipif(NGPU < 2, reason=f"needs 2+ GPUs ({NGPU} here): would test, over NCCL, {what}")
 
 
 def port() -> int:
@@ -47,18 +67,26 @@ def mm_ds(*argv, env=None, check=True):
     return proc
 
 
+NCCL_INFO = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,GRAPH"}  # connections and the graph's path type
+
+
+@over_nccl("bf16 (BF16_Optimizer) and fp16 (ZeRO optimizer, loss scaling) updates of BL_BASE with gradients "
+           "all-reduced between the GPUs, and the transports NCCL picks for them")
 @pytest.mark.parametrize("precision, optimizer", [("bf16", "BF16_Optimizer"), ("fp16", "DeepSpeedZeroOptimizer")])
-def test_base_pretraining_with_fused_adam_over_nccl(corpus, tmp_path, precision, optimizer):
+def test_base_pretraining_with_fused_adam_over_nccl(corpus, tmp_path, precision, optimizer, record_property):
     """bf16 (the paper presets) and fp16 (GPUs only: DeepSpeed's CPU accelerator has none; dynamic loss scaling)."""
     out = tmp_path / "bl_base"
     proc = mm_ds("pretrain", "--preset", "paper/bl_base", "--out", str(out), "--no-progress", f"data.corpus={corpus}",
                  "model.vocab_size=null", "data.seq_len=128", "train.steps=20", "train.warmup_steps=2",
                  f"train.global_batch={16 * NGPU}", "train.micro_batch=8", "train.log_every=5",
                  "train.checkpoint_steps=[]", f"ds_config={precision}_zero1.json", f"launch.ranks={NGPU}",
-                 f"launch.master_port={port()}")
+                 f"launch.master_port={port()}", env=NCCL_INFO)
     log = proc.stdout + proc.stderr
     assert f"world={NGPU} micro=8 accum=2" in log and f"zero=1 {precision}; optimizer {optimizer} over FusedAdam" in log
     assert "backend nccl" in log
+    found = nccl_transports(log)
+    record_property("NCCL", describe_transports(found))
+    assert not transport_problems(found), f"{transport_problems(found)}: {describe_transports(found)}"
     rows = [json.loads(line) for line in (out / "logs" / "train.jsonl").read_text().splitlines()]
     assert all(r["loss"] == r["loss"] for r in rows) and rows[-1]["loss"] < rows[0]["loss"]
     meta = json.loads((out / "final" / "mm_ds.json").read_text())
@@ -66,14 +94,77 @@ def test_base_pretraining_with_fused_adam_over_nccl(corpus, tmp_path, precision,
     name = torch.cuda.get_device_name()
     if rows[-1]["mfu"] != rows[-1]["mfu"]:  # last: everything above holds whatever the GPU
         pytest.skip(f"MFU is NaN: {name!r} is not in mm_ds/runtime/peaks.py's GPU_PEAK_TFLOPS (set peak_tflops=...)")
+    record_property("MFU", f"{rows[-1]['mfu']:.1%} (seq 128)")
     assert 0.0 < rows[-1]["mfu"] < 1.0, rows[-1]
 
 
-def test_sdpa_default_dispatch_on_real_mlm_batches(corpus):
+# ---------------------------------------------------------------- the paper-shape update on one GPU
+
+_PAPER: dict[str, dict] = {}
+
+
+@pytest.fixture(scope="module")
+def paper_runs(tmp_path_factory):
+    """system -> paper_update.py's JSON for it, each run once (a process per system; the corpus made once)."""
+    work = tmp_path_factory.mktemp("paper_update")
+
+    def result(system: str) -> dict:
+        if system not in _PAPER:
+            out = work / f"{system}.json"
+            proc = subprocess.run([sys.executable, str(HERE / "paper_update.py"), str(work), system, str(out)],
+                                  capture_output=True, text=True, timeout=900)
+            assert proc.returncode == 0, f"paper_update.py {system}: exit {proc.returncode}\n{proc.stderr[-6000:]}"
+            _PAPER[system] = json.loads(out.read_text())
+        return _PAPER[system]
+
+    return result
+
+
+@pytest.mark.parametrize("system", gpu_thresholds.SYSTEMS)
+def test_paper_shape_update_memory_and_throughput(paper_runs, system, record_property):
+    r = paper_runs(system)
+    want = gpu_thresholds.paper_update(system, r["gpu"])
+    assert (r["micro_batch"], r["grad_accum"], r["precision"]) == (want.micro_batch, want.grad_accum, "bf16")
+    assert all(x == x for x in r["losses"]), r["losses"]
+    mem = want.memory
+    record_property("step", f"{r['step_s'] * 1e3:.1f} ms")
+    record_property("peak memory", f"{r['peak_bytes'] / GiB:.2f} GiB (ceiling {mem['ceiling'] / GiB:.2f})")
+    assert r["peak_bytes"] <= mem["ceiling"], (
+        f"{want.system}: {r['peak_bytes'] / GiB:.2f} GiB allocated at most, over the ceiling "
+        f"{mem['ceiling'] / GiB:.2f} GiB = {gpu_thresholds.MEMORY_MARGIN} x (states {mem['states'] / GiB:.2f} + activations "
+        f"{mem['activations'] / GiB:.2f} + heads {mem['heads'] / GiB:.2f}); see gpu_thresholds.py")
+    record_property("tokens/s", f"{r['tokens_per_s']:,.0f}")
+    if want.peak_tflops != want.peak_tflops:  # last: the memory above holds whatever the GPU
+        pytest.skip(f"no throughput floor: {r['gpu']!r} is not in mm_ds/runtime/peaks.py's GPU_PEAK_TFLOPS, so "
+                    f"`mm-ds plan` has no step time for it ({r['tokens_per_s']:,.0f} tokens/s measured)")
+    floor, mfu = want.floor_tokens_per_s, want.mfu(r["step_s"])
+    record_property("tokens/s", f"{r['tokens_per_s']:,.0f} (floor {floor:,.0f}, plan {want.planned_tokens_per_s:,.0f})")
+    record_property("MFU", f"{mfu:.1%} (plan {gpu_thresholds.PLAN_MFU:g})")
+    assert r["tokens_per_s"] >= floor, (
+        f"{want.system}: {r['tokens_per_s']:,.0f} tokens/s (MFU {mfu:.1%}) is under the floor {floor:,.0f}, half of "
+        f"what `mm-ds plan` assumes on {r['gpu']} ({want.planned_tokens_per_s:,.0f} at MFU {gpu_thresholds.PLAN_MFU})")
+
+
+@pytest.mark.parametrize("system", gpu_thresholds.SYSTEMS)
+def test_micro_steps_never_wait_for_the_device(paper_runs, system, record_property):
+    """The same process's last updates under sync-debug "error" and torch's GPU trace (device_waits.py): nothing in
+    a micro-step waits for the device (DeepSpeed's throughput timer, a read of a loss or a flag, a copy that must
+    finish); the optimizer step may make DeepSpeed's named gradient-norm read only."""
+    from paper_update import WATCHED
+
+    r = paper_runs(system)
+    allowed = ", ".join(f"{k} x{v:g}" for k, v in r["allowed_per_update"].items()) or "none"
+    record_property("waits per update", f"{len(r['problems'])} not allowed; DeepSpeed's norm read: {allowed}")
+    assert not r["problems"], "the host waited for the device:\n" + "\n".join(r["problems"])
+    assert r["watched_updates"] == WATCHED, r
+
+
+def test_sdpa_flash_for_an_unpadded_batch_fused_for_a_padded_one(corpus, record_property):
     """mm_ds/model/model.py's CUDA path is F.scaled_dot_product_attention with the batch's padding mask (key_mask, bool
-    (B, 1, 1, T)) and dropout 0.1 in training. Flash attention takes no mask and cuDNN's dropout must be a multiple
-    of 1/16, so real batches should get memory-efficient attention, a batch without padding flash attention:
-    whatever torch picks, it must not be the math fallback, and the fused kernels must run forward and backward."""
+    (B, 1, 1, T)) and dropout 0.1 in training. Flash attention takes no mask, so a batch without padding must run
+    flash attention, the fastest kernel, and a real batch (its padding mask as the data pipeline makes it) a fused
+    one (memory-efficient or cuDNN), never the math fallback; the kernels that run are read from torch's profiler
+    (`sdpa_kernels_run`), and the fused kernels must run forward and backward."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from mm_ds import config
@@ -89,17 +180,27 @@ def test_sdpa_default_dispatch_on_real_mlm_batches(corpus):
     padded = {k: v.cuda() for k, v in batch.items()}
     full = padded | {"attention_mask": None}  # as MLMBatches gives a batch whose blocks are all full
     fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
-    for inputs in (padded, full):
+    ran = {}
+    for name, inputs in (("padded", padded), ("unpadded", full)):
         with attention_calls() as calls:
             model(**inputs)["loss"].backward()
         assert len(calls) == cfg.model.num_layers and all((c.mask is None) == (inputs is full) for c in calls)
         assert not fused_attention_problems(calls), fused_attention_problems(calls)
-        print(f"{'padded' if inputs is padded else 'full'} batch: {sdpa_backend(calls[0]).name}")
+        ran[name] = sdpa_kernels_run(lambda: model(**inputs)["loss"].backward())
+        assert sum(ran[name].values()) == cfg.model.num_layers, ran[name]
         with sdpa_kernel(fused):  # raises if no fused kernel takes these inputs
             model(**inputs)["loss"].backward()
+    record_property("SDPA", "; ".join(f"{k}: {', '.join(v)}" for k, v in ran.items()))
+    assert "MATH" not in ran["padded"], f"the padded batch fell back to math attention: {ran}"
+    assert set(ran["unpadded"]) == {"FLASH_ATTENTION"}, (
+        f"an unpadded bf16 batch ran {dict(ran['unpadded'])}, not flash attention (the dispatcher's choice: "
+        f"{sdpa_backend(calls[0]).name}; torch's priority order: "
+        f"{[SDPBackend(i).name for i in torch._C._get_sdp_priority_order()]})")
 
 
 SMALL = ["model.hidden_size=64", "model.num_heads=2", "model.ffn_size=128"]
+# Per stage (the paper recipe's launches, ~20 of them) is `gpu_long`: one job keeps `make test-gpu` under 8 minutes.
+MODES = [pytest.param("per_stage", marks=pytest.mark.gpu_long), "one_job"]
 
 
 def _recipe(mode: str) -> dict:
@@ -128,7 +229,7 @@ def logs(out: Path) -> str:
     return "".join(p.read_text() for p in sorted((out / "logs").glob("*.log")))
 
 
-@pytest.mark.parametrize("mode", ["per_stage", "one_job"])
+@pytest.mark.parametrize("mode", MODES)
 def test_the_pipeline_in_bf16_on_gpus(tmp_path, mode):
     recipe, out, dumps = tmp_path / "recipe.yaml", tmp_path / "run", tmp_path / "frozen"
     recipe.write_text(yaml.safe_dump(_recipe(mode)))
@@ -151,7 +252,7 @@ def test_the_pipeline_in_bf16_on_gpus(tmp_path, mode):
         assert not changed, f"{system}: final/ does not hold the parent's fp32 frozen weights: {changed[:4]}"
 
 
-@pytest.mark.parametrize("mode", ["per_stage", "one_job"])
+@pytest.mark.parametrize("mode", MODES)
 def test_step2_killed_and_resumed_on_gpus(tmp_path, mode):
     recipe, out = tmp_path / "recipe.yaml", tmp_path / "run"
     recipe.write_text(yaml.safe_dump(_recipe(mode) | {"systems": ["minijoint"], "tasks": ["xnli"]}))
