@@ -219,6 +219,9 @@ class LaunchConfig:
     run_here: bool = False
     """deepspeed with a hostfile on one node runs the ranks on the machine it is started on, not on the hostfile's
     host: refused unless this machine is that host, or this is true."""
+    force_multi: bool = False
+    """deepspeed starts even one node through its runner (pdsh, ...; DeepSpeed's --force_multi), on the hostfile's
+    host: what `mm-ds run` gives a side-by-side group of one node that is not this machine (launch.spread)."""
 
     @property
     def world_size(self) -> int:

@@ -134,8 +134,8 @@ def cluster_commands() -> list[list[str]]:
 def test_the_readmes_cluster_path_checks_out_with_fake_hosts(tmp_path, monkeypatch, capsys):
     """Follow the README's cluster section on a machine with none of the cluster: four fake hosts in `hosts` (its
     `gpu01 slots=8` lines; pdsh and ssh stand-ins on PATH), CC-100 files and the task files where the section and
-    docs/cluster.md put them. The plan prints the budget, `--check` passes every stage at 4 x 8 side by side with
-    the data checked (not skipped), and `--only prepare --check` lists the 15 languages."""
+    docs/cluster.md put them. The plan prints the budget, `--check` passes every stage at 4 x 8 (the hostfile's 4
+    hosts) side by side with the data checked (not skipped), and `--only prepare --check` lists the 15 languages."""
     import lzma
     import os
 
@@ -176,5 +176,8 @@ def test_the_readmes_cluster_path_checks_out_with_fake_hosts(tmp_path, monkeypat
         elif "--only" in argv:
             assert out.startswith("mm-ds run paper --only prepare --check: ok: 15 language(s) to prepare\n")
         else:
-            assert out.startswith("mm-ds run paper --check: ok: 126 stage runs can start\n"), out[:3000]
-            assert "not checked" not in out and "launch.spread=4: 56 adapt runs side by side on 4 groups" in out
+            assert out.startswith("mm-ds run paper --check: ok: 126 stage runs can start\nlaunch: deepspeed through "
+                                  "DeepSpeed's pdsh runner: 4 node(s) x 8 rank(s) = world size 32 on gpu01, gpu02, "
+                                  "gpu03, gpu04; master gpu01:29500\n"), out[:3000]
+            assert "task files not checked" not in out and "text inputs not checked" not in out  # the data was
+            assert "launch.spread=4: 56 adapt runs side by side on 4 groups of 1 node(s) x 8 ranks" in out

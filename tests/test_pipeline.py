@@ -344,7 +344,7 @@ def test_side_by_side_runs_two_stage_runs_at_once_on_two_local_nodes(corpus, tmp
 
     launch, groups = _two_nodes(tmp_path)
     assert [g.hostfile.read_text() for g in groups] == ["localhost slots=1\n", "127.0.0.1 slots=1\n"]
-    assert [g.runner for g in groups] == [("--no_ssh_check",)] * 2  # loopback: DeepSpeed's runner runs it here
+    assert not any("launch.force_multi=true" in g.overrides for g in groups)  # loopback: deepspeed runs it here
     tiny = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=64", "data.seq_len=32",
             "model.max_positions=32", "train.global_batch=8", "train.micro_batch=4", "train.steps=4",
             "train.warmup_steps=1", "train.checkpoint_steps=[2]", "train.checkpoint_every=1000000",
@@ -379,7 +379,7 @@ def test_side_by_side_stops_starting_runs_after_a_failure(tmp_path):
     from mm_ds.pipeline.progress import StageFailed
     from mm_ds.stages.runner import StageRun
 
-    groups = [sp.Group(k, [], tmp_path / f"g{k}", (), ()) for k in range(2)]
+    groups = [sp.Group(k, [], tmp_path / f"g{k}", ()) for k in range(2)]
     runs = [StageRun("adapt", tmp_path / name, None, (), f"adapt/{name}") for name in ("de", "fr", "sw")]
     script = {"de": "echo boom; exit 3", "fr": "sleep 1.5; echo done", "sw": "true"}
     procs = {}
@@ -437,12 +437,23 @@ def test_spread_runs_a_step_side_by_side_only_with_a_run_per_group(tmp_path):
                      (0, "adapt/d"), (1, "adapt/e"), (0, "adapt/f")]
 
 
-def test_check_says_how_the_groups_run_and_refuses_what_cannot(tmp_path):
+def _runner_on_path(tmp_path, monkeypatch):
+    """pdsh and ssh stand-ins on PATH: what `--check` looks for on a login node that reaches the nodes."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("pdsh", "ssh"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_check_says_how_the_groups_run_and_refuses_what_cannot(tmp_path, monkeypatch):
     """`mm-ds run --check` with launch.spread: the groups, ports and geometry in a note; refused with the reason: a
     split that is not even, srun, DeepSpeed's slurm runner, one job; a group whose world size cannot keep a global
     batch names the values of launch.spread that can."""
     from mm_ds.pipeline.check import check
 
+    _runner_on_path(tmp_path, monkeypatch)
     hosts = tmp_path / "hosts"
     hosts.write_text("".join(f"gpu0{i} slots=8\n" for i in range(1, 5)))
     base = [f"launch.hostfile={hosts}", "launch.nodes=4", "launch.ranks=8"]
@@ -512,3 +523,29 @@ def test_only_prepare_prepares_the_data_apart(tmp_path, capsys):
     assert not (out / "data" / "en").exists()
     with pytest.raises(ConfigError, match="--lang fr: the recipe prepares en, de"):
         run("--only", "prepare", "--lang", "fr")
+
+
+def test_a_group_of_one_other_machine_goes_through_the_runner(tmp_path):
+    """launch.spread=4 on four hosts: each group is one node, which deepspeed would run on the machine it starts on;
+    a group that is another machine is started through the runner (pdsh, --force_multi) with its own hostfile line
+    and port, and rank 0's address is that machine's loopback; without force_multi the launch is refused."""
+    from mm_ds import config
+    from mm_ds.config import LaunchConfig
+    from mm_ds.pipeline import spread as sp
+    from mm_ds.runtime import launch
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(f"gpu0{i} slots=8\n" for i in range(1, 5)))
+    base = LaunchConfig(ranks=8, hostfile=str(hosts), spread=4, master_port=29600)
+    groups = sp.write_groups(base, tmp_path / "out")
+    stage = [f"launch.hostfile={hosts}", "launch.ranks=8"]
+    for g in groups:
+        cfg = config.load("paper/bl_base", None, [*stage, *g.overrides]).launch
+        assert (cfg.nodes, cfg.force_multi, cfg.master_port) == (1, True, 29600 + g.index)
+        launch.check_hosts(cfg)  # not refused as a one-node launch of another machine
+        cmd = launch.command(cfg, ["noop"])
+        assert cmd[cmd.index("--hostfile") + 1] == str(g.hostfile) and "--force_multi" in cmd
+        assert cmd[cmd.index("--launcher") + 1] == "pdsh" and cmd[cmd.index("--master_addr") + 1] == "127.0.0.1"
+    one = config.load("paper/bl_base", None, [*stage, *groups[1].overrides, "launch.force_multi=false"]).launch
+    with pytest.raises(ConfigError, match="runs a one-node launch's ranks on the machine it starts on"):
+        launch.check_hosts(one)

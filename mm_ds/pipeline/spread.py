@@ -20,7 +20,7 @@ A failed run stops the scheduling: no further run starts, the runs in flight fin
 
 Launchers: `deepspeed` through an ssh-style runner (pdsh, openmpi, mvapich, mpich, impi) and `mpirun`, each with a
 hostfile. DeepSpeed's runner runs a one-host hostfile on the machine it is started on; a group of one node that is
-not this machine is started with `--force_multi` (through the runner, like several nodes; `runner_flags`). Not `srun` nor
+not this machine is started through the runner, as several nodes are (`launch.force_multi`). Not `srun` nor
 `launch.ds_launcher=slurm` (srun chooses a job step's nodes itself: give the allocation's nodes as a hostfile,
 `scontrol show hostnames`, and use pdsh, openmpi or mpirun), nor `launch.node_rank` (one command per node).
 """
@@ -161,8 +161,6 @@ class Group:
     hostfile: Path
     overrides: tuple[str, ...]
     """What makes a stage run this group's launch (after the run's own launch.* overrides)."""
-    runner: tuple[str, ...]
-    """Flags for DeepSpeed's runner (`runner_flags`)."""
 
 
 def write_groups(launch: LaunchConfig, out: Path) -> list[Group]:
@@ -173,21 +171,13 @@ def write_groups(launch: LaunchConfig, out: Path) -> list[Group]:
         path = (out / GROUP_DIR / f"group{k}.hosts").resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(lines[h.line - 1].split("#", 1)[0].strip() + "\n" for h in hosts))
+        # deepspeed runs a one-node launch's ranks where it starts: a group of one other machine goes through the
+        # runner (pdsh, ...) as several nodes do; one of this machine (loopback) runs here
+        remote = launch.launcher == "deepspeed" and len(hosts) == 1 and not is_loopback(hosts[0].name)
         found.append(Group(k, hosts, path, (f"launch.hostfile={path}", f"launch.nodes={len(hosts)}",
-                                            f"launch.master_port={launch.master_port + k}", "launch.master_addr="),
-                           runner_flags(launch, hosts)))
+                                            f"launch.master_port={launch.master_port + k}", "launch.master_addr=",
+                                            *(["launch.force_multi=true"] if remote else []))))
     return found
-
-
-def runner_flags(launch: LaunchConfig, hosts: list) -> tuple[str, ...]:
-    """DeepSpeed's runner, given a hostfile, first checks ssh to its first host, then runs a one-host hostfile on
-    this machine (runner.py `main`): a group of one node that is this machine (loopback) skips the ssh check; one
-    that is another machine goes through the runner (pdsh, ...) as several nodes do (`--force_multi`)."""
-    if launch.launcher != "deepspeed":
-        return ()
-    if all(is_loopback(h.name) for h in hosts):
-        return ("--no_ssh_check",) if len(hosts) == 1 else ()
-    return ("--force_multi",)
 
 
 def run_spread(todo: list[StageRun], recipe, out: Path, sequential, start_run=None) -> None:
@@ -267,7 +257,6 @@ def start(run: StageRun, group: Group, log: Path) -> tuple[subprocess.Popen, int
     if done:
         return None
     cmd = command(cfg.launch, argv)
-    cmd[1:1] = group.runner
     say(f"$ {' '.join(cmd)}")
     env = launch_env(cfg.launch) | validated_env(argv)
     f = open(log, "a")  # noqa: SIM115 (the child holds it; closed below once started)
