@@ -35,6 +35,7 @@ from ..config import recipe_names
 from ..recipe import Recipe, load_recipe, minis_in_english, task_root
 from .prepare import languages, only_prepare, prepare_data, prepared
 from .prepare import world_complete  # noqa: F401 (run.world_complete, as it was)
+from .spread import run_spread, spread_steps
 from .stage_runs import stage_runs
 from ..stages.runner import StageRun
 from ..systems import REFERENCE, system_of
@@ -188,8 +189,6 @@ def stage_runs_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, boo
     from ..config import LaunchConfig
     from ..eval.align import aligned_runs
 
-    from .spread import spread_steps
-
     launch = from_dict(LaunchConfig, recipe.launch)
     world, spread = launch.world_size, launch.spread
     side = spread_steps(runs, spread) if recipe.mode == "per_stage" else {}
@@ -310,7 +309,6 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         _one_job(recipe, out, todo, packed)
         todo, packed = [], []
     if recipe.launch.get("spread", 1) > 1:  # side by side on groups of nodes (its --check passed above)
-        from .spread import run_spread
         run_spread(todo, recipe, out, lambda runs: run_stages(runs, out / "logs"))
     else:
         run_stages(todo, out / "logs")
