@@ -309,6 +309,7 @@ def test_a_budget_for_four_nodes_of_eight_fits_120_columns(capsys):
     assert jobs == 2 and int(rows["0.225", "one after another"][5]) == 3  # 57 h and 96 h of work in 48-h jobs
     assert float(side[2]) < hours - 14 and int(side[5]) == 1
     assert re.search(r"side by side saves 14\.\d h = 4\d\d GPU-h of the whole recipe \([\d,]+ USD\)", text)
+    assert "start-up per launch 30 s (the upper end of 15.8-31.0 s measured for a 2-rank CPU launch" in text
     assert re.search(r"data preparation \(`mm-ds run paper --only prepare`, a CPU job before the GPU allocation\): 15 "
                      r"language\(s\), 1,197\.4 GB of text \(CC-100 sizes, the paper's Table 1\): one job 2\d\.\d h; a "
                      r"job per language \(`--lang L`\) \d\.\d h \(en, 301\.0 GB\)", text), text[-800:]

@@ -215,4 +215,11 @@ def format_budget(rows: list[Budget], cluster, limit_s: float | None, startup_s:
             continue
         lines.append(f"| {r.mfu:g} | {how} | {r.hours:.{1 if r.hours >= 1 else 2}f} | {r.gpu_hours:,.0f} | "
                      + (f"{r.usd:,.0f} | " if usd else "") + f"{r.jobs} | {r.launches} |")
+    first = next((r for r in rows if not r.refused and r.mfu == cluster.mfu), None)  # the assumed MFU's, one after another
+    if first is not None:
+        spent = (first.launches * startup_s + first.jobs * JOB_START_S) / 3600
+        source = (" (the upper end of 15.8-31.0 s measured for a 2-rank CPU launch, bf16 ZeRO-1, 2026-11-27: "
+                  "docs/results.md; a GPU adds CUDA and NCCL start-up, not measured)" if startup_s == STARTUP_S else "")
+        lines.append(f"start-up per launch {startup_s:g} s{source}: at MFU {first.mfu:g} {first.launches} launches and "
+                     f"{first.jobs} job(s) spend {spent:.2f} h of it (--startup-s)")
     return lines
