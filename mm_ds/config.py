@@ -212,9 +212,16 @@ class LaunchConfig:
     node_rank: int | None = None
     """deepspeed without ssh: start only this node's ranks (`--no_ssh --node_rank`); run the same
     command on every node with its own node_rank."""
+    spread: int = 1
+    """`mm-ds run` only: split the hostfile's nodes into this many groups, each running one of a step's independent
+    stage runs at a time (Step 2's languages and systems), side by side (mm_ds/pipeline/spread.py). 1: every run on
+    every node, one after another. Stage commands ignore it."""
     run_here: bool = False
     """deepspeed with a hostfile on one node runs the ranks on the machine it is started on, not on the hostfile's
     host: refused unless this machine is that host, or this is true."""
+    force_multi: bool = False
+    """deepspeed starts even one node through its runner (pdsh, ...; DeepSpeed's --force_multi), on the hostfile's
+    host: what `mm-ds run` gives a side-by-side group of one node that is not this machine (launch.spread)."""
 
     @property
     def world_size(self) -> int:
@@ -326,7 +333,7 @@ RANGES = {
     "finetune.epochs": "(0, inf)", "finetune.lr": "(0, inf)", "finetune.warmup_ratio": "[0, 1]",
     "finetune.max_length": "[1, inf)", "finetune.max_train_examples": "[1, inf)",
     "launch.ranks": "[1, inf)", "launch.master_port": "[1, 65535]", "launch.nodes": "[1, inf)",
-    "launch.node_rank": "[0, inf)",
+    "launch.node_rank": "[0, inf)", "launch.spread": "[1, inf)",
     "peak_tflops": "(0, inf)",
 }
 

@@ -60,7 +60,8 @@ def is_loopback(addr: str) -> bool:
 
 def _starts_every_node(launch: LaunchConfig) -> bool:
     """deepspeed starts every node from here through its runner (not one node's ranks, not only this machine's)."""
-    return launch.launcher == "deepspeed" and bool(launch.hostfile) and launch.node_rank is None and launch.nodes > 1
+    return (launch.launcher == "deepspeed" and bool(launch.hostfile) and launch.node_rank is None
+            and (launch.nodes > 1 or launch.force_multi))
 
 
 def master_addr(launch: LaunchConfig) -> str:
@@ -121,10 +122,10 @@ def _deepspeed_nodes(launch: LaunchConfig) -> list[str]:
     counts = ["--hostfile", launch.hostfile, "--num_nodes", str(launch.nodes), "--num_gpus", str(launch.ranks)]
     if launch.node_rank is not None:
         return [*counts, "--launcher", launch.ds_launcher, "--no_ssh", "--node_rank", str(launch.node_rank)]
-    if launch.nodes == 1:  # DeepSpeed runs one node's ranks here (check_hosts: this is that node, or run_here)
+    if launch.nodes == 1 and not launch.force_multi:  # its ranks here (check_hosts: this is that node, or run_here)
         return [*counts, "--no_ssh_check"]
     hosts = hostfile.select(hostfile.read(launch.hostfile), launch.nodes, launch.ranks, launch.hostfile)
-    return runners.runner_args(launch, hosts)
+    return runners.runner_args(launch, hosts) + (["--force_multi"] if launch.nodes == 1 else [])
 
 
 def preflight(launch: LaunchConfig, port: bool = True, here: bool | None = None) -> list[str]:
@@ -190,7 +191,7 @@ def check_hosts(launch: LaunchConfig) -> list[hostfile.Host]:
                           f"ranks would dial their own machine and wait 30 minutes. Give rank 0's address that the "
                           f"other nodes reach, {fix}, or leave launch.master_addr empty for mm-ds to choose")
     if (launch.launcher == "deepspeed" and hosts and launch.nodes == 1 and launch.node_rank is None
-            and not launch.run_here and not is_this_machine(hosts[0].name)):
+            and not launch.run_here and not launch.force_multi and not is_this_machine(hosts[0].name)):
         raise ConfigError(f"launch.hostfile={launch.hostfile} gives the one node (launch.nodes=1) as {hosts[0].name!r}, "
                           f"but deepspeed runs a one-node launch's ranks on the machine it starts on, "
                           f"{socket.gethostname()!r}, which is not {hosts[0].name!r}: start it on {hosts[0].name}, set "
