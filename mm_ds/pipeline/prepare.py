@@ -23,6 +23,7 @@ from ..config import ConfigError
 from ..recipe import Recipe, prepare_options, text_inputs
 from .check import PREPARED, Findings
 from .progress import run_logged, say
+from .stage_runs import stage_configs
 
 
 def world_complete(world: Path) -> bool:
@@ -56,16 +57,28 @@ def prepare_data(recipe: Recipe, out: Path, only: list[str] | None = None) -> No
     opts = []
     for k, v in prepare_options(recipe).items():
         opts += [f"--{k.replace('_', '-')}", str(v)]
+    lens = block_lengths(recipe, out)
     for lang in languages(recipe, only):
         if prepared(out, lang):
             print(f"[mm-ds run] skip prepare {lang}: complete", flush=True)
             continue
         inputs = [str(out / "world" / "text" / f"{lang}.txt")] if recipe.world is not None else text_inputs(recipe, lang)
-        args = ["prepare", "--lang", lang, "--out", str(out / "data" / lang)]
+        args = ["prepare", "--lang", lang, "--out", str(out / "data" / lang),
+                "--seq-len", *map(str, lens.get(lang, []))]
         for i in inputs:
             args += ["--input", i]
         say(f"$ mm-ds {' '.join(args + opts)}")
         run_logged([sys.executable, "-m", "mm_ds.cli", *args, *opts], out / "logs" / f"prepare_{lang}.log")
+
+
+def block_lengths(recipe: Recipe, out: Path) -> dict[str, list[int]]:
+    """Language -> the MLM block lengths (`data.seq_len`) of the recipe's stages that read its corpus: prepare packs
+    those (mm_ds/data/blocks.py), and only those, so that no stage's rank 0 packs at its start."""
+    lens: dict[str, set[int]] = {}
+    for cfg in stage_configs(recipe, out).values():
+        if cfg.data.corpus and cfg.stage != "finetune":
+            lens.setdefault(Path(cfg.data.corpus).name, set()).add(cfg.data.seq_len)
+    return {lang: sorted(v) for lang, v in lens.items()}
 
 
 def findings(recipe: Recipe, out: Path, only: list[str] | None = None) -> tuple[Findings, list[str], int]:
