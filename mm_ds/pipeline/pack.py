@@ -200,9 +200,9 @@ def run_pack(spec_path: Path) -> int:
         error = f"rank {rank}: {type(e).__name__}: {e}"
         print(f"[mm-ds] {error}", file=sys.stderr, flush=True)
     queue.drain()
-    failed, broken, stopped = (int(x) for x in dist.all_reduce([count["failed"], error is not None,
-                                                                count["stopped"] + (stop.requested() is not None)]))
-    if stopped:  # the runs saved where they were; the same `mm-ds run` resumes them (and retries failed ones)
+    failed, broken, stopped, signalled = (int(x) for x in dist.all_reduce(
+        [count["failed"], error is not None, count["stopped"], stop.requested() is not None]))
+    if stopped or signalled:  # the runs saved where they were; the same `mm-ds run` resumes them (and failed ones)
         seen = stop.requested()
         raise stop.Stopped(seen.name if seen else None, f"{spec['name']} stopped: {stopped} run(s) stopped, {failed} "
                                                         f"failed; {status_dir(Path(spec_path))} says which")

@@ -163,12 +163,10 @@ class Boundary:
         return StopPlan(est == 0 or over <= 0, int(big - first) if first else 0, est, -neg_left)
 
     def stopped(self, done: int, signame: str) -> stop.Stopped:
-        """At a stop, after the save: rank 0's line; the exception every rank raises (exit code stop.EXIT_CODE)."""
+        """At a stop, after the save: the exception every rank raises, its message the line rank 0 prints (the CLI
+        exits with stop.EXIT_CODE)."""
         saved = self.last if self.plan and self.plan.save else None
-        line = stop_line(signame, done, self.plan, saved, self.last, self.last_save_s)
-        if self.rank == 0:
-            print(line, flush=True)
-        return stop.Stopped(signame, line)
+        return stop.Stopped(signame, stop_line(signame, done, self.plan, saved, self.last, self.last_save_s))
 
     def close(self) -> None:
         """Wait for the last boundary's all-reduce, which every rank started."""

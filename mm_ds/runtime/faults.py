@@ -18,7 +18,8 @@ that reads these variables, once per process, at import (the ranks inherit them 
                                        first update of the run, fresh or resumed), rank RANK sends itself SIG (e.g.
                                        SIGTERM), DELAY seconds later from a timer thread (the rank meanwhile goes on,
                                        e.g. into a collective): a stop (mm_ds/runtime/stop.py)
-    MM_DS_SIGNAL_IN_SAVE=STEP:RANK:PHASE:SIG[:DELAY]  the same inside checkpoint.save of STEP (`*`: every save)
+    MM_DS_SIGNAL_IN_SAVE=STEP:RANK:PHASE:SIG[:DELAY][,...]  the same inside checkpoint.save of STEP (`*`: every
+                                       save; `stop`: a save while this process stops, i.e. a second signal)
     MM_DS_SLOW=SECONDS[:STEP[:RANK[:PHASE]]]  sleep SECONDS at the boundary after update STEP (every update when
                                        absent) on RANK (every rank), or at save PHASE: a long update, a late rank
 
@@ -54,13 +55,13 @@ class Armed:
     dump_frozen: str | None = None
     trace_hashes: str | None = None
     signal_at: tuple[tuple[int, int, str, float], ...] = ()  # (step, rank, signal, delay)
-    signal_in_save: tuple[int | None, int, str, str, float] | None = None  # (step or every, rank, phase, signal, delay)
+    signal_in_save: tuple[tuple[int | str | None, int, str, str, float], ...] = ()  # (step/stop/*, rank, phase, sig, delay)
     slow: tuple[float, int | None, int | None, str | None] | None = None  # (seconds, step, rank, save phase)
 
     def __bool__(self) -> bool:
-        return bool(self.signal_at) or any(v is not None for v in (
+        return bool(self.signal_at or self.signal_in_save) or any(v is not None for v in (
             self.kill_at, self.kill_in_save, self.nan_at, self.dump_resumed, self.dump_frozen, self.trace_hashes,
-            self.signal_in_save, self.slow))
+            self.slow))
 
 
 def read(env: Mapping[str, str]) -> Armed:
@@ -120,13 +121,14 @@ def _stops(env: Mapping[str, str]) -> dict:
         a["signal_at"] = tuple((num("MM_DS_SIGNAL_AT", p[0]), num("MM_DS_SIGNAL_AT", p[1]),
                                 signame("MM_DS_SIGNAL_AT", p[2]), num("MM_DS_SIGNAL_AT", (p + ["0"])[3], float))
                                for p in at)
-    if spec := env.get("MM_DS_SIGNAL_IN_SAVE"):
-        p = fields("MM_DS_SIGNAL_IN_SAVE", spec, 4)
+    for one in filter(None, env.get("MM_DS_SIGNAL_IN_SAVE", "").split(",")):
+        p = fields("MM_DS_SIGNAL_IN_SAVE", one, 4)
         if p[2] not in SAVE_PHASES:
-            raise ValueError(f"MM_DS_SIGNAL_IN_SAVE={spec!r}: phase {p[2]!r} is not one of {', '.join(SAVE_PHASES)}")
-        a["signal_in_save"] = (None if p[0] == "*" else num("MM_DS_SIGNAL_IN_SAVE", p[0]),
-                               num("MM_DS_SIGNAL_IN_SAVE", p[1]), p[2], signame("MM_DS_SIGNAL_IN_SAVE", p[3]),
-                               num("MM_DS_SIGNAL_IN_SAVE", (p + ["0"])[4], float))
+            raise ValueError(f"MM_DS_SIGNAL_IN_SAVE={one!r}: phase {p[2]!r} is not one of {', '.join(SAVE_PHASES)}")
+        a["signal_in_save"] = a.get("signal_in_save", ()) + ((
+            None if p[0] == "*" else p[0] if p[0] == "stop" else num("MM_DS_SIGNAL_IN_SAVE", p[0]),
+            num("MM_DS_SIGNAL_IN_SAVE", p[1]), p[2], signame("MM_DS_SIGNAL_IN_SAVE", p[3]),
+            num("MM_DS_SIGNAL_IN_SAVE", (p + ["0"])[4], float)),)
     if spec := env.get("MM_DS_SLOW"):
         p = spec.split(":") + ["", "", ""]
         if p[3] and p[3] not in SAVE_PHASES:
@@ -172,8 +174,9 @@ def in_save(step: int, rank: int, phase: str, stage: str | None = None) -> None:
         return
     if POINTS.kill_in_save == (step, rank, phase):
         _die()
-    if (s := POINTS.signal_in_save) and s[0] in (None, step) and s[1:3] == (rank, phase):
-        _signal(s[3], s[4])
+    for at, who, where, name, delay in POINTS.signal_in_save:
+        if (who, where) == (rank, phase) and (at in (None, step) or at == "stop" and _stopping()):
+            _signal(name, delay)
     if (w := POINTS.slow) and w[3] == phase and w[1] in (None, step) and w[2] in (None, rank):
         time.sleep(w[0])
 
@@ -190,14 +193,26 @@ def at_boundary(step: int, rank: int, stage: str | None = None) -> None:
         time.sleep(w[0])
 
 
+def _stopping() -> bool:
+    from . import stop  # a stdlib-only leaf: no cycle, and imported only when a test's point is armed
+
+    return stop.requested() is not None
+
+
 def _signal(name: str, delay: float) -> None:
-    """This process sends itself `name`, now or `delay` seconds later from a timer thread."""
-    if delay <= 0:
+    """This process sends itself `name`, now or `delay` seconds later from a timer thread, and says so (a test
+    checks that it arrived)."""
+
+    def send():
+        os.write(2, f"[mm-ds fault] pid {os.getpid()} sends itself {name}\n".encode())
         os.kill(os.getpid(), getattr(signal, name))
+
+    if delay <= 0:
+        send()
         return
     import threading
 
-    timer = threading.Timer(delay, os.kill, (os.getpid(), getattr(signal, name)))
+    timer = threading.Timer(delay, send)
     timer.daemon = True
     timer.start()
 

@@ -55,6 +55,7 @@ from ..model import flops as F
 from ..pipeline.costs import add_recipe_args, costs_from_args
 from .plan_model import (BYTES, PERSISTENCE, RING, Cluster, ParamCount, StagePlan, collectives_per_step,  # noqa: F401
                          comm_bytes_per_step, plan_stages, stage_params)
+from .plan_resume import format_resume
 from .plan_totals import format_totals, recipe_totals, refusals, totals_json
 
 # ---------------------------------------------------------------- Step 4: evaluation
@@ -278,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_plan(rows, cluster))
     print(format_evaluation(evaluation, cluster))
     print("\n" + format_totals(totals, cluster, refused))
+    print("\n" + format_resume(rows, cfgs))
     if a.measured_tflops:
         print()
         print(measured_check(rows, cluster, a.measured_tflops))
