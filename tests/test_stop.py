@@ -506,7 +506,7 @@ def test_sigterm_to_one_rank_of_two_namespace_nodes_stops_both_and_resumes_bitwi
         env = remote_env(OMP_NUM_THREADS="1", MM_DS_SLOW="0.3")
 
         def on_nodes(*extra: str) -> list[subprocess.Popen]:
-            return [nodes.start(nodes[k], [str(VENV_BIN / "mm-ds"), *stage1(corpus, run, *extra),
+            return [nodes.start(nodes[k], [str(VENV_BIN / "python"), "-m", "mm_ds.cli", *stage1(corpus, run, *extra),
                                            f"launch.hostfile={hosts}", "launch.nodes=2", "launch.ranks=1",
                                            f"launch.node_rank={k}"], env, tmp_path / f"node{k}.log", ROOT)
                     for k in (0, 1)]

@@ -115,12 +115,14 @@ class Boundary:
 
     def at_start(self, step: int) -> str | None:
         """Collective, before the first update: a stop signal seen on any rank during start-up (nothing to save)."""
-        faults.at_boundary(step, self.rank, self.stage)  # a test's stop signal (MM_DS_SIGNAL_AT); inert otherwise
+        if faults.ARMED:  # a test's stop signal (MM_DS_SIGNAL_AT); never in a production run
+            faults.at_boundary(step, self.rank, self.stage)
         stop.in_flight = step + 1
         return _name(dist.all_reduce([_code(stop.requested())], "max")[0])
 
     def after_update(self, done: int) -> Agreed:
-        faults.at_boundary(done, self.rank, self.stage)
+        if faults.ARMED:
+            faults.at_boundary(done, self.rank, self.stage)
         stop.in_flight = done + 1  # before the flag is read: a signal from here on is this update's or the next's
         now, every = time.monotonic(), self.train.resume_every_minutes * 60
         due = self.rank == 0 and every > 0 and now - max(self.saved_at, self.requested_at) >= every

@@ -96,9 +96,11 @@ def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict,
                                   f"checkpoint is intact; free disk space or fix permissions, then resume with "
                                   f"--resume.") from e
 
-    dist.on_rank0(publish, f"publishing checkpoint {root / tag}")
-    if rank == 0:
-        rotate_resume(run_dir, keep_resume)
+    def publish_and_rotate() -> None:
+        publish()
+        rotate_resume(run_dir, keep_resume)  # older resume checkpoints go once this one is published
+
+    dist.on_rank0(publish_and_rotate, f"publishing checkpoint {root / tag}")
     return root / tag
 
 
@@ -134,14 +136,14 @@ def rotate_resume(run_dir: str | Path, keep: int) -> list[Path]:
     """Rank 0, after a checkpoint is published: remove the resume checkpoints (and their universal conversions) but
     the newest `keep`. Curve checkpoints always stay. A failure to remove is said, not fatal."""
     removed = []
-    for old in [c for c in list_checkpoints(run_dir) if kind(c) == "resume"][:-keep]:
-        try:
+    try:
+        for old in [c for c in list_checkpoints(run_dir) if kind(c) == "resume"][:-keep]:
             for p in (old.with_name(old.name + UNIVERSAL), old):
                 if p.is_dir():
                     shutil.rmtree(p)
             removed.append(old)
-        except OSError as e:
-            print(f"[mm-ds] could not remove the older resume checkpoint {old}: {e}", flush=True)
+    except OSError as e:
+        print(f"[mm-ds] could not remove an older resume checkpoint of {run_dir}: {e}", flush=True)
     return removed
 
 
