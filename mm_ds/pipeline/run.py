@@ -107,9 +107,9 @@ def job_main(argv: list[str]) -> int:
     # The stage list decides every collective that follows: rank 0 reads it for all (no node's own look).
     for stage_argv in dist.on_rank0(lambda: json.loads(Path(argv[0]).read_text()), f"reading {argv[0]}"):
         if dist.any_rank(stop.requested() is not None):  # a stop while the last one published: start no other
-            seen = stop.requested()
-            raise stop.Stopped(seen.name if seen else None, f"[mm-ds] stopped by {seen.name if seen else 'a stop '
-                               f'signal on another rank'} between two steps; resume with {stop.resume_command()}")
+            name = stop.requested().name if stop.requested() else None
+            raise stop.Stopped(name, f"[mm-ds] stopped by {name or 'a stop signal on another rank'} between two "
+                                     f"steps; resume with: {stop.resume_command()}")
         if stage_argv[0] == "run-eval":
             from ..eval.transfer import run_eval_main
             run_eval_main(stage_argv[1:])

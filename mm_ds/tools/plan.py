@@ -278,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
           "; per stage: its steps U and global batch B")
     print(format_plan(rows, cluster))
     print(format_evaluation(evaluation, cluster))
-    print("\n" + format_totals(totals, cluster, refused))
     print("\n" + format_resume(rows, cfgs))
+    print("\n" + format_totals(totals, cluster, refused))
     if a.measured_tflops:
         print()
         print(measured_check(rows, cluster, a.measured_tflops))
