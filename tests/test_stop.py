@@ -113,6 +113,40 @@ def test_the_parent_passes_a_stop_to_the_launchers_group_and_waits_for_its_ranks
     assert saved.is_file() and float(saved.read_text()) <= time.time()  # it waited for the save
 
 
+WATCHED = r'''
+import os, signal, sys, time
+from mm_ds.runtime import watchdog
+# A "rank" whose launcher is its parent: it records SIGTERM and goes on (as a rank whose save takes a while).
+signal.signal(signal.SIGTERM, lambda s, f: open(sys.argv[1], "a").write(f"SIGTERM {time.monotonic()}\n"))
+watchdog.start(0, poll_s=0.2)
+getattr(watchdog, "set_grace", lambda s: None)(2.0)  # (main's watchdog has no grace: it SIGKILLs at once)
+open(sys.argv[1] + ".ready", "w").close()
+time.sleep(60)
+'''
+
+
+def test_a_lost_launcher_makes_the_watchdog_stop_the_rank_then_kill_it_after_the_grace(tmp_path):
+    """The rank gets SIGTERM first (it would stop with its peers, after a save) and SIGKILL only once
+    train.stop_grace_s (here 2 s, told over the watcher's stdin) is over; main SIGKILLed it at once."""
+    seen = tmp_path / "seen"
+    launcher = subprocess.Popen([sys.executable, "-c", "import os, subprocess, sys, time; os.environ['MM_DS_LAUNCH_"
+                                 "ROOT'] = str(os.getpid()); subprocess.Popen(sys.argv[1:]); time.sleep(60)",
+                                 sys.executable, "-c", WATCHED, str(seen)], env=os.environ | ENV)
+    deadline = time.monotonic() + 60
+    while not Path(str(seen) + ".ready").exists():
+        assert time.monotonic() < deadline, "the stand-in rank never started"
+        time.sleep(0.1)
+    import psutil
+    rank = psutil.Process(launcher.pid).children()[0]
+    launcher.kill()
+    gone = time.monotonic()
+    launcher.wait()
+    rank.wait(timeout=30)
+    lines = seen.read_text().splitlines() if seen.exists() else []
+    assert len(lines) == 1 and lines[0].startswith("SIGTERM"), lines  # warned first
+    assert 1.5 < time.monotonic() - gone < 15  # killed after the grace, not at once
+
+
 # ---------------------------------------------------------------- checkpoints: kinds, rotation, one hash, shards
 
 def _checkpoint(run: Path, step: int, kind: str) -> Path:
