@@ -18,6 +18,7 @@ import traceback
 from .config import ConfigError, DataConfig, did_you_mean
 from .runtime.checkpoint import CheckpointError
 from .runtime.dist import OtherRankFailed
+from .runtime.stop import EXIT_CODE, Stopped
 from .stages.runner import STAGES, run_stage
 
 # command -> (module with build()/preflight(), help): the stage runner's table (mm_ds/stages/runner.py)
@@ -138,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         if name in tools:
             module_name, func = tools[name][0].split(":")
             return _finish(int(getattr(importlib.import_module(module_name), func)(rest) or 0))
+    except Stopped as e:  # a stop signal: every rank saved (or had nothing to save); rank 0 says how to resume
+        dist = sys.modules.get("mm_ds.runtime.dist")
+        if dist is None or dist.rank() == 0:
+            print(e, flush=True)
+        return _finish(EXIT_CODE)
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError, OtherRankFailed) as e:
         # The rank that failed says why; of the ranks it stopped (OtherRankFailed), one per node says so.
         if not isinstance(e, OtherRankFailed) or os.environ.get("LOCAL_RANK", "0") == "0":

@@ -8,6 +8,7 @@ directory. Unknown keys and wrong types fail here, before any process group or e
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -124,6 +125,17 @@ class TrainConfig:
     """fp32 engine configs on NVIDIA GPUs (fp32_zero1_gpu): matmuls in TF32 (10-bit mantissa, fp32 range; Ampere
     and newer, ~8x the fp32 rate), the rate mm_ds/runtime/peaks.py's fp32 MFU column assumes. false: full fp32.
     No effect in bf16/fp16 or on CPU."""
+    resume_every_minutes: float = 0.0
+    """Minutes between `resume` checkpoints, apart from the curve ones above (rank 0's clock decides; 0: off)."""
+    resume_every: int = 0
+    """Updates between `resume` checkpoints (0: off). Of these and stops' checkpoints the newest `keep_resume` stay."""
+    keep_resume: int = 1
+    """Resume checkpoints kept; an older one is removed once a newer one verified. Curve checkpoints always stay."""
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1"])
+    """Signals that stop training after a checkpoint, exit code 75 (docs/reliability.md)."""
+    stop_grace_s: float = 20.0
+    """Seconds from a stop signal to exit (below DeepSpeed's and SLURM's 30 s): the save is skipped if the last one
+    took longer than what is left."""
 
     def is_checkpoint_step(self, step: int) -> bool:
         """The checkpoint schedule: `checkpoint_steps`, every `checkpoint_every` updates, and the last one."""
@@ -306,6 +318,9 @@ class RunConfig:
         t, d = self.train, self.data
         if not 0 <= t.warmup_steps <= t.steps:
             raise ConfigError(f"train.warmup_steps={t.warmup_steps} must lie in [0, train.steps={t.steps}]")
+        if bad := [n for n in t.stop_signals if not str(n).startswith("SIG") or n in ("SIGKILL", "SIGSTOP")
+                   or not isinstance(getattr(signal, n, None), signal.Signals)]:
+            raise ConfigError(f"train.stop_signals: {bad} are not signals a process can handle; e.g. [SIGTERM, SIGUSR1]")
         if d.seq_len > self.model.max_positions:
             raise ConfigError(f"data.seq_len={d.seq_len} exceeds model.max_positions="
                               f"{self.model.max_positions}; lower data.seq_len or raise model.max_positions")
@@ -327,7 +342,8 @@ RANGES = {
     "train.steps": "[1, inf)", "train.lr": "(0, inf)", "train.warmup_steps": "[0, inf)",
     "train.global_batch": "[1, inf)", "train.micro_batch": "[1, inf)", "train.seed": "[0, inf)",
     "train.checkpoint_steps": "[1, inf)", "train.checkpoint_every": "[1, inf)", "train.log_every": "[1, inf)",
-    "train.max_nonfinite_steps": "[0, inf)",
+    "train.max_nonfinite_steps": "[0, inf)", "train.resume_every_minutes": "[0, inf)", "train.resume_every": "[0, inf)",
+    "train.keep_resume": "[1, inf)", "train.stop_grace_s": "(0, inf)",
     "mini.layers": "[1, inf)", "mini.new_layers": "[0, inf)", "mini.depth_shares": "[0, inf)",
     "mini.plateau_window": "[0, inf)", "mini.plateau_delta": "[0, inf)",
     "finetune.epochs": "(0, inf)", "finetune.lr": "(0, inf)", "finetune.warmup_ratio": "[0, 1]",

@@ -21,12 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..runtime import checkpoint
+from ..runtime import checkpoint, stop
 from ..config import ConfigError, from_dict
 from .pack import complete
 from .progress import Follow, StageFailed, Watched, say
@@ -60,7 +61,7 @@ def _launch_stage(run: StageRun, resume: bool, log: Path, follow: Follow | None 
     if not done:
         _run_logged(command(cfg.launch, argv) if cfg.launch.launcher != "none"
                     else [sys.executable, "-m", "mm_ds.cli", *argv], log, follow,
-                    launch_env(cfg.launch) | validated_env(argv))
+                    launch_env(cfg.launch) | validated_env(argv), cfg.train.stop_grace_s)
 
 
 def run_stages(todo: list[StageRun], logs: Path) -> None:
@@ -72,7 +73,12 @@ def run_stages(todo: list[StageRun], logs: Path) -> None:
             found = checkpoint.find_resume_point(n.out, checksums=False)  # its rank 0 hashes it
             say(f"resume {n.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}")
         log = logs / f"{n.name.replace('/', '_')}.log"
-        _launch_stage(n, resume, log, Follow([_watched(n, i, len(todo), log)]))
+        try:
+            _launch_stage(n, resume, log, Follow([_watched(n, i, len(todo), log)]))
+        except stop.Stopped as e:  # its ranks saved: say where, for the line that ends `mm-ds run`
+            saved = checkpoint.latest_tag(n.out) or "no checkpoint"
+            raise stop.Stopped(e.signame, f"stopped by {e.signame or 'a stop signal'}: {n.name} saved at {saved}; "
+                                          f"its log: {log}") from None
 
 
 def _watched(run: StageRun, i: int, n: int, log: Path) -> Watched:
@@ -98,6 +104,10 @@ def job_main(argv: list[str]) -> int:
     dist.init()
     # The stage list decides every collective that follows: rank 0 reads it for all (no node's own look).
     for stage_argv in dist.on_rank0(lambda: json.loads(Path(argv[0]).read_text()), f"reading {argv[0]}"):
+        if dist.any_rank(stop.requested() is not None):  # a stop while the last one published: start no other
+            name = stop.requested().name if stop.requested() else None
+            raise stop.Stopped(name, f"[mm-ds] stopped by {name or 'a stop signal on another rank'} between two "
+                                     f"steps; resume with: {stop.resume_command()}")
         if stage_argv[0] == "run-eval":
             from ..eval.transfer import run_eval_main
             run_eval_main(stage_argv[1:])
@@ -366,7 +376,11 @@ def main(argv: list[str]) -> int:
         print(f"mm-ds run {a.recipe} --check: {report.format()}")
         return 1 if report.problems else 0
     try:
-        return run(recipe, Path(a.out), a.list_stage_runs)
+        with stop.forwarding(raise_when_idle=True):  # a stop signal: its launcher saves, then this ends
+            return run(recipe, Path(a.out), a.list_stage_runs)
     except StageFailed as e:  # the stage's own traceback is in its log; ours would bury the message
         print(f"mm-ds run: error: {e}", file=sys.stderr)
         return 1
+    except stop.Stopped as e:
+        say(f"{e}; resume with: {shlex.join(['mm-ds', 'run', *argv])}")
+        return stop.EXIT_CODE

@@ -17,6 +17,7 @@ import sys
 import torch
 
 from ..config import ConfigError
+from . import stop
 from .launch import SRUN_STEP_VARS, is_loopback
 
 # ---------------------------------------------------------------- rank and device
@@ -71,6 +72,17 @@ def all_reduce_tensor(t: torch.Tensor, op: str = "sum") -> list[float]:
 def any_rank(flag: bool) -> bool:
     """True on every rank when `flag` is true on at least one."""
     return bool(all_reduce([1.0 if flag else 0.0], "max")[0])
+
+
+def all_reduce_start(t: torch.Tensor, op: str = "max"):
+    """Start an element-wise reduction of `t`, a tensor on this rank's device, in place over all ranks without
+    waiting; returns the work to `.wait()` for (None in a world of one). NCCL's wait makes the current stream wait,
+    not the host: mm_ds/runtime/boundary.py's lagged agreement reads the result an update later."""
+    if t.device != device():
+        raise ValueError(f"all_reduce_start takes a tensor on {device()} (NCCL takes device tensors), got {t.device}")
+    if not is_initialized():
+        return None
+    return torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, _OPS[op]), async_op=True)
 
 
 def broadcast_object(obj, src: int = 0):
@@ -148,6 +160,9 @@ def init() -> tuple[int, int, int]:
     """(rank, local_rank, world_size). Outside any launcher, runs as a world of one."""
     import deepspeed
 
+    from .launch import under_launcher
+    if under_launcher():  # a rank of a launch: a stop signal during start-up is kept for the loop (mm_ds/runtime/stop.py)
+        stop.install()
     adopt_env()  # srun / mpirun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_* from the launcher's own variables
     if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ and "PMI_RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")

@@ -313,10 +313,16 @@ def launch_env(launch: LaunchConfig) -> dict[str, str]:
     return env | runner_env(resolve(launch))
 
 
-def relaunch(launch: LaunchConfig, argv: list[str], env: dict[str, str] | None = None) -> int:
+def relaunch(launch: LaunchConfig, argv: list[str], env: dict[str, str] | None = None,
+             grace_s: float | None = None) -> int:
+    """Start the ranks of `mm-ds ARGV` under the launcher and wait for them. A stop signal received here is passed
+    on to the launcher (mm_ds/runtime/stop.py: it runs in a session of its own); the ranks save and leave within
+    `grace_s` (train.stop_grace_s) and this returns stop.EXIT_CODE."""
+    from . import stop
+
     cmd = command(launch, argv)
     print("[mm-ds] launching:", " ".join(cmd), flush=True)
-    return subprocess.call(cmd, env=launch_env(launch) | (env or {}))
+    return stop.run_child(cmd, grace_s or stop.GRACE_S, env=launch_env(launch) | (env or {}))
 
 
 def main(argv: list[str] | None = None) -> int:

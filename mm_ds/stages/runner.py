@@ -236,7 +236,7 @@ def run_stage(name: str, argv: list[str]) -> int:
             if done:
                 return 0
             if cfg.launch.launcher != "none":
-                return launch.relaunch(cfg.launch, [name, *argv], validated_env([name, *argv]))
+                return launch.relaunch(cfg.launch, [name, *argv], validated_env([name, *argv]), cfg.train.stop_grace_s)
     else:
         cfg = run.config()
         rank, _, world = dist.init()

@@ -67,6 +67,7 @@ from ..pipeline.costs import add_recipe_args, costs_from_args, stage_run_costs
 from .plan_budget import STARTUP_S, budget, format_budget, format_prepare, mfu_range, parse_duration, prepare_times
 from .plan_model import (BYTES, PERSISTENCE, RING, Cluster, ParamCount, StagePlan, collectives_per_step,  # noqa: F401
                          comm_bytes_per_step, plan_stages, stage_params)
+from .plan_resume import format_resume
 from .plan_totals import (EvalPlan, format_evaluation, format_totals, plan_evaluation, recipe_phases,  # noqa: F401
                           refusals, totals_json)
 
@@ -315,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
           "; per stage: its steps U and global batch B")
     print(format_plan(rows, cluster, a.wide))
     print(wrap(format_evaluation(evaluation, cluster)))
+    print("\n" + format_resume(rows, cfgs))
     print("\n" + "\n".join(wrap(line, "    ") for line in format_totals(totals, cluster, refused).splitlines()))
     if isinstance(side, list):
         print("\n" + format_spread(totals, side, cluster, spread))
