@@ -39,7 +39,7 @@ from .prepare import world_complete  # noqa: F401 (run.world_complete, as it was
 from .spread import run_spread, spread_steps
 from .stage_runs import stage_runs
 from ..stages.runner import StageRun
-from ..systems import REFERENCE, system_of
+from ..systems import REFERENCE
 
 
 def _launch_stage(run: StageRun, resume: bool, log: Path, follow: Follow | None = None) -> None:

@@ -24,9 +24,9 @@ from typing import Callable
 import torch
 
 from . import checkpoint as ckpt_io
-from . import dist, faults, stop
+from . import dist, faults, handoff, stop
 from . import ds_config as dsc
-from ..config import RunConfig, dump_yaml, to_dict
+from ..config import RunConfig, dump_yaml
 from .ds_config import Geometry
 from .boundary import Boundary
 from .peaks import device_peak_flops
@@ -167,7 +167,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
     cfg = stage.cfg
     run_dir = Path(run_dir)
     if cfg.train.steps == 0:
-        return _publish_as_built(stage, run_dir)
+        return handoff.publish_as_built(stage, run_dir)
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # deepspeed.utils.logger
     with stop.handling(cfg.train.stop_signals):  # a stop signal only sets a flag; the update boundaries read it
         return _train(stage, run_dir, resume, progress, reshard)
@@ -189,7 +189,7 @@ def _train(stage: Stage, run_dir: Path, resume: bool, progress: bool, reshard: b
         print(_start_line(built, cfg, world, start_step), flush=True)
 
     def meta(step: int) -> dict:
-        return (_meta(stage, step, tokens, stage.flops_until(step, geo.global_batch), ds_cfg, world)
+        return (handoff.meta_of(stage, step, tokens, stage.flops_until(step, geo.global_batch), ds_cfg, world)
                 | ({"frozen": frozen_dir} if frozen_dir else {}))
 
     bar = _progress_bar(cfg, start_step) if progress and rank == 0 else None
@@ -250,7 +250,7 @@ def _train(stage: Stage, run_dir: Path, resume: bool, progress: bool, reshard: b
 
     release(engine)
     final_dir = run_dir / ckpt_io.FINAL
-    dist.on_rank0(lambda: _publish(stage, run_dir, meta(cfg.train.steps)), f"writing {final_dir}")
+    dist.on_rank0(lambda: handoff.publish(stage, run_dir, meta(cfg.train.steps)), f"writing {final_dir}")
     return final_dir
 
 
@@ -347,19 +347,6 @@ def _row_logs(engine, stage: Stage, geo: Geometry, window: LogWindow, settled, d
     return logs
 
 
-def _publish(stage: Stage, run_dir: Path, meta: dict) -> None:
-    """final/: the last checkpoint consolidated to fp32, checked against the model (rank-0 work)."""
-    final_tag = ckpt_io.tag_for(stage.cfg.train.steps)
-    sd = ckpt_io.consolidate(ckpt_io.checkpoints_dir(run_dir) / final_tag)
-    want = set(stage.model.state_dict())
-    if set(sd) != want:  # never publish weights the next stage could not load
-        raise ckpt_io.CheckpointError(f"consolidated weights of {final_tag} do not match the model: missing "
-                                      f"{sorted(want - set(sd))[:4]}, unexpected {sorted(set(sd) - want)[:4]}")
-    final_dir = run_dir / ckpt_io.FINAL
-    ckpt_io.write_final(final_dir, sd, meta)
-    print(f"[mm-ds] wrote {final_dir}", flush=True)
-
-
 LOGGED = ("loss", "correct", "masked", "examples")  # the per-micro-step outputs the log rows sum
 
 
@@ -393,36 +380,6 @@ def train_step(engine, stage: Stage, step: int, rank: int, geo: Geometry, batch_
     if skipped is False:  # DeepSpeed's own optimizers decided (their own host read); free to ask
         skipped = not engine.was_step_applied()
     return sums, data_time, skipped
-
-
-def _meta(stage: Stage, step: int, tokens: int, flops: float, ds_cfg: dict | None = None,
-          world: int | None = None) -> dict:
-    """final/'s and every checkpoint's meta (`flops`: of this stage's `step` updates); without an engine
-    (`ds_cfg` None) no engine settings. Multi-depth Step 2 adds its phases: [[depth, first, end step], ...]."""
-    cfg = stage.cfg
-    engine = {} if ds_cfg is None else {"run_config": to_dict(cfg), "zero_stage": dsc.zero_stage(ds_cfg),
-                                        "precision": dsc.precision(ds_cfg), "world_size": world}
-    if stage.schedule is not None:
-        engine["depth_phases"] = [list(p) for p in stage.schedule.phases_until(step)]
-    return stage.meta | {
-        "stage": cfg.stage, "system": cfg.system, "lang": cfg.lang, "step": step, "tokens": tokens,
-        "flops": flops, "flops_cumulative": stage.parent_flops + flops, "parent": stage.parent,
-        "model": to_dict(cfg.model), **engine, "time": ckpt_io.now(),
-    }
-
-
-def _publish_as_built(stage: Stage, run_dir: Path) -> Path:
-    """A stage of zero updates (MINIJOINT's extraction: its mini-model costs no FLOPs beyond Step 1): no
-    engine; final/ holds the model exactly as the stage built it. Rank 0 writes, the others wait."""
-    final_dir = run_dir / ckpt_io.FINAL
-
-    def publish():
-        ckpt_io.write_final(final_dir, stage.model.state_dict(), _meta(stage, 0, 0, 0.0))
-        print(f"[mm-ds] {stage.cfg.system}/{stage.cfg.stage}: no updates; wrote the "
-              f"{stage.cfg.model.num_layers}-layer model as built into {final_dir}", flush=True)
-
-    dist.on_rank0(publish, f"writing {final_dir}")
-    return final_dir
 
 
 def skip_nonfinite(engine) -> bool | torch.Tensor:

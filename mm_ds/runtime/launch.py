@@ -18,7 +18,6 @@ import errno
 import ipaddress
 import os
 import socket
-import subprocess
 import sys
 
 from ..config import ConfigError, LaunchConfig, apply_overrides, from_dict

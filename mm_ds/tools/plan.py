@@ -316,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
           "; per stage: its steps U and global batch B")
     print(format_plan(rows, cluster, a.wide))
     print(wrap(format_evaluation(evaluation, cluster)))
-    print("\n" + format_resume(rows, cfgs))
+    resume = format_resume(rows, cfgs).splitlines()
+    print("\n" + "\n".join(line if line.startswith("|") else wrap(line) for line in resume))
     print("\n" + "\n".join(wrap(line, "    ") for line in format_totals(totals, cluster, refused).splitlines()))
     if isinstance(side, list):
         print("\n" + format_spread(totals, side, cluster, spread))

@@ -154,7 +154,7 @@ def submissions(phases, limit_s: float | None, startup_s: float = STARTUP_S,
                 job_s: float = JOB_START_S) -> tuple[int, float]:
     """(jobs, wall seconds of all of them) that run `phases` (plan_totals.recipe_phases) in order, each job at
     most `limit_s` (None: one job)."""
-    pos, wall = (1, job_s), 0.0
+    pos = (1, job_s)
     for phase in phases:
         pos = max(_lane(pos, lane, limit_s, startup_s, job_s) for lane in phase.lanes)
     jobs, t = pos

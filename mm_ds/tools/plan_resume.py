@@ -29,10 +29,10 @@ def _config(cfgs: dict, row) -> object | None:
 def format_resume(rows, cfgs: dict) -> str:
     """One line per plan row: the curve checkpoints' spacing, the resume interval, the resume writes and what they
     cost, and the most a crash loses."""
-    lines = [f"resume checkpoints (train.resume_every_minutes; written at {WRITE_GBPS:g} GB/s; Young/Daly interval at "
-             f"a failure every {MTBF_H:g} h):",
-             "| system | step | curve every min | resume every min | writes/run | GB written | overhead % "
-             "| crash loses min | Daly min |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"resume checkpoints (train.resume_every_minutes; minutes between curve and between resume checkpoints; "
+             f"written at {WRITE_GBPS:g} GB/s; Young/Daly interval at a failure every {MTBF_H:g} h):",
+             "| system | step | curve min | resume min | writes/run | GB written | overhead % | crash loses min "
+             "| Daly min |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         cfg = _config(cfgs, r)
         if cfg is None:
