@@ -14,7 +14,6 @@ mpirun: the `-x` names, srun: all of it), so nothing a rank decides collectively
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
 import shutil
 import socket
@@ -22,14 +21,8 @@ import subprocess
 import sys
 
 from ..config import ConfigError, LaunchConfig
-
-RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-SRUN_STEP_VARS = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")
-"""Set in every task of an `srun` job step (not in the sbatch script itself, which has no SLURM_STEP_NUM_TASKS)."""
-
-
-def under_launcher() -> bool:
-    return any(v in os.environ for v in RANK_VARS) or all(v in os.environ for v in SRUN_STEP_VARS)
+# Which launcher's variables make a process a rank: one table (mm_ds/runtime/bringup.py LAUNCHERS).
+from .bringup import MARKED, RANK_VARS, SRUN_STEP_VARS, is_loopback, under_launcher  # noqa: F401
 
 
 def _bin(name: str) -> str:
@@ -46,14 +39,6 @@ ENTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORWARDED = ("NCCL", "PYTHON", "UCX", "MV2", "MLFLOW", "GLOO_SOCKET_IFNAME")
 """What DeepSpeed's runners forward to other nodes (its EXPORT_ENVS and the CUDA accelerator's NCCL), and the
 gloo interface: `mpirun` gets a `-x` for each of these that is set, so a remote rank sees the same."""
-
-
-def is_loopback(addr: str) -> bool:
-    """The address (not what it resolves to here) names each machine itself: 127.x, ::1, localhost."""
-    try:
-        return ipaddress.ip_address(addr.split("%")[0]).is_loopback
-    except ValueError:
-        return addr.lower().rstrip(".") in ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 
 
 def master_addr(launch: LaunchConfig) -> str:
@@ -199,10 +184,11 @@ def launch_env(launch: LaunchConfig) -> dict[str, str]:
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # ranks exit when it dies (mm_ds/runtime/watchdog.py)
+    env.pop(MARKED, None)  # an outer launch's mark is not this one's
     if launch.launcher != "none":
         env["MASTER_PORT"] = str(launch.master_port)
         if master_addr(launch):
-            env["MASTER_ADDR"] = master_addr(launch)
+            env["MASTER_ADDR"] = env[MARKED] = master_addr(launch)  # srun's ranks keep what mm-ds chose
     return env
 
 
