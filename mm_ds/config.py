@@ -198,17 +198,23 @@ class LaunchConfig:
     """Rank 0's rendezvous port; `--check` does not check that it is free."""
     master_addr: str = ""
     """Rank 0's address, which every node can reach (never loopback on several nodes: refused). Empty: 127.0.0.1
-    on one node; on several, the hostfile's first host (`--no_ssh`, DeepSpeed's slurm runner), else found at
-    start (DeepSpeed's ssh runners and mpirun: the first host's `hostname -I`; srun: the allocation's first node)."""
-    nodes: int = 1
-    """Nodes to run on: the first N hosts of `hostfile` (deepspeed, mpirun) or of the allocation (srun)."""
+    on one node; on several, the hostfile's first host under `deepspeed` (every node resolves it itself), else
+    found at start (mpirun: rank 0's `hostname -I`; srun: the allocation's first node)."""
+    nodes: int | None = None
+    """Nodes to run on: the first N hosts of `hostfile` (deepspeed, mpirun) or of the allocation (srun). None: every
+    host of the hostfile, else 1 (resolved once, before launch: mm_ds/runtime/launch.py `resolve`)."""
     hostfile: str = ""
-    """`HOST slots=N` per line (mm_ds/runtime/hostfile.py), for nodes > 1 under deepspeed or mpirun."""
+    """`HOST slots=N` per line (mm_ds/runtime/hostfile.py), for several nodes under deepspeed or mpirun. Read on the
+    machine that starts the launch only."""
     ds_launcher: str = "pdsh"
-    """How `deepspeed` reaches the other nodes: pdsh | openmpi | mvapich | slurm | mpich | impi."""
+    """How `deepspeed` reaches the other nodes, one of DeepSpeed's runners: pdsh | openmpi | mvapich | slurm | mpich |
+    impi (what each needs: mm_ds/runtime/ds_runners.py)."""
     node_rank: int | None = None
     """deepspeed without ssh: start only this node's ranks (`--no_ssh --node_rank`); run the same
     command on every node with its own node_rank."""
+    run_here: bool = False
+    """deepspeed with a hostfile on one node runs the ranks on the machine it is started on, not on the hostfile's
+    host: refused unless this machine is that host, or this is true."""
     rendezvous_timeout_s: int = 300
     """Seconds the ranks wait for one another at start (rank 0's store, then every rank in it): when a node's
     ranks never start (its environment missing, an import error), the others stop then, naming them."""
@@ -217,13 +223,18 @@ class LaunchConfig:
 
     @property
     def world_size(self) -> int:
-        return 1 if self.launcher == "none" else self.nodes * self.ranks
+        if self.launcher == "none":
+            return 1
+        if self.nodes is None and self.hostfile:  # a defect of the caller, not of the input
+            raise ValueError("launch.nodes is unresolved: mm_ds.runtime.launch.resolve sets it from the hostfile")
+        return (self.nodes or 1) * self.ranks
 
     def check(self) -> None:
         if self.launcher not in ("deepspeed", "mpirun", "srun", "none"):
             raise ConfigError(f"launch.launcher={self.launcher!r}: use deepspeed, mpirun, srun or none")
         check_numbers(self, RANGES, "launch")
-        if self.node_rank is not None and not 0 <= self.node_rank < self.nodes:
+        nodes = self.nodes if self.nodes is not None or self.hostfile else 1  # None: the hostfile's, not read here
+        if self.node_rank is not None and nodes is not None and not 0 <= self.node_rank < nodes:
             raise ConfigError(f"launch.node_rank={self.node_rank} must lie in [0, launch.nodes={self.nodes})")
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import yaml
 
 from .coerce import check_numbers
-from .config import ConfigError, did_you_mean, from_dict, recipe_names
+from .config import ConfigError, LaunchConfig, did_you_mean, from_dict, recipe_names
 from .data.tasks import HUB, TASKS, is_hub
+from .runtime.launch import resolve as resolve_launch
 from .systems import STAGES, SYSTEMS, SystemNameError, sort_key, system_of
 
 
@@ -151,10 +152,9 @@ class Recipe:
             if not isinstance(langs, list):
                 raise ConfigError(f"{where}: coverage.{task} must be a list of languages, got {langs!r}")
         self._check_analyses(where)
-        from .config import LaunchConfig
-        launch = from_dict(LaunchConfig, self.launch, prefix="launch.")  # types, before any data work
-        launch.check()
-        self.launch = {k: getattr(launch, k) for k in self.launch}
+        launch = resolve_launch(from_dict(LaunchConfig, self.launch, prefix="launch."))  # before any data work
+        # the hostfile's node count, when it decides it, is written into every stage command
+        self.launch = {k: getattr(launch, k) for k in {**self.launch, **({"nodes": 0} if launch.hostfile else {})}}
         if self.mode not in ("per_stage", "one_job"):
             raise ConfigError(f"{where}: mode={self.mode!r}; use per_stage or one_job")
         for stage in ("pretrain", "adapt", *(["finetune"] if self.tasks else [])):  # no tasks, no Step 3

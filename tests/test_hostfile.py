@@ -81,19 +81,24 @@ def test_launch_commands(tmp_path, monkeypatch):
     hosts.write_text("node0 slots=8\nnode1 slots=8\n")
     multi = LaunchConfig(ranks=8, nodes=2, hostfile=str(hosts), node_rank=1, ds_launcher="openmpi")
     cmd = launch.command(multi, ["adapt"])
-    assert cmd[1:9] == ["--hostfile", str(hosts), "--num_nodes", "2", "--launcher", "openmpi", "--no_ssh", "--node_rank"]
+    assert cmd[1:11] == ["--hostfile", str(hosts), "--num_nodes", "2", "--num_gpus", "8", "--launcher", "openmpi",
+                         "--no_ssh", "--node_rank"]
     assert cmd[cmd.index("--master_addr") + 1] == "node0"  # no address given: the first host, where rank 0 runs
-    mpi = launch.command(LaunchConfig(ranks=8, nodes=2, hostfile=str(hosts), launcher="mpirun"), ["pretrain"])
-    assert mpi[1:3] == ["-n", "16"] and "-npernode" in mpi
+    mpi = launch.command(LaunchConfig(ranks=8, hostfile=str(hosts), launcher="mpirun"), ["pretrain"])
+    assert mpi[3:5] == ["-n", "16"] and mpi[mpi.index("-npernode") + 1] == "8"  # the hostfile's 2 nodes x 8
     srun = launch.command(LaunchConfig(ranks=4, nodes=2, launcher="srun"), ["pretrain"])
     assert srun[1:7] == ["--nodes", "2", "--ntasks-per-node", "4", "--ntasks", "8"]
     with pytest.raises(ConfigError, match="needs launch.hostfile"):
         launch.command(LaunchConfig(ranks=2, nodes=2), ["pretrain"])
 
 
-def test_launch_config_checks():
+def test_launch_config_checks(tmp_path):
     with pytest.raises(ConfigError, match="launch.node_rank=2 must lie in"):
         LaunchConfig(nodes=2, node_rank=2).check()
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node0 slots=1\nnode1 slots=1\n")
+    with pytest.raises(ConfigError, match=r"launch.node_rank=2 must lie in \[0, launch.nodes=2\)"):
+        launch.resolve(LaunchConfig(hostfile=str(hosts), node_rank=2))  # the hostfile's 2 nodes
     with pytest.raises(ConfigError, match="use deepspeed, mpirun, srun or none"):
         LaunchConfig(launcher="torchrun").check()
     assert LaunchConfig(ranks=8, nodes=4).world_size == 32

@@ -114,6 +114,28 @@ def test_hostfile_script_node_ranks(corpus, tmp_path):
     assert bad.returncode == 2 and "2 nodes requested" in bad.stderr and "lists only 1" in bad.stderr
 
 
+@pytest.mark.parametrize("script", ["deepspeed_hostfile.sh", "mpirun.sh"])
+def test_launcher_scripts_check_what_the_readme_says(script, tmp_path):
+    """CHECK=1: the stage's own check at the script's launch (`mm-ds STAGE --check launch.*=...`), then the command
+    it would run; a batch that the ranks cannot share, a misspelt preset, no nodes: exit 2 with the reason."""
+    hosts, run = tmp_path / "hosts", tmp_path / "run"
+    hosts.write_text("localhost slots=8\n")
+    base = {"HOSTFILE": str(hosts), "CHECK": "1", "MASTER_PORT": str(free_port())}
+    args = ["pretrain", "--preset", "paper/minijoint", "--out", str(run)]
+    for extra, argv, words in (
+            ({"NPROC_PER_NODE": "6"}, args, "global batch 2048 is not divisible by micro batch 32 x world size 6"),
+            ({"NPROC_PER_NODE": "8"}, [*args[:2], "paper/minijont", *args[3:]], "did you mean 'paper/minijoint'?"),
+            ({"NNODES": "0"}, args, "launch.nodes")):
+        proc = subprocess.run(["bash", f"launchers/{script}", *argv], capture_output=True, text=True, cwd=ROOT,
+                              env=env(**base, **extra))
+        assert proc.returncode == 2 and words in proc.stderr and "would run" not in proc.stdout, (extra, proc.stderr)
+    proc = subprocess.run(["bash", f"launchers/{script}", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env(**base, NPROC_PER_NODE="8"))
+    assert proc.returncode == 0, proc.stderr
+    assert "# launch: " in proc.stdout and "1 node(s) x 8 rank(s) = world size 8" in proc.stdout, proc.stdout
+    assert "# geometry: 32 x 8 x 8 = 2048" in proc.stdout and "would run: " in proc.stdout and not run.exists()
+
+
 # ---------------------------------------------------------------- mpirun
 
 def test_two_ranks_through_mpirun(corpus, tmp_path):

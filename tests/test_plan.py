@@ -211,11 +211,12 @@ def test_plan_totals_are_what_mm_ds_run_launches():
     assert sum(t.gpu_hours for t in totals.values()) > 4 * 406  # the old "all stages" sum: one language, no Step 3
     for gpus in (1, 8, 16, 32, 64, 128):  # at most 64 or 32 per GPU: 2048 over 128 GPUs is 16 each, one micro-step
         assert refusals(recipe, cfgs, gpus) == []
+    keep = ("(48 ranks cannot share it evenly, whatever the micro batch). World sizes that keep it: 1, 2, 4, 8, 16, 32, "
+            "64, 128, 256, 512, 1024, 2048 (launch.nodes x launch.ranks). Changing train.global_batch instead departs "
+            "from the paper's protocol (the update's size is part of it)")
     assert refusals(recipe, cfgs, 48) == [
-        "pretrain/bl_base (and 15 more like it): global batch 2048 is not divisible by micro batch 32 x world size 48; "
-        "choose train.global_batch as a multiple of 1536 or change train.micro_batch / the number of ranks",
-        "pretrain/bl_small (and 44 more like it): global batch 2048 is not divisible by micro batch 64 x world size "
-        "48; choose train.global_batch as a multiple of 3072 or change train.micro_batch / the number of ranks"]
+        f"pretrain/bl_base (and 15 more like it): global batch 2048 is not divisible by micro batch 32 x world size 48 {keep}",
+        f"pretrain/bl_small (and 44 more like it): global batch 2048 is not divisible by micro batch 64 x world size 48 {keep}"]
 
 
 def test_the_printed_totals_of_the_paper_plan(capsys):
@@ -260,7 +261,9 @@ def test_the_printed_totals_of_the_paper_plan(capsys):
     refused = lines.index("`mm-ds run --check` would refuse the recipe on 32 GPUs:")
     assert lines[refused - 1].startswith("all steps in sequence: ") and lines[refused + 1:] == [
         "  finetune/bl_base/xnli/seed1 (and 64 more like it): global batch 32 is not divisible by micro batch 5 x "
-        "world size 1; choose train.global_batch as a multiple of 5 or change train.micro_batch / the number of ranks"]
+        "world size 1 (a rank's share, 32 sequences, is not a multiple of 5). World sizes that keep it: 8, 16, 32 "
+        "(launch.nodes x launch.ranks), or a train.micro_batch that divides 32, e.g. 4. Changing train.global_batch "
+        "instead departs from the paper's protocol (the update's size is part of it)"]
     # 48 GPUs divide 2048 at no micro batch: the plan itself stops, naming the stage
     out = Out(capsys, "paper", "--nodes", "6", "--gpus-per-node", "8")
     assert out.returncode == 2 and out.stdout == "" and "BL_BASE step1: global batch 2048 is not divisible by " \

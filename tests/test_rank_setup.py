@@ -193,7 +193,7 @@ def test_each_launcher_gives_its_ranks_their_share_of_the_cpus(rank_env, monkeyp
     env, seen = rank_env
     (tmp_path / "srun").write_text("#!/bin/sh\n")  # the command line is what is tested, SLURM installed or not
     (tmp_path / "srun").chmod(0o755)
-    (tmp_path / "hosts").write_text("n1 slots=8\nn2 slots=8\n")
+    (tmp_path / "hosts").write_text("10.0.0.1 slots=8\n10.0.0.2 slots=8\n")  # addresses: the openmpi runner resolves them
     env.update(shell, PATH=f"{tmp_path}{os.pathsep}{env['PATH']}")
     hosts = "" if launch_cfg.get("launcher") == "srun" else str(tmp_path / "hosts")  # srun: the allocation's
     cfg = LaunchConfig(ranks=8, nodes=2, hostfile=hosts, master_addr="n1", **launch_cfg)
@@ -225,20 +225,25 @@ def test_the_batch_script_gives_each_task_its_cpus(tmp_path):
 
 
 def test_the_hostfile_script_gives_each_rank_its_cpus(tmp_path):
-    """launchers/deepspeed_hostfile.sh passes DeepSpeed's openmpi and slurm runners what `mm-ds` passes them."""
-    from test_launchers import ROOT, free_port
+    """launchers/deepspeed_hostfile.sh passes DeepSpeed's openmpi and slurm runners what `mm-ds` passes them (its
+    CHECK=1 prints the command it would run)."""
+    import shlex
 
-    hosts, log, deepspeed = tmp_path / "hosts", tmp_path / "deepspeed.args", tmp_path / "deepspeed"
-    hosts.write_text("localhost slots=2\n")
-    deepspeed.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$FAKE_DEEPSPEED_LOG"\n')  # records its arguments
-    deepspeed.chmod(0o755)
+    from test_launchers import ROOT, fake_slurm_bin, free_port
+
+    hosts, tools = tmp_path / "hosts", fake_slurm_bin(tmp_path)  # srun and sinfo: looked for, not run
+    hosts.write_text("127.0.0.1 slots=2\n127.0.0.2 slots=2\n")  # two "nodes", both this machine
+    (tools / "pdsh").write_text("#!/bin/sh\n")
+    (tools / "pdsh").chmod(0o755)
     for launcher, asks in (("openmpi", "--launcher_args=--bind-to none"),
-                           ("slurm", "--launcher_args=--cpus-per-task=2"), ("pdsh", None)):
-        subprocess.run(["bash", "launchers/deepspeed_hostfile.sh", "pretrain"], cwd=ROOT, check=True,
-                       env=os.environ | {"HOSTFILE": str(hosts), "LAUNCHER": launcher, "DEEPSPEED": str(deepspeed),
-                                         "PYTHON": sys.executable, "FAKE_DEEPSPEED_LOG": str(log),
-                                         "MASTER_PORT": str(free_port()), "SLURM_CPUS_ON_NODE": "4"})
-        args = log.read_text().splitlines()
-        assert (asks in args) if asks else not [a for a in args if "launcher_args" in a], (launcher, args)
+                           ("slurm", "--launcher_args=--ntasks-per-node=2 --cpus-per-task=2"), ("pdsh", None)):
+        proc = subprocess.run(["bash", "launchers/deepspeed_hostfile.sh", "pretrain", "--preset", "tiny/pretrain",
+                               "--out", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
+                              env=os.environ | {"HOSTFILE": str(hosts), "LAUNCHER": launcher, "CHECK": "1",
+                                                "PYTHON": sys.executable, "PATH": f"{tools}:{os.environ['PATH']}",
+                                                "MASTER_PORT": str(free_port()), "SLURM_CPUS_ON_NODE": "4"})
+        assert proc.returncode == 0, proc.stderr
+        args = shlex.split(proc.stdout.split("would run: ")[1])
+        assert any(a.startswith(asks) for a in args) if asks else not [a for a in args if "launcher_args" in a], args
         assert ("--no_ssh_check" in args) == (launcher == "slurm"), (launcher, args)  # as `mm-ds` launches it
         assert "" not in args, (launcher, args)  # no empty argument where there is nothing to pass

@@ -64,8 +64,19 @@ def test_the_paper_recipe_checks_from_the_command_line(tmp_path):
         in proc.stdout
 
 
+@pytest.fixture
+def pdsh(tmp_path, monkeypatch):
+    """pdsh and ssh on PATH (stand-ins: `--check` looks for them, never runs them)."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("pdsh", "ssh"):
+        (tools / name).write_text("#!/bin/sh\nexit 1\n")
+        (tools / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{Path(sys.executable).parent}:/usr/bin:/bin")
+
+
 @pytest.mark.parametrize("nodes,ranks", [(1, 1), (1, 8), (2, 8), (4, 8), (8, 8)])
-def test_the_paper_recipe_passes_the_check_at_every_cluster_size(nodes, ranks, tmp_path):
+def test_the_paper_recipe_passes_the_check_at_every_cluster_size(nodes, ranks, tmp_path, pdsh):
     """1, 8, 16, 32 and 64 GPUs: Steps 1, 1b and 2 divide their 2048 sequences over every rank; Step 3's runs are
     single-device runs packed onto the ranks (each its batch of 32 on one device), whatever their number."""
     hosts = tmp_path / "hosts"
@@ -91,6 +102,38 @@ def test_a_geometry_that_cannot_divide_fails_the_check_naming_the_stage(tmp_path
            "x world size 1" in stdout
     rc, stdout, _ = run_here(capsys, "paper", "--check", "--out", str(tmp_path / "out"), "--launch", "ranks=6")
     assert rc == 1 and "global batch 2048 is not divisible by micro batch 32 x world size 6" in stdout
+
+
+def test_the_check_shows_the_world_a_hostfile_makes(tmp_path, capsys, pdsh, monkeypatch):
+    """4 hosts and no node count: 4 nodes x 8 = 32 ranks, in `--check`'s launch line and geometry and in each
+    stage's command; what the check could not see from here is said, never passed over."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(f"gpu0{i} slots=8\n" for i in range(1, 5)))
+    argv = ["paper", "--check", "--out", str(tmp_path / "out"), "--launch", f"hostfile={hosts}", "--launch", "ranks=8"]
+    rc, out, _ = run_here(capsys, *argv)
+    assert rc == 0, out
+    assert "launch: deepspeed through DeepSpeed's pdsh runner: 4 node(s) x 8 rank(s) = world size 32 on gpu01, gpu02, " \
+           "gpu03, gpu04; master gpu01:29500\n" in out
+    assert "    pretrain: 32 x 2 x 32 = 2048 (bl_base, minijoint); 64 x 1 x 32 = 2048 (bl_small)\n" in out
+    assert "note: master address gpu01 not checked: not resolvable from here" in out
+    pretrain = stage_runs(load_recipe("paper", [f"launch.hostfile={hosts}", "launch.ranks=8"]), tmp_path)[0]
+    assert "launch.nodes=4" in pretrain.argv and pretrain.config().launch.world_size == 32
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/nonexistent")  # no pdsh, no ssh here
+    rc, out, _ = run_here(capsys, *argv)
+    assert rc == 1 and "launch.ds_launcher=pdsh needs pdsh, ssh on this machine" in out, out
+    rc, _, err = run_here(capsys, *argv, "--launch", "ds_launcher=pdssh")
+    assert rc == 2 and "launch.ds_launcher='pdssh' is not one of DeepSpeed's runners (did you mean 'pdsh'?)" in err
+
+
+def test_a_world_size_that_cannot_keep_the_batch_names_those_that_can(tmp_path, capsys):
+    """3 nodes x 8 GPUs cannot share 2048 sequences: the world sizes that can, no micro-batch advice (no micro batch
+    helps), and the global batch is the paper's."""
+    rc, out, _ = run_here(capsys, "paper", "--check", "--out", str(tmp_path / "out"), "--launch", "ranks=24")
+    assert rc == 1
+    assert "global batch 2048 is not divisible by micro batch 32 x world size 24 (24 ranks cannot share it evenly, " \
+           "whatever the micro batch). World sizes that keep it: 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048 " \
+           "(launch.nodes x launch.ranks). Changing train.global_batch instead departs from the paper's protocol" in out
+    assert "train.micro_batch" not in out
 
 
 def test_a_stage_run_gives_the_config_its_command_line_gives():

@@ -15,8 +15,10 @@ import glob
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import ConfigError, ModelConfig, RunConfig
+from ..config import ConfigError, LaunchConfig, ModelConfig, RunConfig, from_dict
+from ..runtime import launch
 from ..runtime.phases import schedule_for
+from .stage_runs import PACKED
 from ..systems import MINI_SYSTEMS, system_of
 
 PREPARED = "meta.json"  # `mm-ds prepare` writes it last: a prepared corpus needs no text inputs
@@ -31,6 +33,12 @@ class Findings:
     """task -> languages of the recipe it is not evaluated in (the results show a gap)."""
     notes: list[str] = field(default_factory=list)
     stages: int = 0
+    launch: str = ""
+    """The recipe's launch in one line (launch.describe), when it was checked."""
+    geometries: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    """stage -> its batch geometry at its world size -> the systems whose stage runs have it."""
+    launches: dict[str, str] = field(default_factory=dict)
+    """Each distinct launch of the stage runs -> its problem ("" when none): checked once, not once a stage run."""
 
     def add(self, where: str, message: str) -> None:
         if (where, message) not in self.problems:
@@ -47,12 +55,23 @@ class Findings:
             lines.append(f"  {wheres[0]}{more}: {msg}")
         head = (f"{len(self.problems)} problem(s) in {len(grouped)} kind(s):" if self.problems
                 else f"ok: {self.stages} stage runs can start")
-        out = [head, *lines]
+        out = [head, *lines, *self._launch_lines()]
         if self.gaps:
             out.append("gaps (no such task data in that language; its Table 2 has no column for it): " +
                        "; ".join(f"{t}: {' '.join(ls)}" for t, ls in self.gaps.items()))
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
+
+
+    def _launch_lines(self) -> list[str]:
+        if not self.launch:
+            return []
+        lines = [f"launch: {self.launch}", "  geometry, micro batch x accumulation steps x world size = global batch:"]
+        for stage, geos in self.geometries.items():
+            packed = " (single-device runs, packed onto the launch's ranks)" if stage in PACKED else ""
+            lines.append(f"    {stage}{packed}: " + "; ".join(
+                f"{geo}" + (f" ({', '.join(systems)})" if len(geos) > 1 else "") for geo, systems in geos.items()))
+        return lines
 
 
 def check(recipe, out: Path, strict: bool) -> Findings:
@@ -69,7 +88,8 @@ def check(recipe, out: Path, strict: bool) -> Findings:
     except ConfigError as e:
         report.add("recipe", str(e))
         return report
-    configs = check_stages(nodes, report)
+    configs = check_stages(nodes, report, strict=strict)
+    report.launch = launch.describe(from_dict(LaunchConfig, recipe.launch, prefix="launch."))
     report.notes += protocol(recipe, nodes, configs)
     vocab = int(recipe.prepare.get("vocab_size", 50_000))  # `mm-ds prepare`'s default
     for node in nodes:
@@ -81,14 +101,16 @@ def check(recipe, out: Path, strict: bool) -> Findings:
     return report
 
 
-def check_stages(nodes, report: Findings, known: dict[Path, RunConfig] | None = None) -> dict[Path, RunConfig]:
+def check_stages(nodes, report: Findings, known: dict[Path, RunConfig] | None = None, strict: bool = False
+                 ) -> dict[Path, RunConfig]:
     """Each stage run of a plan, in order, statically (`_stage`); returns their configs by resolved run
     directory. `known`: configs of parents that are no stage of the plan (an imported model), so that what a
-    stage inherits is checked against them too."""
+    stage inherits is checked against them too. `strict`: the launch starts from here (its master address
+    must resolve here)."""
     report.stages += len(nodes)
     configs: dict[Path, RunConfig] = dict(known or {})
     for node in nodes:
-        cfg = _stage(node, configs, report)
+        cfg = _stage(node, configs, report, strict)
         if cfg is not None:
             configs[node.out.resolve()] = cfg
     return configs
@@ -225,18 +247,14 @@ def _check_data(recipe, out: Path, strict: bool, report: Findings) -> None:
 
 # ---------------------------------------------------------------- one stage run, statically
 
-def _stage(node, configs: dict[Path, RunConfig], report: Findings) -> RunConfig | None:
-    from ..runtime import ds_config, launch
-
+def _stage(node, configs: dict[Path, RunConfig], report: Findings, strict: bool) -> RunConfig | None:
     where = node.name.split("/", 1)[1]  # the run directory under --out
     try:
         cfg = node.config()
     except ConfigError as e:
         report.add(where, str(e))
         return None
-    for what, fn in (("engine config", lambda: ds_config.resolve(cfg, cfg.launch.world_size, on_this_machine=False)),
-                     ("launch", lambda: _launcher(cfg, launch)),
-                     ("model", lambda: _inherited(cfg, configs))):
+    for fn in (lambda: _launcher(cfg, report, strict), lambda: _geometry(cfg, report), lambda: _inherited(cfg, configs)):
         try:
             fn()
         except ConfigError as e:
@@ -244,16 +262,37 @@ def _stage(node, configs: dict[Path, RunConfig], report: Findings) -> RunConfig 
     return cfg
 
 
-def _launcher(cfg: RunConfig, launch) -> None:
-    """Launcher settings as `launch.preflight` checks them, but no port is bound and no address resolved:
-    the check may run on a login node."""
+def _geometry(cfg: RunConfig, report: Findings) -> None:
+    """The engine config at the launch's world size, through DeepSpeed's parser; its batch geometry noted."""
+    from ..runtime import ds_config
+
+    if cfg.launch.nodes is None and cfg.launch.hostfile:
+        return  # the hostfile could not be read: the launch's problem says why
+    _, geo = ds_config.resolve(cfg, cfg.launch.world_size, on_this_machine=False)
+    g = f"{geo.micro_batch} x {geo.grad_accum} x {geo.world_size} = {geo.global_batch}"
+    systems = report.geometries.setdefault(cfg.stage, {}).setdefault(g, [])
+    systems += [cfg.system] if cfg.system not in systems else []
+
+
+def _launcher(cfg: RunConfig, report: Findings, strict: bool) -> None:
+    """Launcher settings as `launch.preflight` checks them, but no port is bound, and unless `strict` an address that
+    does not resolve here is a note: the check may run on a login node. Each distinct launch once."""
     lc = cfg.launch
-    if lc.launcher == "none":
-        if lc.ranks != 1:
-            raise ConfigError("launch.launcher=none runs a single process; set launch.ranks=1")
-        return
-    launch.check_hosts(lc)  # the hostfile, and no loopback master address on several nodes
-    launch.command(lc, ["noop"])  # the executable exists; several nodes have a hostfile
+    key = repr(lc)
+    if key not in report.launches:
+        try:
+            if lc.launcher == "none" and lc.ranks != 1:
+                raise ConfigError("launch.launcher=none runs a single process; set launch.ranks=1")
+            if lc.launcher != "none":  # as launch.preflight, but its notes kept when a tool is missing
+                notes = launch.check_addresses(lc, launch.check_hosts(lc), port=False, here=strict)
+                report.notes += [n for n in notes if n not in report.notes]
+                launch.check_tools(lc)
+            report.launches[key] = ""
+        except ConfigError as e:
+            report.launches[key] = str(e)
+    if report.launches[key]:
+        raise ConfigError(report.launches[key])
+    launch.resolve(lc)  # as the first of its kind was
 
 
 def _inherited(cfg: RunConfig, configs: dict[Path, RunConfig]) -> None:

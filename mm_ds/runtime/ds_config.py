@@ -164,10 +164,25 @@ def geometry(cfg: RunConfig, world_size: int, path: Path | None = None, ds: dict
     micro = _int(micro, "train_micro_batch_size_per_gpu", path)
     geo = split(gb, micro, world_size)
     if geo is None:
-        raise ConfigError(f"global batch {gb} is not divisible by micro batch {micro} x world size "
-                          f"{world_size}; choose train.global_batch as a multiple of {micro * world_size} or "
-                          f"change train.micro_batch / the number of ranks")
+        raise ConfigError(no_split(gb, micro, world_size))
     return geo
+
+
+def no_split(global_batch: int, micro_batch: int, world_size: int) -> str:
+    """Why `global_batch` cannot run on `world_size` ranks at most `micro_batch` each (`split`), and what can: the
+    world sizes that keep it, and another micro batch only where one helps (the world size divides the batch)."""
+    keep = [w for w in range(1, global_batch + 1) if split(global_batch, micro_batch, w)]
+    sizes = ", ".join(map(str, keep[:16])) + (f", ... ({len(keep)} in all)" if len(keep) > 16 else "")
+    share, rest = divmod(global_batch, world_size)
+    if rest:
+        why, micro = f"{world_size} ranks cannot share it evenly, whatever the micro batch", ""
+    else:
+        why = f"a rank's share, {share} sequences, is not a multiple of {micro_batch}"
+        fit = max(d for d in range(1, micro_batch + 1) if share % d == 0)
+        micro = f", or a train.micro_batch that divides {share}, e.g. {fit}"
+    return (f"global batch {global_batch} is not divisible by micro batch {micro_batch} x world size {world_size} "
+            f"({why}). World sizes that keep it: {sizes} (launch.nodes x launch.ranks){micro}. Changing "
+            f"train.global_batch instead departs from the paper's protocol (the update's size is part of it)")
 
 
 def resolve(cfg: RunConfig, world_size: int, run_dir: Path | None = None, on_this_machine: bool = True

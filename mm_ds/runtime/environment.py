@@ -1,10 +1,11 @@
-"""Every environment variable mm-ds reads, who sets it, and whether it reaches every rank.
+"""Every environment variable mm-ds reads, who sets it, and whether it reaches every rank; what mm-ds forwards.
 
-A launcher hands a remote node's ranks only part of the launching shell's environment: DeepSpeed's pdsh
-runner the variables with a few prefixes (NCCL, PYTHON, UCX, MV2, MLFLOW) and those in `.deepspeed_env`,
-mpirun the names given with `-x`, srun all of the submitting shell's. A variable set by the launcher on each
-rank reaches every rank; one set by the `mm-ds` process that starts the launcher, or by the user, may be
-missing (or different) on another node.
+A launcher hands a remote node's ranks only part of the launching shell's environment: DeepSpeed's runners the
+variables with a few prefixes (NCCL, PYTHON, UCX, MV2, MLFLOW) and the lines of its environment file
+(`.deepspeed_env`), mpirun the names given with `-x`, srun all of the submitting shell's. mm-ds adds FORWARDED on
+every path (mpirun's `-x`, the environment file it writes for DeepSpeed's runners; srun needs nothing). A variable
+set by the launcher on each rank reaches every rank; one set by the `mm-ds` process that starts the launcher, or by
+the user, may be missing (or different) on another node.
 
 The rule: none that may differ between ranks decides which collectives a rank calls. Such a decision is
 taken on rank 0 and broadcast (`dist.broadcast_object`, as `stages.runner.run_stage` does with MM_DS_VALIDATED).
@@ -80,9 +81,29 @@ VARIABLES = {
     "OMP_NUM_THREADS": Variable(USER, "a rank's thread pool size, over mm-ds's share of the node"),
     "GLOO_SOCKET_IFNAME": Variable(USER, "gloo's network interface (forwarded by mpirun's -x); chosen by mm-ds "
                                          "when unset and the host name resolves to loopback"),
+    "PATH": Variable(USER, "where the launchers' executables are found; DeepSpeed's runners get this Python's "
+                           "folder first, so they start the same pdsh, mpirun and srun mm-ds checked"),
+    "DS_ENV_FILE": Variable(USER, "DeepSpeed's environment file (default .deepspeed_env in ~ and .): its lines go into "
+                                  "the one mm-ds writes for a launch, which then replaces it"),
     "MM_DS_MALLOC": Variable(USER, "`system`: give freed memory back to the kernel (CPU ranks)"),
     "WANDB_DIR": Variable(USER, "where W&B writes; defaults to RUN/logs"),
     "TORCHDYNAMO_DISABLE": Variable(USER, "defaults to 1: torch's compiler stack is not imported"),
 }
 FAULT_POINTS = Variable(USER, "a test's fault point: read in mm_ds/runtime/faults.py, the one module that names them")
 """What the variables mm_ds/runtime/faults.py reads are (tests/test_fault_points.py keeps them out of other modules)."""
+
+
+FORWARDED = ("LD_LIBRARY_PATH", "NCCL_", "TORCH_NCCL_", "FI_", "CUDA_", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME",
+             "PYTHON", "UCX_", "MV2_", "MLFLOW_")
+"""Prefixes of what every rank must see as the launching shell has it: the library path (NCCL's network plugin
+and CUDA's libraries; a remote shell's is a login's, and without its plugin NCCL falls back to TCP sockets
+silently), NCCL's, torch's NCCL (error handling, timeouts: the same on every rank) and libfabric's settings (EFA
+and other OFI networks), CUDA's (e.g. CUDA_DEVICE_MAX_CONNECTIONS), the user's thread count, gloo's interface, and
+DeepSpeed's own prefixes. Never a variable the launcher sets on each rank (`forwarded`): CUDA_VISIBLE_DEVICES is a
+node's own, RANK and its kind are each rank's."""
+
+
+def forwarded(name: str) -> bool:
+    """`name` goes to every rank from the launching shell: it has a FORWARDED prefix and no launcher sets it."""
+    row = VARIABLES.get(name)
+    return name.startswith(FORWARDED) and not (row is not None and row.set_by == LAUNCHER)

@@ -68,14 +68,14 @@ def select(hosts: list[Host], nodes: int | None, ranks_per_node: int | None, sou
     Raises ConfigError when more nodes or ranks are asked for than the hostfile offers."""
     nodes = len(hosts) if nodes is None else nodes
     if nodes < 1:
-        raise ConfigError(f"nodes must be positive, got {nodes}")
+        raise ConfigError(f"nodes (launch.nodes / NNODES) must be positive, got {nodes}")
     if nodes > len(hosts):
         raise ConfigError(f"{nodes} nodes requested (launch.nodes / NNODES) but {source} lists only "
                           f"{len(hosts)}: {', '.join(h.name for h in hosts)}")
     used = hosts[:nodes]
     if ranks_per_node is not None:
         if ranks_per_node < 1:
-            raise ConfigError(f"ranks per node must be positive, got {ranks_per_node}")
+            raise ConfigError(f"ranks per node (launch.ranks / NPROC_PER_NODE) must be positive, got {ranks_per_node}")
         short = [h for h in used if h.slots < ranks_per_node]
         if short:
             h = short[0]
@@ -94,12 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("hostfile")
     p.add_argument("--nodes", type=int, help="nodes to use (the first N hosts); default all")
     p.add_argument("--nproc-per-node", type=int, help="ranks per node; default each host's slots")
+    p.add_argument("--slots", action="store_true", help="print only the ranks every one of the nodes can hold (the "
+                   "least of their slots): launchers/deepspeed_hostfile.sh's default")
     a = p.parse_args(argv)
     try:
         used = select(read(a.hostfile), a.nodes, a.nproc_per_node, a.hostfile)
     except ConfigError as e:
         print(f"mm-ds: error: {e}", file=sys.stderr)
         return 2
+    if a.slots:
+        print(min(h.slots for h in used))
+        return 0
     print(f"[mm-ds] {a.hostfile}: {len(used)} node(s), world size {world_size(used, a.nproc_per_node)}: "
           + ", ".join(f"{h.name}x{a.nproc_per_node or h.slots}" for h in used))
     return 0

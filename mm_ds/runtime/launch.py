@@ -2,143 +2,169 @@
 
 Under `deepspeed`, `mpirun`, or `srun` the environment already names the rank, and the stage runs
 directly. Otherwise `launch.ranks` processes on each of `launch.nodes` nodes are started with
-`launch.launcher`: `deepspeed` (one node, or a hostfile reached through pdsh/openmpi/slurm/..., or one
-node at a time with `--no_ssh --node_rank`), `mpirun` (ranks found through mpi4py), or `srun`.
-`preflight` checks the hostfile, the master address and the master port before anything starts.
+`launch.launcher`: `deepspeed` (one node, or a hostfile reached through one of DeepSpeed's runners: pdsh, openmpi,
+slurm, ... as mm_ds/runtime/runners.py drives them, or one node at a time with `--no_ssh --node_rank`), `mpirun`
+(ranks found through mpi4py), or `srun`. `resolve` completes the settings once (the hostfile decides the node
+count); `preflight` checks the hostfile, the machine rank 0 starts on, the executables, the master address and
+port before anything starts. `python -m mm_ds.runtime.launch KEY=VALUE...` is the launcher scripts' preflight.
 
-A launcher hands a remote node's ranks only part of the launching shell's environment (pdsh: a few prefixes,
-mpirun: the `-x` names, srun: all of it), so nothing a rank decides collectively may come from it
-(mm_ds/runtime/environment.py).
+A launcher hands a remote node's ranks only part of the launching shell's environment (mm_ds/runtime/environment.py
+FORWARDED is added on every path), so nothing a rank decides collectively may come from it.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import shutil
 import socket
 import subprocess
 import sys
 
-from ..config import ConfigError, LaunchConfig
+from ..config import ConfigError, LaunchConfig, apply_overrides, from_dict
+from . import hostfile, runners
 # Which launcher's variables make a process a rank: one table (mm_ds/runtime/bringup.py LAUNCHERS).
 from .bringup import MARKED, RANK_VARS, SRUN_STEP_VARS, is_loopback, under_launcher  # noqa: F401
-
-
-def _bin(name: str) -> str:
-    here = os.path.join(os.path.dirname(sys.executable), name)
-    found = here if os.path.exists(here) else shutil.which(name)
-    if not found:
-        raise ConfigError(f"launcher executable {name!r} not found next to {sys.executable} or on PATH; "
-                          f"install it or set launch.launcher=none with launch.ranks=1")
-    return found
+from .environment import forwarded
+from .runners import bin_path as _bin
 
 
 ENTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank.py")
 """What every rank runs: a script path, since DeepSpeed's slurm runner drops `--module` (mm_ds/rank.py)."""
-FORWARDED = ("NCCL", "PYTHON", "UCX", "MV2", "MLFLOW", "GLOO_SOCKET_IFNAME")
-"""What DeepSpeed's runners forward to other nodes (its EXPORT_ENVS and the CUDA accelerator's NCCL), and the
-gloo interface: `mpirun` gets a `-x` for each of these that is set, so a remote rank sees the same."""
+
+
+def resolve(launch: LaunchConfig) -> LaunchConfig:
+    """The settings complete, as far as they can be known without a network: `launch.nodes` from the hostfile when
+    unset (all its hosts), the node rank within them, DeepSpeed's runner by name. In place, once, on the machine
+    that starts the launch (only it reads the hostfile); returns `launch`."""
+    if launch.nodes is None:
+        launch.nodes = len(hostfile.read(launch.hostfile)) if launch.hostfile and launch.launcher != "none" else 1
+    launch.check()
+    runners.runner(launch)
+    return launch
+
+
+def _starts_every_node(launch: LaunchConfig) -> bool:
+    """deepspeed starts every node from here through its runner (not one node's ranks, not only this machine's)."""
+    return launch.launcher == "deepspeed" and bool(launch.hostfile) and launch.node_rank is None and launch.nodes > 1
 
 
 def master_addr(launch: LaunchConfig) -> str:
-    """`launch.master_addr`, or when empty: 127.0.0.1 on one node; the hostfile's first host, where rank 0 runs,
-    for `deepspeed --no_ssh` and DeepSpeed's slurm runner (neither can ask that host); else empty, found at
-    start: DeepSpeed's ssh runners ask the first host (`hostname -I`), mpirun's rank 0 tells the others its
-    `hostname -I` (DeepSpeed's MPI discovery), srun's ranks take the allocation's first node."""
+    """`launch.master_addr`, or when empty: 127.0.0.1 on one node; under deepspeed with a hostfile its first host
+    by name, where rank 0 runs, which every node resolves itself (DeepSpeed's runners would otherwise ask that host
+    for `hostname -I` and take the first address, often a docker bridge); else empty, found at start: mpirun's
+    rank 0 tells the others its `hostname -I` (DeepSpeed's MPI discovery), srun's ranks take the allocation's
+    first node."""
+    resolve(launch)
     if launch.master_addr or launch.nodes == 1:
         return launch.master_addr or "127.0.0.1"
-    if launch.launcher == "deepspeed" and launch.hostfile and (launch.node_rank is not None
-                                                               or launch.ds_launcher == "slurm"):
-        from . import hostfile
-        return hostfile.read(launch.hostfile)[0].name
+    if launch.launcher == "deepspeed" and launch.hostfile:
+        return runners.host_name(hostfile.read(launch.hostfile)[0].name)
     return ""
 
 
 def command(launch: LaunchConfig, argv: list[str]) -> list[str]:
     """The command line that runs `python -m mm_ds.cli ARGV` on `launch.ranks` ranks per node."""
+    # OpenMPI binds each rank to one core when it starts two or fewer: a rank's share of the node's cores
+    # (mm_ds.runtime.dist.set_threads) instead.
+    ranks = {"deepspeed": [ENTRY], "mpirun": ["--bind-to", "none", sys.executable, ENTRY],
+             "srun": [sys.executable, ENTRY]}
+    head = launcher_command(launch)
+    return [*head, *ranks[launch.launcher], *argv]
+
+
+def launcher_command(launch: LaunchConfig) -> list[str]:
+    """The launcher's part of `command`, before what each rank runs (the launcher scripts run their own)."""
+    resolve(launch)
     addr = master_addr(launch)
-    where = [*(["--master_addr", addr] if addr else []), "--master_port", str(launch.master_port)]
     if launch.launcher == "deepspeed":
-        if launch.hostfile:
-            nodes = ["--hostfile", launch.hostfile, "--num_nodes", str(launch.nodes), "--launcher", launch.ds_launcher]
-            if launch.node_rank is not None:
-                nodes += ["--no_ssh", "--node_rank", str(launch.node_rank)]
-            else:
-                nodes += runner_args(launch)
-        elif launch.nodes > 1:
-            raise ConfigError(f"launch.nodes={launch.nodes} under deepspeed needs launch.hostfile (HOST slots=N lines)")
-        else:
-            nodes = []
-        return [_bin("deepspeed"), *nodes, "--num_gpus", str(launch.ranks), *where, ENTRY, *argv]
+        where = [*(["--master_addr", addr] if addr else []), "--master_port", str(launch.master_port)]
+        return [_bin("deepspeed"), *_deepspeed_nodes(launch), *where]
     if launch.launcher == "mpirun":
+        mpirun = _bin("mpirun")
         env = [*(["-x", f"MASTER_ADDR={addr}"] if addr else []), "-x", f"MASTER_PORT={launch.master_port}"]
-        env += [a for k in sorted(os.environ) if k.startswith(FORWARDED) for a in ("-x", k)]
+        env += [a for name, _ in sorted(os.environ.items()) if forwarded(name) for a in ("-x", name)]
         if launch.hostfile:
             env += ["--hostfile", launch.hostfile, "-npernode", str(launch.ranks)]
         elif launch.nodes > 1:
             raise ConfigError(f"launch.nodes={launch.nodes} under mpirun needs launch.hostfile (HOST slots=N lines)")
-        # OpenMPI binds each rank to one core when it starts two or fewer: a rank's share of the node's cores
-        # (mm_ds.runtime.dist.set_threads) instead.
-        return [_bin("mpirun"), "-n", str(launch.world_size), *env, "--bind-to", "none", sys.executable, ENTRY,
-                *argv]
+        # By absolute path, with its install root: the other nodes' daemons start from the same Open MPI.
+        return [mpirun, "--prefix", runners.mpirun_prefix(mpirun), "-n", str(launch.world_size), *env]
     if launch.launcher == "srun":
         return [_bin("srun"), "--nodes", str(launch.nodes), "--ntasks-per-node", str(launch.ranks),
-                "--ntasks", str(launch.world_size), *srun_cpus(launch.ranks), "--kill-on-bad-exit=1",
-                sys.executable, ENTRY, *argv]
+                "--ntasks", str(launch.world_size), *runners.srun_cpus(launch.ranks), "--kill-on-bad-exit=1"]
     raise ConfigError(f"launch.launcher={launch.launcher!r} cannot start {launch.world_size} ranks; "
                       f"use deepspeed, mpirun or srun")
 
 
-def runner_args(launch: LaunchConfig) -> list[str]:
-    """What DeepSpeed's runner is given when it starts every node from here (no --node_rank): each rank's CPUs
-    (`runner_cpus`), and for slurm `--no_ssh_check` (srun reaches the nodes; ssh to them need not work)."""
-    return runner_cpus(launch) + (["--no_ssh_check"] if launch.ds_launcher == "slurm" else [])
+def _deepspeed_nodes(launch: LaunchConfig) -> list[str]:
+    """deepspeed's arguments for the nodes: this machine's ranks, one node's of a `--no_ssh` start, or every node
+    through its runner (mm_ds/runtime/runners.py runner_args)."""
+    if not launch.hostfile:
+        if launch.nodes > 1:
+            raise ConfigError(f"launch.nodes={launch.nodes} under deepspeed needs launch.hostfile (HOST slots=N lines)")
+        return ["--num_gpus", str(launch.ranks)]
+    counts = ["--hostfile", launch.hostfile, "--num_nodes", str(launch.nodes), "--num_gpus", str(launch.ranks)]
+    if launch.node_rank is not None:
+        return [*counts, "--launcher", launch.ds_launcher, "--no_ssh", "--node_rank", str(launch.node_rank)]
+    if launch.nodes == 1:  # DeepSpeed runs one node's ranks here (check_hosts: this is that node, or run_here)
+        return [*counts, "--no_ssh_check"]
+    hosts = hostfile.select(hostfile.read(launch.hostfile), launch.nodes, launch.ranks, launch.hostfile)
+    return runners.runner_args(launch, hosts)
 
 
-def runner_cpus(launch: LaunchConfig) -> list[str]:
-    """`--launcher_args` for DeepSpeed's openmpi and slurm runners, which start the ranks with mpirun or srun:
-    each rank's CPUs as mm-ds's own mpirun and srun commands give them (theirs would bind a rank to one core, or
-    give a srun task one CPU). pdsh starts DeepSpeed's launcher on each node, which binds nothing."""
-    flags = {"openmpi": ["--bind-to", "none"], "slurm": srun_cpus(launch.ranks)}.get(launch.ds_launcher, [])
-    # One word: DeepSpeed's parser would take a separate `--cpus-per-task=N` for an unknown option of its own.
-    return [f"--launcher_args={' '.join(flags)}"] if flags else []
-
-
-def srun_cpus(ranks_per_node: int) -> list[str]:
-    """`--cpus-per-task`: the batch job's own, else this node's CPUs of the allocation shared by its tasks (srun
-    gives a task one CPU otherwise, where the allocation was sized in tasks)."""
-    per_task, on_node = os.environ.get("SLURM_CPUS_PER_TASK", ""), os.environ.get("SLURM_CPUS_ON_NODE", "")
-    if per_task.isdigit():
-        return [f"--cpus-per-task={per_task}"]
-    return [f"--cpus-per-task={max(1, int(on_node) // ranks_per_node)}"] if on_node.isdigit() else []
-
-
-def preflight(launch: LaunchConfig, port: bool = True) -> None:
-    """Fail before any rank starts: hostfile lines, ranks vs. slots, the master address and port (`port=False`,
-    `--check`: whether the port is free is not checked, it need only be free when the ranks start)."""
+def preflight(launch: LaunchConfig, port: bool = True, here: bool | None = None) -> list[str]:
+    """Fail before any rank starts: hostfile lines, ranks vs. slots, the machine rank 0 starts on, the master
+    address and port, the executables. `port=False` (`--check`): the port is not bound (it need only be free when
+    the ranks start). `here` (default: `port`): the launch starts from this machine, so the addresses it needs must
+    resolve here; else (`--check`, perhaps on a login node) one that does not is a note, not a failure. Returns
+    those notes: what was not checked."""
+    resolve(launch)
     if launch.launcher == "none":
-        return
-    check_hosts(launch)
-    addr = master_addr(launch)
-    if launch.launcher == "srun" or not addr:
-        return  # the address is found at start (the allocation's first node, or asked of rank 0's host)
-    # Rank 0 runs here on one node, or on node 0 of a --no_ssh start; a pdsh/openmpi start may be elsewhere.
-    # The other --no_ssh nodes only need the address to resolve (node 0 may already be listening).
-    check_master(addr, launch.master_port, must_be_local=launch.nodes == 1 or launch.node_rank == 0,
-                 bind=port and launch.node_rank in (None, 0))
+        return []
+    notes = check_addresses(launch, check_hosts(launch), port, port if here is None else here)
+    check_tools(launch)
+    return notes
 
 
-def check_hosts(launch: LaunchConfig) -> None:
-    """What needs no network: the hostfile (its lines, nodes and slots) and a master address that is not
-    loopback on several nodes (`mm-ds run --check` runs this much on a login node)."""
+def check_addresses(launch: LaunchConfig, hosts: list[hostfile.Host], port: bool, here: bool) -> list[str]:
+    """The master address resolves (and its port binds, when rank 0 starts here and `port`), and the openmpi
+    runner's node addresses; what does not resolve is a note unless the launch starts `here`."""
+    addr, notes = master_addr(launch), []
+    if launch.launcher != "srun" and addr:  # else found at start (the allocation's first node, or rank 0's)
+        try:
+            socket.getaddrinfo(addr, None)
+        except OSError as e:
+            if here:
+                raise ConfigError(f"launch.master_addr={addr!r} does not resolve ({e}); give rank 0's address") from None
+            notes.append(f"master address {addr} not checked: not resolvable from here")
+        else:
+            # Rank 0 runs here on one node, or on node 0 of a --no_ssh start; a runner's start may be elsewhere.
+            # The other --no_ssh nodes only need the address to resolve (node 0 may already be listening).
+            check_master(addr, launch.master_port, must_be_local=launch.nodes == 1 or launch.node_rank == 0,
+                         bind=port and launch.node_rank in (None, 0))
+    if _starts_every_node(launch) and launch.ds_launcher == "openmpi":
+        try:
+            runners.node_addresses(hosts)
+        except ConfigError:
+            if here:
+                raise
+            notes.append("the openmpi runner's node addresses not checked: the hostfile's names do not resolve here")
+    return notes
+
+
+def check_hosts(launch: LaunchConfig) -> list[hostfile.Host]:
+    """What needs no network: the hostfile (its lines, nodes and slots), a master address that is not loopback on
+    several nodes, and rank 0's machine. Returns the hosts the launch uses (none without a hostfile)."""
+    resolve(launch)
     hosts = []
     if launch.hostfile:
-        from . import hostfile
         if launch.launcher == "srun":
             raise ConfigError("launch.hostfile is for deepspeed and mpirun; under srun the SLURM allocation "
                               "names the nodes (unset launch.hostfile)")
         hosts = hostfile.select(hostfile.read(launch.hostfile), launch.nodes, launch.ranks, launch.hostfile)
+    elif launch.nodes > 1 and launch.launcher in ("deepspeed", "mpirun"):
+        raise ConfigError(f"launch.nodes={launch.nodes} under {launch.launcher} needs launch.hostfile (HOST slots=N "
+                          f"lines)")
     addr = master_addr(launch)
     if launch.nodes > 1 and addr and is_loopback(addr) and not (hosts and all(is_loopback(h.name) for h in hosts)):
         # Loopback reaches rank 0 from every node only when every node is this machine (a hostfile of
@@ -148,6 +174,47 @@ def check_hosts(launch: LaunchConfig) -> None:
         raise ConfigError(f"launch.master_addr={addr} is loopback, but launch.nodes={launch.nodes}: the other nodes' "
                           f"ranks would dial their own machine and wait 30 minutes. Give rank 0's address that the "
                           f"other nodes reach, {fix}, or leave launch.master_addr empty for mm-ds to choose")
+    if (launch.launcher == "deepspeed" and hosts and launch.nodes == 1 and launch.node_rank is None
+            and not launch.run_here and not is_this_machine(hosts[0].name)):
+        raise ConfigError(f"launch.hostfile={launch.hostfile} gives the one node (launch.nodes=1) as {hosts[0].name!r}, "
+                          f"but deepspeed runs a one-node launch's ranks on the machine it starts on, "
+                          f"{socket.gethostname()!r}, which is not {hosts[0].name!r}: start it on {hosts[0].name}, set "
+                          f"launch.nodes to the number of the hostfile's hosts to use, or launch.run_here=true to run "
+                          f"the ranks here")
+    return hosts
+
+
+def is_this_machine(name: str) -> bool:
+    """`name` (a hostfile entry) is this machine: loopback, its host name, or an address it can bind."""
+    name = runners.host_name(name)
+    if is_loopback(name) or name.split(".")[0] == socket.gethostname().split(".")[0]:
+        return True
+    try:
+        found = socket.getaddrinfo(name, None, type=socket.SOCK_DGRAM)
+    except OSError:
+        return False  # what does not resolve here is not here
+    for family, _, _, _, where in found:
+        if is_loopback(where[0]):
+            return True
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind((where[0], 0))
+                return True
+            except OSError:
+                continue
+    return False
+
+
+def check_tools(launch: LaunchConfig) -> None:
+    """The launcher's executables are here, and for a runner's start from here the runner's (runners.check_tools).
+    mm-ds's own mpirun command speaks Open MPI (-x, -npernode, --prefix)."""
+    _bin(launch.launcher)
+    if _starts_every_node(launch):
+        runners.check_tools(launch)
+    if launch.launcher == "mpirun" and "Open MPI" not in runners.version(_bin("mpirun"), "--version"):
+        raise ConfigError(f"launch.launcher=mpirun starts Open MPI's mpirun (-x, -npernode, --prefix), but "
+                          f"{_bin('mpirun')} is not Open MPI's; put Open MPI's first on PATH, or use "
+                          f"launch.launcher=deepspeed with launch.ds_launcher=mpich")
 
 
 def check_master(addr: str, port: int, must_be_local: bool, bind: bool = True) -> None:
@@ -175,21 +242,63 @@ def check_master(addr: str, port: int, must_be_local: bool, bind: bool = True) -
             raise ConfigError(f"cannot bind the master port {addr}:{port}: {e}") from None
 
 
+def describe(launch: LaunchConfig) -> str:
+    """The launch in one line, for `--check`: launcher and runner, nodes x ranks = world size, rank 0's address."""
+    resolve(launch)
+    if launch.launcher == "none":
+        return "none: this process, world size 1"
+    how = {"deepspeed": "deepspeed on this machine", "mpirun": "mpirun (Open MPI)", "srun": "srun, in the allocation"}
+    way = (f"deepspeed through DeepSpeed's {launch.ds_launcher} runner" if _starts_every_node(launch) else
+           f"deepspeed --no_ssh, node {launch.node_rank}'s ranks (the same command on every node)"
+           if launch.launcher == "deepspeed" and launch.node_rank is not None else how[launch.launcher])
+    spans = launch.launcher == "mpirun" or launch.launcher == "deepspeed" and launch.nodes > 1  # the hostfile's hosts
+    hosts = hostfile.read(launch.hostfile)[:launch.nodes] if launch.hostfile and spans else []
+    on = f" on {', '.join(h.name for h in hosts[:8])}{', ...' if len(hosts) > 8 else ''}" if hosts else ""
+    addr = master_addr(launch) or {"mpirun": "rank 0's `hostname -I` (found at start)",
+                                   "srun": "the allocation's first node"}.get(launch.launcher, "")
+    return (f"{way}: {launch.nodes} node(s) x {launch.ranks} rank(s) = world size {launch.world_size}{on}; "
+            f"master {addr}:{launch.master_port}")
+
+
+def runner_env(launch: LaunchConfig) -> dict[str, str]:
+    """What the launcher process needs in its environment beyond this shell's. MASTER_ADDR/PORT reach the ranks of
+    srun and of DeepSpeed's slurm runner this way (their command lines carry no address). DeepSpeed's runners start
+    pdsh, mpirun and srun by name: this Python's folder goes first on PATH, so that they start the ones mm-ds
+    checked. And the environment file they forward to the other nodes (runners.env_file)."""
+    if launch.launcher == "none":
+        return {}
+    addr = master_addr(launch)
+    master = {**({"MASTER_ADDR": addr} if addr else {}), "MASTER_PORT": str(launch.master_port)}
+    env = dict(master)
+    if launch.launcher == "deepspeed":
+        here, path = os.path.dirname(sys.executable), os.environ.get("PATH", "")
+        if here not in path.split(os.pathsep):
+            env["PATH"] = f"{here}{os.pathsep}{path}"
+        if _starts_every_node(launch):
+            left_out = runners.unpassable(launch)
+            if runners.runner(launch).env_file:
+                env["DS_ENV_FILE"] = runners.env_file(master, left_out)
+            if left_out:
+                print(f"[mm-ds] warning: DeepSpeed's {launch.ds_launcher} runner cannot pass these to the other nodes "
+                      f"as they are (their values need quotes, which reach the ranks): {', '.join(left_out)}; set "
+                      f"them in each node's own environment, or start with launch.launcher=mpirun (-x passes any "
+                      f"value)", file=sys.stderr, flush=True)
+    return env
+
+
 def launch_env(launch: LaunchConfig) -> dict[str, str]:
-    """The launcher's environment over this process's. MASTER_ADDR/PORT reach the ranks of srun and of
-    DeepSpeed's slurm runner this way (their command lines carry no address); the rest as each launcher
-    forwards it: nothing collective depends on it (mm_ds/runtime/environment.py)."""
+    """The launcher's environment over this process's (`runner_env`); the rest as each launcher forwards it:
+    nothing collective depends on it (mm_ds/runtime/environment.py)."""
     env = dict(os.environ)
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # ranks exit when it dies (mm_ds/runtime/watchdog.py)
     env.pop(MARKED, None)  # an outer launch's mark is not this one's
-    if launch.launcher != "none":
-        env["MASTER_PORT"] = str(launch.master_port)
-        if master_addr(launch):
-            env["MASTER_ADDR"] = env[MARKED] = master_addr(launch)  # srun's ranks keep what mm-ds chose
-    return env
+    own = runner_env(resolve(launch))
+    if "MASTER_ADDR" in own:
+        own[MARKED] = own["MASTER_ADDR"]  # srun's ranks keep what mm-ds chose (bringup.srun_master)
+    return env | own
 
 
 def relaunch(launch: LaunchConfig, argv: list[str], env: dict[str, str] | None = None) -> int:
@@ -199,40 +308,29 @@ def relaunch(launch: LaunchConfig, argv: list[str], env: dict[str, str] | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m mm_ds.runtime.launch ...`: the launcher scripts' preflight (hostfile, slots, master address and port);
-    prints the master address the ranks are to meet at (empty: found at start), or with --runner-args what
-    DeepSpeed's runner is to pass its mpirun or srun."""
+    """`python -m mm_ds.runtime.launch KEY=VALUE...`: the launcher scripts' preflight of `launch.*` settings (the
+    keys, types and checks of `mm-ds STAGE launch.KEY=VALUE`); prints the launch (`describe`) to stderr, and with
+    --command the launcher's command as mm-ds runs it, one argument a line, after `env` and what its environment
+    needs: the scripts run it with their rank program."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m mm_ds.runtime.launch", description="check launch settings before starting")
-    p.add_argument("--launcher", default="deepspeed", choices=["deepspeed", "mpirun", "srun"])
-    p.add_argument("--hostfile", default="")
-    p.add_argument("--nodes", type=int, help="default: every host of the hostfile, else 1")
-    p.add_argument("--ranks", type=int, help="ranks per node; default: each host's slots")
-    p.add_argument("--node-rank", type=int)
-    p.add_argument("--ds-launcher", default="pdsh", help="how deepspeed reaches the other nodes")
-    p.add_argument("--master-addr", default="", help="default: the hostfile's first host, else 127.0.0.1")
-    p.add_argument("--master-port", type=int, default=29500)
-    p.add_argument("--runner-args", action="store_true", help="print instead what deepspeed is to pass its openmpi "
-                   "or slurm runner (each rank's CPUs, slurm's --no_ssh_check), one a line; empty for pdsh")
+    p.add_argument("settings", nargs="*", metavar="KEY=VALUE", help="launch.* settings, e.g. hostfile=hosts ranks=8")
+    p.add_argument("--command", action="store_true", help="print the launcher's command, one argument a line")
+    p.add_argument("--check", action="store_true", help="as `--check` checks: the port is not bound, and an "
+                   "address that does not resolve here is a note (the scripts' CHECK=1)")
     a = p.parse_args(argv)
     try:
-        from . import hostfile
-        hosts = hostfile.read(a.hostfile) if a.hostfile else []
-        nodes = a.nodes or len(hosts) or 1
-        ranks = a.ranks or (min(h.slots for h in hosts[:nodes]) if hosts else 1)
-        cfg = LaunchConfig(ranks=ranks, launcher=a.launcher, master_port=a.master_port, master_addr=a.master_addr,
-                           nodes=nodes, hostfile=a.hostfile, node_rank=a.node_rank, ds_launcher=a.ds_launcher)
-        cfg.check()
-        preflight(cfg)
+        data = apply_overrides({}, [s.removeprefix("launch.") for s in a.settings])
+        cfg = resolve(from_dict(LaunchConfig, data, prefix="launch."))
+        notes = preflight(cfg, port=not a.check)
+        cmd = ["env", *(f"{k}={v}" for k, v in runner_env(cfg).items()), *launcher_command(cfg)] if a.command else []
     except ConfigError as e:
         print(f"mm-ds: error: {e}", file=sys.stderr)
         return 2
-    if a.runner_args:  # one argument a line (--launcher_args=... holds a space); no line when there are none
-        for arg in runner_args(cfg) if cfg.node_rank is None else []:
-            print(arg)
-    else:
-        print(master_addr(cfg) or "")  # the scripts pass it on
+    print("\n".join([f"[mm-ds] launch: {describe(cfg)}", *(f"[mm-ds] note: {n}" for n in notes)]), file=sys.stderr)
+    if cmd:
+        print("\n".join(cmd))
     return 0
 
 

@@ -191,20 +191,23 @@ def preflight(run: StageRun, resume: bool = False, check: bool = False):
     from ..runtime import engine, launch, sums
 
     cfg = run.config()
+    launch.resolve(cfg.launch)  # the hostfile's node count, before the world size is read
     stage_mod = stage_module(run.stage)
     skipped = [] if check else None
     # Ranks to start: their rank 0 hashes what they load (stages/common.py verify_inputs); here sizes suffice.
     with sums.deferred(cfg.launch.launcher != "none" and not check):
         ds_cfg, geo = validate(stage_mod, cfg, run.out, resume, cfg.launch.world_size, skipped)
-    launch.preflight(cfg.launch, port=not check)
+    unchecked = launch.preflight(cfg.launch, port=not check)
     if check:
         print(config.dump_yaml(cfg))
+        print(f"# launch: {launch.describe(cfg.launch)}")
         if ds_cfg is not None:
             print(json.dumps(ds_cfg, indent=2))
-            print(f"# geometry: {geo}")
+            print(f"# geometry: {geo.micro_batch} x {geo.grad_accum} x {geo.world_size} = {geo.global_batch} (micro "
+                  f"batch x accumulation steps x world size = global batch)")
         if cfg.launch.launcher not in ("none", "srun"):
             skipped.append(f"whether launch.master_port={cfg.launch.master_port} is free (when the ranks start)")
-        print("\n".join(f"# --check skipped: {s}" for s in skipped))
+        print("\n".join(f"# --check skipped: {s}" for s in skipped + unchecked))
         return cfg, True
     if not cfg.train.steps:  # no engine, no ranks: the stage's model as built is its result
         engine.train(stage_mod.build(cfg), run.out, resume=resume, progress=False)
