@@ -32,6 +32,8 @@ from pathlib import Path
 from standins import cluster
 
 VENV_BIN = Path(sys.executable).parent
+MM_DS = [sys.executable, "-m", "mm_ds.cli"]
+"""`mm-ds` as a user types it, by this interpreter (its console script may have been installed for another)."""
 STANDINS = Path(__file__).resolve().parent / "standins"
 """ssh, pdsh, srun, scontrol, sinfo; hydra/ holds hydra's mpirun (and mpiname), kept apart from OpenMPI's."""
 INTERFACE = "ens3"
@@ -176,6 +178,18 @@ class Nodes:
         path.write_text(json.dumps({"nodes": [{"name": n.name, "ns": n.ns, "addr": n.addr} for n in self.nodes],
                                     "login_env": login, "hide": hide, "gpus": 2} | extra))
         return path
+
+
+def python_without_openmpi(where: Path) -> str:
+    """A Python environment as on an MPICH site: this one's packages, but no Open MPI `mpirun` beside the
+    interpreter (this virtual environment has the `openmpi` package, which mm-ds would find first). Returns its
+    interpreter."""
+    real = Path(sys.prefix).resolve()
+    (where / "bin").mkdir(parents=True, exist_ok=True)
+    (where / "bin" / "python").symlink_to(Path(sys.executable).resolve())
+    (where / "lib").symlink_to(real / "lib")
+    (where / "pyvenv.cfg").write_text((real / "pyvenv.cfg").read_text())
+    return str(where / "bin" / "python")
 
 
 def cluster_env(cluster_map: Path, hydra: bool = False, **extra: str) -> dict[str, str]:

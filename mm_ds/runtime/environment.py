@@ -40,7 +40,8 @@ VARIABLES = {
     "LOCAL_RANK": Variable(LAUNCHER, "rank on its node; made the device index when a task sees fewer devices"),
     "LOCAL_WORLD_SIZE": Variable(LAUNCHER, "ranks on this node (torchrun; mm-ds sets it under srun and mpirun)"),
     "LOCAL_SIZE": Variable(LAUNCHER, "ranks on this node (DeepSpeed's launcher)"),
-    "MASTER_ADDR": Variable(LAUNCHER, "rank 0's rendezvous address (deepspeed, `-x` under mpirun, exported under srun)"),
+    "MASTER_ADDR": Variable(LAUNCHER, "rank 0's rendezvous address (deepspeed, `-x` under mpirun; under srun used "
+                                      "only when it is the step's first node or mm-ds marked it: MM_DS_MASTER_ADDR)"),
     "MASTER_PORT": Variable(LAUNCHER, "rank 0's rendezvous port"),
     "OMPI_COMM_WORLD_RANK": Variable(LAUNCHER, "OpenMPI: global rank"),
     "OMPI_COMM_WORLD_SIZE": Variable(LAUNCHER, "OpenMPI: number of ranks"),

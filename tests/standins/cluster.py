@@ -56,7 +56,21 @@ def on_node(cluster: dict, node: dict, argv: list[str], env: dict[str, str], cwd
 
 def start(cluster: dict, node: dict, argv: list[str], env: dict[str, str], cwd: str | None = None,
           **popen) -> subprocess.Popen:
-    return subprocess.Popen(on_node(cluster, node, argv, env, cwd), **popen)
+    """A task on `node`, in a process group of its own: `signal_task` reaches all it started, as slurmstepd's
+    (and hydra's proxy's) kill reaches a task's whole tree."""
+    return subprocess.Popen(on_node(cluster, node, argv, env, cwd), start_new_session=True, **popen)
+
+
+def signal_task(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except OSError:
+        pass
+
+
+def exit_code(p: subprocess.Popen) -> int:
+    """A task's exit code as a shell reports it: 128 + N for a task ended by signal N."""
+    return 128 - p.returncode if p.returncode < 0 else p.returncode
 
 
 def expand(hostlist: str) -> list[str]:
