@@ -78,6 +78,18 @@ def test_launch_and_bring_up_agree_on_what_makes_a_rank(rank_env):
                                                      *((row.node,) if row.node else ()))} <= set(bringup.LAUNCHER_VARS)
 
 
+def test_a_packed_run_started_by_any_launchers_rank_is_no_rank(rank_env):
+    """Step 3's single-device runs drop their rank's launcher variables (mm_ds/pipeline/pack.py child_env): of every
+    launcher in the table, or the child would join its parent's rendezvous."""
+    from mm_ds.pipeline import pack
+
+    for row in bringup.LAUNCHERS:
+        rank_env.clear()
+        rank_env.update(pack.child_env({row.rank: "1", row.world: "2", row.local_rank: "1", "PATH": "/bin",
+                                        **dict.fromkeys(row.local_world, "2"), **SRUN_PMI2}, 1, None, 0)[0])
+        assert not launch.under_launcher(), (row.name, rank_env)
+
+
 ADOPT = """
 import json, os, sys
 from mm_ds.runtime import dist
