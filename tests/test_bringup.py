@@ -224,7 +224,7 @@ def test_where_rank0_listens():
 # ---------------------------------------------------------------- how long ranks wait for one another
 
 @pytest.mark.parametrize("alone,says", [
-    (0, "rank 0 stopped: 1 of 2 ranks never joined the rendezvous in 4 s: node 1: ranks 1 (placing 1 ranks a node)"),
+    (0, "rank 0 stopped: 1 of 2 ranks never joined the rendezvous in 4 s: node 1: rank 1 (placing 1 rank a node)"),
     (1, "rank 1: rank 0's rendezvous at 127.0.0.1:"),
 ])
 def test_a_rank_whose_peer_never_starts_stops_within_the_rendezvous_timeout(tmp_path, alone, says):

@@ -321,15 +321,15 @@ def missing_message(records, missing: list[int], waited_s: float, hosts: list[st
         per = per_node.pop()
         for r in missing:
             nodes.setdefault(r // per, []).append(r)
-        named = [f"node {k}{f' ({hosts[k]})' if hosts and k < len(hosts) else ''}: ranks {spans(rs)}"
+        named = [f"node {k}{f' ({hosts[k]})' if hosts and k < len(hosts) else ''}: {spans(rs)}"
                  for k, rs in sorted(nodes.items())]
-        where = f"{'; '.join(named)} (placing {per} ranks a node)"
+        where = f"{'; '.join(named)} (placing {per} rank{'s' if per > 1 else ''} a node)"
     else:
-        where = f"ranks {spans(missing)}"
+        where = spans(missing)
     came = {}
     for r, rec in joined:
         came.setdefault(rec["host"], []).append(r)
-    seen = ", ".join(f"ranks {spans(rs)} on {h}" for h, rs in came.items())
+    seen = ", ".join(f"{spans(rs)} on {h}" for h, rs in came.items())
     return (f"{len(missing)} of {len(records)} ranks never joined the rendezvous in {waited_s:.0f} s: {where}. "
             f"Their node's launcher output says why (the Python environment or mm-ds missing there, an import "
             f"error, a node the launcher never reached). Joined: {seen}. launch.rendezvous_timeout_s sets the wait")
@@ -352,7 +352,7 @@ def device_problem(records: list[dict]) -> str:
         count = min(d["count"] for _, d in ranks)
         crowded = not taken and count > 1 and len(ranks) > count
         if shared or crowded:
-            what = (f"ranks {' and '.join(spans(rs) for rs in shared)} take the same GPU" if shared else
+            what = (f"{' and '.join(spans(rs) for rs in shared)} take the same GPU" if shared else
                     f"{len(ranks)} ranks share the {count} GPUs each of them sees")
             return (f"node {host}: {what} (NCCL would stop with \"duplicate GPU\"). Start as many ranks on a node "
                     f"as it has GPUs (launch.ranks; srun --ntasks-per-node=N with --gpus-per-node=N), or give each "
@@ -361,14 +361,14 @@ def device_problem(records: list[dict]) -> str:
 
 
 def spans(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2, 5"."""
+    """[0, 1, 2, 5] -> "ranks 0-2, 5"; [3] -> "rank 3"."""
     out, start = [], None
     for i, r in enumerate(ranks):
         start = r if start is None else start
         if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
             out.append(f"{start}-{r}" if r != start else str(r))
             start = None
-    return ", ".join(out)
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(out)}"
 
 
 # ---------------------------------------------------------------- a rank's own process
