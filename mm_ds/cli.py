@@ -46,6 +46,8 @@ TOOL_COMMANDS = {
                 "--show NAME prints one"),
     "verify": ("mm_ds.tools.verify:main", "check checkpoints or final weights against their manifests"),
     "bench": ("mm_ds.tools.bench:main", "time every stage vs. a matmul peak and transformers; CPU speed targets"),
+    "probe": ("mm_ds.runtime.probe:main", "start the ranks as a stage would (launch.KEY=VALUE): each names its "
+              "host, local rank, device and threads; one all-reduce"),
 }
 
 # Started by `mm-ds run` for its ranks, not by users: they work but `mm-ds --help` does not list them.

@@ -231,6 +231,11 @@ class LaunchConfig:
     force_multi: bool = False
     """deepspeed starts even one node through its runner (pdsh, ...; DeepSpeed's --force_multi), on the hostfile's
     host: what `mm-ds run` gives a side-by-side group of one node that is not this machine (launch.spread)."""
+    rendezvous_timeout_s: int = 300
+    """Seconds the ranks wait for one another at start (rank 0's store, then every rank in it): when a node's
+    ranks never start (its environment missing, an import error), the others stop then, naming them."""
+    collective_timeout_s: int = 1800
+    """Seconds a collective may wait for the other ranks before the process group gives up (torch's default)."""
 
     @property
     def world_size(self) -> int:
@@ -346,7 +351,8 @@ RANGES = {
     "finetune.epochs": "(0, inf)", "finetune.lr": "(0, inf)", "finetune.warmup_ratio": "[0, 1]",
     "finetune.max_length": "[1, inf)", "finetune.max_train_examples": "[1, inf)",
     "launch.ranks": "[1, inf)", "launch.master_port": "[1, 65535]", "launch.nodes": "[1, inf)",
-    "launch.node_rank": "[0, inf)", "launch.spread": "[1, inf)",
+    "launch.node_rank": "[0, inf)", "launch.spread": "[1, inf)", "launch.rendezvous_timeout_s": "[1, inf)",
+    "launch.collective_timeout_s": "[1, inf)",
     "peak_tflops": "(0, inf)",
 }
 

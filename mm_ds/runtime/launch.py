@@ -15,23 +15,16 @@ FORWARDED is added on every path), so nothing a rank decides collectively may co
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
 import socket
 import sys
 
 from ..config import ConfigError, LaunchConfig, apply_overrides, from_dict
 from . import hostfile, runners
+# Which launcher's variables make a process a rank: one table (mm_ds/runtime/bringup.py LAUNCHERS).
+from .bringup import MARKED, RANK_VARS, SRUN_STEP_VARS, is_loopback, under_launcher  # noqa: F401
 from .environment import forwarded
 from .runners import bin_path as _bin
-
-RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-SRUN_STEP_VARS = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")
-"""Set in every task of an `srun` job step (not in the sbatch script itself, which has no SLURM_STEP_NUM_TASKS)."""
-
-
-def under_launcher() -> bool:
-    return any(v in os.environ for v in RANK_VARS) or all(v in os.environ for v in SRUN_STEP_VARS)
 
 
 ENTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank.py")
@@ -47,14 +40,6 @@ def resolve(launch: LaunchConfig) -> LaunchConfig:
     launch.check()
     runners.runner(launch)
     return launch
-
-
-def is_loopback(addr: str) -> bool:
-    """The address (not what it resolves to here) names each machine itself: 127.x, ::1, localhost."""
-    try:
-        return ipaddress.ip_address(addr.split("%")[0]).is_loopback
-    except ValueError:
-        return addr.lower().rstrip(".") in ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 
 
 def _starts_every_node(launch: LaunchConfig) -> bool:
@@ -309,7 +294,11 @@ def launch_env(launch: LaunchConfig) -> dict[str, str]:
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # ranks exit when it dies (mm_ds/runtime/watchdog.py)
-    return env | runner_env(resolve(launch))
+    env.pop(MARKED, None)  # an outer launch's mark is not this one's
+    own = runner_env(resolve(launch))
+    if "MASTER_ADDR" in own:
+        own[MARKED] = own["MASTER_ADDR"]  # srun's ranks keep what mm-ds chose (bringup.srun_master)
+    return env | own
 
 
 def relaunch(launch: LaunchConfig, argv: list[str], env: dict[str, str] | None = None,
