@@ -18,6 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests build every HF model local
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs CUDA GPUs (tests/gpu; `make test-gpu`)")
     config.addinivalue_line("markers", "rehearsal: the real-data rehearsal (`make rehearsal`), minutes of per-stage runs")
+    config.addinivalue_line("markers", "ranks: starts ranks or a pipeline (seconds to minutes each); `make test-fast` "
+                                       "runs the rest")
 
 
 @pytest.fixture(scope="session")  # module fixtures (the rehearsal) use it

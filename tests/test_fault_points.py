@@ -10,9 +10,9 @@ import torch
 from mm_ds.runtime import faults
 
 PACKAGE = Path(faults.__file__).resolve().parents[1]  # mm_ds/
-PRODUCT_SETTINGS = {"MM_DS_LAUNCH_ROOT", "MM_DS_MALLOC", "MM_DS_VALIDATED"}
-"""MM_DS_* variables that configure the product itself (mm_ds/runtime/watchdog.py, mm_ds/runtime/dist.py; mm_ds/cli.py tells
-the ranks it started that their command was validated), not a test."""
+PRODUCT_SETTINGS = {"MM_DS_LAUNCH_ROOT", "MM_DS_MALLOC", "MM_DS_MASTER_ADDR"}
+"""MM_DS_* variables that configure the product itself (mm_ds/runtime/watchdog.py, mm_ds/runtime/dist.py; the master
+address the launching side chose, mm_ds/runtime/bringup.py), not a test."""
 
 
 def env_names(path: Path) -> list[str]:

@@ -128,7 +128,7 @@ def test_the_cycle_finder_finds_cycles():  # a test that cannot fail is a defect
 
 def test_dispatch_strings_are_imports():
     g = graph()
-    assert "mm_ds.eval.transfer" in g["mm_ds.cli"] and "mm_ds.stages.pretrain" in g["mm_ds.stages.runner"]
+    assert "mm_ds.eval.transfer" in g["mm_ds.cli"] and "mm_ds.stages.pretrain" in g["mm_ds.stages.resolve"]
 
 
 def test_nothing_imports_the_cli():

@@ -14,7 +14,7 @@ import torch
 
 from mm_ds import config
 from mm_ds.model import flops, surgery
-from mm_ds.stages.runner import stage_config
+from mm_ds.stages.command import stage_config
 from mm_ds.config import ConfigError, ModelConfig
 from mm_ds.model.model import RobertaMLM, is_language_param, param_shapes
 from mm_ds.runtime.phases import DepthSchedule, schedule_for

@@ -340,7 +340,7 @@ def test_side_by_side_runs_two_stage_runs_at_once_on_two_local_nodes(corpus, tmp
     import time
 
     from mm_ds.pipeline import spread as sp
-    from mm_ds.stages.runner import StageRun
+    from mm_ds.stages.resolve import StageRun
 
     launch, groups = _two_nodes(tmp_path)
     assert [g.hostfile.read_text() for g in groups] == ["localhost slots=1\n", "127.0.0.1 slots=1\n"]
@@ -377,7 +377,7 @@ def test_side_by_side_stops_starting_runs_after_a_failure(tmp_path):
 
     from mm_ds.pipeline import spread as sp
     from mm_ds.pipeline.progress import StageFailed
-    from mm_ds.stages.runner import StageRun
+    from mm_ds.stages.resolve import StageRun
 
     groups = [sp.Group(k, [], tmp_path / f"g{k}", ()) for k in range(2)]
     runs = [StageRun("adapt", tmp_path / name, None, (), f"adapt/{name}") for name in ("de", "fr", "sw")]
@@ -412,7 +412,7 @@ def test_spread_runs_a_step_side_by_side_only_with_a_run_per_group(tmp_path):
     from types import SimpleNamespace
 
     from mm_ds.pipeline import spread as sp
-    from mm_ds.stages.runner import StageRun
+    from mm_ds.stages.resolve import StageRun
 
     launch, _ = _two_nodes(tmp_path)
     recipe = SimpleNamespace(launch={k: getattr(launch, k) for k in ("ranks", "hostfile", "nodes", "spread",

@@ -138,7 +138,7 @@ def test_a_world_size_that_cannot_keep_the_batch_names_those_that_can(tmp_path, 
 
 def test_a_stage_run_gives_the_config_its_command_line_gives():
     """`mm-ds run` launches `StageRun.argv` but checks and prices `StageRun.config()`: they must be one config."""
-    from mm_ds.stages.runner import stage_config
+    from mm_ds.stages.command import stage_config
 
     for node in stage_runs(load_recipe("paper"), Path("/tmp/out")):
         assert node.config() == stage_config(node.argv[0], node.argv[1:])[1], node.name

@@ -11,7 +11,7 @@ import yaml
 
 from mm_ds.report import analyses
 from mm_ds.runtime import checkpoint
-from mm_ds.stages.runner import stage_config
+from mm_ds.stages.command import stage_config
 from mm_ds.config import ConfigError
 from mm_ds.report.records import Result
 from mm_ds.pipeline.stage_runs import stage_runs

@@ -38,7 +38,7 @@ from ..runtime import checkpoint
 from .. import tokens
 from .check import Findings, check_stages
 from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict
-from ..stages.runner import StageRun
+from ..stages.resolve import StageRun
 from ..systems import SystemNameError, system_of
 from . import extend_card
 

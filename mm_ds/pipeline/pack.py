@@ -42,7 +42,7 @@ from .progress import INTERVAL_S, Follow, StageFailed, clock, run_logged, say
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
                "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS",
-               "MPI_LOCALNRANKS", "MM_DS_VALIDATED")
+               "MPI_LOCALNRANKS")
 LAUNCH_PREFIXES = ("OMPI_COMM_WORLD_", "MV2_COMM_WORLD_", "PMI_", "PMIX_RANK")
 """What makes a process a rank of the launch (mm_ds/runtime/launch.py under_launcher, mm_ds/runtime/dist.py adopt_env): a packed
 run is a world of one, so its environment has none of it."""

@@ -19,6 +19,7 @@ BL_BASE's pretrained model and its finetuned models (same primary model, paper Â
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -38,30 +39,32 @@ from .prepare import languages, only_prepare, prepare_data, prepared
 from .prepare import world_complete  # noqa: F401 (run.world_complete, as it was)
 from .spread import run_spread, spread_steps
 from .stage_runs import stage_runs
-from ..stages.runner import StageRun
+from ..runtime.launch import launch_env, rank_command
+from ..stages.resolve import StageRun, resolve
+from ..stages.command import parse, published_as_built
+from ..stages.runner import train_run
 from ..systems import REFERENCE
 
 
 def _launch_stage(run: StageRun, resume: bool, log: Path, follow: Follow | None = None) -> None:
-    """One stage as `mm-ds STAGE ARGV` would run it, with its checks done here (one process fewer per stage:
-    start-up, not training, dominates small stages) and its ranks started by the launcher, output to `log`."""
-    import contextlib
-
-    from ..runtime.launch import command, launch_env
-    from ..stages.runner import preflight, validated_env
-
+    """One stage as `mm-ds STAGE ARGV` would run it: resolved here (one process fewer per stage: start-up, not
+    training, dominates small stages), its ranks started by the launcher on its run directory, output to `log`."""
     argv = run.argv + ["--no-progress"] + (["--resume"] if resume else [])
-    say(f"$ mm-ds {' '.join(argv)}")
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f, contextlib.redirect_stdout(f):
         try:
-            cfg, done = preflight(run, resume)
+            got = resolve(run, resume, resume_with=stop.resume_command(argv))  # a resume point's sums checked here
         except (ConfigError, checkpoint.CheckpointError, FileNotFoundError, ValueError) as e:
             raise ConfigError(f"stage {run.name}: {e}") from e
-    if not done:
-        _run_logged(command(cfg.launch, argv) if cfg.launch.launcher != "none"
-                    else [sys.executable, "-m", "mm_ds.cli", *argv], log, follow,
-                    launch_env(cfg.launch) | validated_env(argv), cfg.train.stop_grace_s)
+    if resume:
+        found = got.resume_from
+        say(f"resume {run.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}")
+    say(f"$ mm-ds {' '.join(argv)}")
+    with open(log, "a") as f, contextlib.redirect_stdout(f):
+        if published_as_built(got):
+            return
+    _run_logged(rank_command(got.cfg.launch, got.run_dir), log, follow, launch_env(got.cfg.launch),
+                got.cfg.train.stop_grace_s)
 
 
 def run_stages(todo: list[StageRun], logs: Path) -> None:
@@ -69,9 +72,6 @@ def run_stages(todo: list[StageRun], logs: Path) -> None:
     interrupted one resumes from its newest checkpoint. The caller has left out the complete ones."""
     for i, n in enumerate(todo):
         resume = bool(checkpoint.list_checkpoints(n.out))
-        if resume:
-            found = checkpoint.find_resume_point(n.out, checksums=False)  # its rank 0 hashes it
-            say(f"resume {n.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}")
         log = logs / f"{n.name.replace('/', '_')}.log"
         try:
             _launch_stage(n, resume, log, Follow([_watched(n, i, len(todo), log)]))
@@ -99,7 +99,6 @@ def job_main(argv: list[str]) -> int:
     import gc
 
     from ..runtime import dist
-    from ..stages.runner import run_stage
 
     dist.init()
     # The stage list decides every collective that follows: rank 0 reads it for all (no node's own look).
@@ -107,7 +106,7 @@ def job_main(argv: list[str]) -> int:
         if dist.any_rank(stop.requested() is not None):  # a stop while the last one published: start no other
             name = stop.requested().name if stop.requested() else None
             raise stop.Stopped(name, f"[mm-ds] stopped by {name or 'a stop signal on another rank'} between two "
-                                     f"steps; resume with: {stop.resume_command()}")
+                                     f"steps; resume with: the same `mm-ds run` command")
         if stage_argv[0] == "run-eval":
             from ..eval.transfer import run_eval_main
             run_eval_main(stage_argv[1:])
@@ -120,15 +119,17 @@ def job_main(argv: list[str]) -> int:
             from ..eval.align_spread import run_align_main
             run_align_main(stage_argv[1:])
             continue
-        run_dir = Path(stage_argv[stage_argv.index("--out") + 1])
+        args, run = parse(stage_argv[0], stage_argv[1:])  # (a typed work item in the next step)
         # Rank 0 decides for all: a rank that looked for itself could see a stage that rank 0 has just
         # finished alone (an extraction) as complete, skip its barrier, and deadlock the job.
-        done, has_checkpoints = dist.on_rank0(lambda: _state(run_dir), f"looking at {run_dir}")
+        done, has_checkpoints = dist.on_rank0(lambda: _state(run.out), f"looking at {run.out}")
         if done:
             continue
-        resume = ["--resume"] if has_checkpoints else []
-        print(f"[mm-ds run] stage: mm-ds {' '.join(stage_argv + resume)}", flush=True)
-        run_stage(stage_argv[0], stage_argv[1:] + resume)
+        print(f"[mm-ds run] stage: mm-ds {' '.join(stage_argv + (['--resume'] if has_checkpoints else []))}",
+              flush=True)
+        dist.on_rank0(lambda: resolve(run, has_checkpoints, launching=False, world=dist.world_size(),
+                                      resume_with="the same `mm-ds run` command"), f"resolving the stage run {run.out}")
+        train_run(run.out)
         gc.collect()
     return 0
 

@@ -32,6 +32,8 @@ from .boundary import Boundary
 from .peaks import device_peak_flops
 from .phases import DepthSchedule
 from .prefetch import Prefetcher
+from . import resharding as universal
+from .resolved import Resolved
 from .train_log import LogWindow, RowWriter, nonfinite_skips
 
 
@@ -96,21 +98,26 @@ def dropout_generator(device: torch.device) -> torch.Generator:
 # ---------------------------------------------------------------- the engine
 
 def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: bool = False,
-                 reshard: bool = False) -> Engine:
+                 reshard: bool = False, given: Resolved | None = None) -> Engine:
     """The DeepSpeed engine of `stage` on `world` ranks: the effective DeepSpeed config, the stage's frozen
     parameters frozen before `deepspeed.initialize` (which then sees only the trainable parameter groups),
-    and with `run_dir` the run's files (its configs, the frozen fp32 weights) and, with `resume`, the
-    checkpoint to load. Collective when `run_dir` is given. `train` and `mm-ds bench` build theirs here."""
+    and with `run_dir` the run's files (the frozen fp32 weights) and, with `resume`, the checkpoint to load.
+    `given`: the stage run as its launching side resolved it (mm_ds/runtime/resolved.py), whose engine config and
+    resume point it takes; without it (mm-ds bench, tests) they are resolved here and the configs written into
+    `run_dir`. Collective when `run_dir` is given. `train` and `mm-ds bench` build theirs here."""
     import deepspeed
 
     from ..model.model import param_groups, set_trainable
 
     cfg, model = stage.cfg, stage.model
     rank = dist.rank()
-    ds_cfg, geo = dsc.resolve(cfg, world, run_dir)
+    ds_cfg, geo = (given.ds_cfg, given.geo) if given is not None else dsc.resolve(cfg, world, run_dir)
+    if geo.world_size != world:
+        raise ValueError(f"{run_dir} was resolved for {geo.world_size} ranks, but {world} started; resolve it again")
     n_train, n_total = set_trainable(model, stage.trainable)
     if run_dir is not None:
-        dist.on_rank0(lambda: _write_run_files(run_dir, cfg, ds_cfg, model), f"writing the run files of {run_dir}")
+        dist.on_rank0(lambda: _write_run_files(run_dir, cfg, ds_cfg, model, configs=given is None),
+                      f"writing the run files of {run_dir}")
         if ds_cfg.get("wandb", {}).get("enabled"):
             os.environ.setdefault("WANDB_DIR", str(run_dir / "logs"))  # W&B's block has no output path
             (run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -126,23 +133,26 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
         for head in model.heads().values():  # the tied projection lives in another module
             deepspeed.zero.register_external_parameter(head, model.embed.tokens.weight)
     found = None
-    if resume and run_dir is not None:  # rank 0 looks for all: what it finds decides the collectives that load it
+    if given is not None:  # the launching side found it (and verified its sums)
+        found = given.resume_from
+    elif resume and run_dir is not None:  # rank 0 looks for all: what it finds decides the collectives that load it
         found = dist.on_rank0(lambda: ckpt_io.find_resume_point(run_dir), f"looking for a checkpoint in {run_dir}")
     load_from = None
     if found is not None:
-        from . import resharding as universal  # another world size: reshard through a universal checkpoint
-        load_from = universal.prepare(found, world, ds_cfg, rank, force=reshard)
+        load_from = universal.prepare(found, world, ds_cfg, rank, force=reshard)  # another world size: reshard
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model, wd),
                                            config=dsc.engine_config(ds_cfg))  # no monitors: RowWriter has them
     return Engine(engine, ds_cfg, geo, n_train, n_total, found, load_from)
 
 
-def _write_run_files(run_dir: Path, cfg: RunConfig, ds_cfg: dict, model: torch.nn.Module) -> None:
-    """Rank 0: the effective configs and the frozen fp32 weights, into `run_dir`."""
+def _write_run_files(run_dir: Path, cfg: RunConfig, ds_cfg: dict, model: torch.nn.Module, configs: bool) -> None:
+    """Rank 0: the frozen fp32 weights and, with `configs` (no launching side wrote them), the effective configs,
+    into `run_dir`."""
     with ckpt_io.writing(run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)
-        ckpt_io.write_text_atomic(run_dir / "run_config.yaml", dump_yaml(cfg))
-        ckpt_io.write_json_atomic(run_dir / "ds_config.json", ds_cfg)
+        if configs:
+            ckpt_io.write_text_atomic(run_dir / ckpt_io.RUN_CONFIG, dump_yaml(cfg))
+            ckpt_io.write_json_atomic(run_dir / ckpt_io.DS_CONFIG, ds_cfg)
     # Under bf16/fp16 DeepSpeed casts every parameter, frozen ones too, to the training dtype, and keeps fp32
     # masters only of what trains. The frozen fp32 weights (the parent's, after surgery) are kept once per run
     # and laid over every consolidation, so that final/ holds them bit for bit.
@@ -161,22 +171,26 @@ def use_tf32(on: bool) -> None:
 # ---------------------------------------------------------------- the loop
 
 def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: bool = True,
-          reshard: bool = False) -> Path:
-    """Train `stage` into `run_dir` (its checks, `stages.runner.validate`, are done before) and return final/. A stop
-    signal ends it after a checkpoint: `stop.Stopped` on every rank (mm_ds/runtime/stop.py)."""
+          reshard: bool = False, given: Resolved | None = None) -> Path:
+    """Train `stage` into `run_dir` and return final/. `given`: the run as its launching side resolved it
+    (mm_ds/stages/resolve.py, which checked it), whose resume point, --reshard and progress bar it takes over
+    `resume`, `reshard` and `progress`. A stop signal ends it after a checkpoint: `stop.Stopped` on every rank
+    (mm_ds/runtime/stop.py)."""
     cfg = stage.cfg
     run_dir = Path(run_dir)
     if cfg.train.steps == 0:
         return handoff.publish_as_built(stage, run_dir)
+    if given is not None:
+        resume, reshard, progress = given.resume, given.reshard, given.progress
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # deepspeed.utils.logger
     with stop.handling(cfg.train.stop_signals):  # a stop signal only sets a flag; the update boundaries read it
-        return _train(stage, run_dir, resume, progress, reshard)
+        return _train(stage, run_dir, resume, progress, reshard, given)
 
 
-def _train(stage: Stage, run_dir: Path, resume: bool, progress: bool, reshard: bool) -> Path:
+def _train(stage: Stage, run_dir: Path, resume: bool, progress: bool, reshard: bool, given: Resolved | None) -> Path:
     cfg = stage.cfg
     rank, local_rank, world = dist.init()
-    built = build_engine(stage, world, run_dir, resume, reshard)
+    built = build_engine(stage, world, run_dir, resume, reshard, given)
     engine, ds_cfg, geo = built.engine, built.ds_cfg, built.geo
     frozen_dir = str(run_dir / ckpt_io.FROZEN) if built.n_train < built.n_total else None
 
@@ -320,7 +334,6 @@ def _resume(built, stage: Stage, run_dir: Path, rank: int) -> tuple[int, int, in
         return 0, 0, 0, None
     client = ckpt_io.load_into_engine(built.engine, built.load_from)
     if built.load_from != built.found:
-        from . import resharding as universal
         universal.restore_frozen(built.engine, built.load_from)
     if stage.schedule is not None:
         stage.schedule.load_state_dict(client["schedule"])

@@ -72,6 +72,14 @@ def command(launch: LaunchConfig, argv: list[str]) -> list[str]:
     return [*head, *ranks[launch.launcher], *argv]
 
 
+def rank_command(launch: LaunchConfig, what: str | os.PathLike) -> list[str]:
+    """The command that runs `mm_ds/rank.py WHAT` (a resolved run directory) on every rank of `launch`; under
+    launch.launcher=none, one process here."""
+    if launch.launcher == "none":
+        return [sys.executable, ENTRY, str(what)]
+    return command(launch, [str(what)])
+
+
 def launcher_command(launch: LaunchConfig) -> list[str]:
     """The launcher's part of `command`, before what each rank runs (the launcher scripts run their own)."""
     resolve(launch)
@@ -301,8 +309,7 @@ def launch_env(launch: LaunchConfig) -> dict[str, str]:
     return env | own
 
 
-def relaunch(launch: LaunchConfig, argv: list[str], env: dict[str, str] | None = None,
-             grace_s: float | None = None) -> int:
+def relaunch(launch: LaunchConfig, argv: list[str], grace_s: float | None = None) -> int:
     """Start the ranks of `mm-ds ARGV` under the launcher and wait for them. A stop signal received here is passed
     on to the launcher (mm_ds/runtime/stop.py: it runs in a session of its own); the ranks save and leave within
     `grace_s` (train.stop_grace_s) and this returns stop.EXIT_CODE."""
@@ -310,7 +317,7 @@ def relaunch(launch: LaunchConfig, argv: list[str], env: dict[str, str] | None =
 
     cmd = command(launch, argv)
     print("[mm-ds] launching:", " ".join(cmd), flush=True)
-    return stop.run_child(cmd, grace_s or stop.GRACE_S, env=launch_env(launch) | (env or {}))
+    return stop.run_child(cmd, grace_s or stop.GRACE_S, env=launch_env(launch))
 
 
 def main(argv: list[str] | None = None) -> int:

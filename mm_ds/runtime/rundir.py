@@ -2,6 +2,8 @@
 
     RUN/
       run_config.yaml  ds_config.json      effective configs of the stage
+      resolved.json                        the launch's record: world size, resume point, what was verified,
+                                           each file's sum (mm_ds/runtime/resolved.py); the ranks start from it
       logs/                                train.jsonl, and the monitors' output when enabled (CSV, TensorBoard, W&B)
       checkpoints/                         engine checkpoints (mm_ds/runtime/checkpoint.py: DeepSpeed's layout)
         step_00001000/
@@ -33,6 +35,10 @@ import torch
 
 from . import dist, sums
 
+RUN_CONFIG = "run_config.yaml"
+DS_CONFIG = "ds_config.json"
+RESOLVED = "resolved.json"
+"""The stage run as its launching side resolved it (mm_ds/runtime/resolved.py): what every rank starts from."""
 META = "mm_ds.json"
 MANIFEST = sums.MANIFEST
 FINAL = "final"
@@ -52,7 +58,9 @@ def write_json_atomic(path: Path, obj) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    # A name of this process's own: two writers of the same file (each node's command of a `--no_ssh` launch writes
+    # the same resolved record) never write into one temporary file.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()

@@ -26,26 +26,6 @@ def load_parent(cfg: RunConfig, want_stage: tuple[str, ...] | None = None) -> tu
     return meta, model_config_from_dict(meta["model"]), sd
 
 
-def verify_inputs(parent: str | None, run_dir: Path | None) -> Path | None:
-    """Collective, at a stage start: rank 0 checks the sums of the parent's weights and finds the resume point in
-    `run_dir` (the newest checkpoint that verifies; None without `run_dir`), reading each once; every other
-    rank takes its verdict (mm_ds/runtime/sums.py `trust`) and reads neither to hash it. Returns the resume point."""
-    from ..runtime import dist, sums
-
-    weights = checkpoint.weights_dir(parent) if parent and Path(parent).exists() else None  # else `validate` says so
-
-    def look():
-        if weights is not None and (weights / checkpoint.MANIFEST).is_file():
-            checkpoint.verify(weights)
-        return checkpoint.find_resume_point(run_dir) if run_dir is not None else None
-
-    found = dist.on_rank0(look, "verifying the parent's weights and the resume point")
-    for ckpt in (weights, found):
-        if ckpt is not None:
-            sums.trust(ckpt)
-    return found
-
-
 def open_corpus(cfg: RunConfig) -> TokenCorpus:
     if not cfg.data.corpus:
         raise ConfigError("data.corpus is unset: point it at a directory written by `mm-ds prepare`, "
