@@ -46,15 +46,6 @@ TOOL_COMMANDS = {
               "host, local rank, device and threads; one all-reduce"),
 }
 
-# Started by `mm-ds run` for its ranks, not by users: they work but `mm-ds --help` does not list them.
-INTERNAL_COMMANDS = {
-    "run-job": ("mm_ds.pipeline.run:job_main", "the ranks of `mm-ds run`'s one job: every stage in order"),
-    "run-eval": ("mm_ds.eval.transfer:run_eval_main", "the ranks of `mm-ds run`'s evaluation"),
-    "run-pack": ("mm_ds.pipeline.pack:main", "the ranks of `mm-ds run`'s Step 3: single-device runs, several at once"),
-    "run-align": ("mm_ds.eval.align_spread:run_align_main", "the ranks of `mm-ds run`'s alignment check"),
-}
-
-
 def prepare_main(argv: list[str]) -> int:
     from .data.corpus import prepare
 
@@ -125,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     if name in STAGE_COMMANDS:
         return outcome(name, lambda: run_stage(name, rest))
-    if name in TOOL_COMMANDS | INTERNAL_COMMANDS:
-        module_name, func = (TOOL_COMMANDS | INTERNAL_COMMANDS)[name][0].split(":")
+    if name in TOOL_COMMANDS:
+        module_name, func = TOOL_COMMANDS[name][0].split(":")
         return outcome(name, lambda: getattr(importlib.import_module(module_name), func)(rest))
     hint = did_you_mean(name, [*STAGE_COMMANDS, *TOOL_COMMANDS])
     print(f"mm-ds: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)

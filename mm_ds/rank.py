@@ -2,6 +2,7 @@
 drops `--module` and would run `python -u mm_ds.cli`, which is no file).
 
     python .../mm_ds/rank.py RUN          a stage run's directory, resolved by the launching side: train it
+    python .../mm_ds/rank.py JOB.json     a job of `mm-ds run` (work items: mm_ds/pipeline/jobs.py): run them
     python .../mm_ds/rank.py ARGV...      anything else is `python -m mm_ds.cli ARGV`: a user's own stage command
                                           under their launcher (launchers/*.sh), whose rank 0 resolves the run
 
@@ -21,6 +22,14 @@ def stage_rank(run_dir: str) -> int:
     return outcome("rank", lambda: train_run(run_dir))
 
 
+def job_rank(job: str) -> int:
+    """A rank of a job: its work items in order."""
+    from mm_ds.pipeline.jobs import execute  # after main() has put the package on sys.path
+    from mm_ds.runtime.exits import outcome
+
+    return outcome("rank", lambda: execute(job))
+
+
 def command_rank(argv: list[str]) -> int:
     """A rank that was given a command line: the CLI's."""
     from mm_ds.cli import main  # after main() has put the package on sys.path
@@ -38,6 +47,8 @@ def main() -> int:
     argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
     if len(argv) == 1 and (Path(argv[0]) / RESOLVED).is_file():
         return stage_rank(argv[0])
+    if len(argv) == 1 and argv[0].endswith(".json") and Path(argv[0]).is_file():
+        return job_rank(argv[0])
     return command_rank(argv)
 
 

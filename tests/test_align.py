@@ -380,7 +380,7 @@ def test_the_spread_takes_the_runs_of_a_recipe_whose_heldout_text_is_the_prepare
     """The real recipe holds a slice of each language out (prepare.heldout): its Step-2 runs, every system's, are
     spread over the launch's ranks (align_spread.py), a language's together. A language whose corpus kept no line
     out is left out, by the spread as by the run, which says so."""
-    from mm_ds.eval.align_spread import runs_to_align, write_spec
+    from mm_ds.pipeline.items import alignment, runs_to_align
     from mm_ds.recipe import load_recipe
 
     recipe, out = load_recipe("real"), tmp_path / "out"
@@ -389,8 +389,8 @@ def test_the_spread_takes_the_runs_of_a_recipe_whose_heldout_text_is_the_prepare
     jobs, texts = runs_to_align(recipe, out)
     assert jobs == [[out / "adapt" / s / lang for s in ("bl_base", "bl_small", "minijoint", "minipost")]
                     for lang in ("de", "ar")] and texts == {}
-    spec = json.loads(write_spec(recipe, out).read_text())
-    assert spec["jobs"] == [[str(r) for r in runs] for runs in jobs] and spec["sequences"] == 128
+    item = alignment(recipe, out)
+    assert item.runs == tuple(tuple(str(r) for r in runs) for runs in jobs) and item.sequences == 128
     scored, said = [], []
     monkeypatch.setattr(align, "align_run", lambda run, *a, **k: scored.append(run) or [])
     monkeypatch.setattr(align, "source_rows", lambda *a, **k: [])

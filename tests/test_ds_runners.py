@@ -75,10 +75,10 @@ EXPECT = {
 @pytest.mark.parametrize("name", EXPECT)
 def test_each_runner_starts_the_chosen_nodes_with_the_fabrics_environment(site, name, capsys):
     cfg = LaunchConfig(ranks=2, nodes=3, hostfile=str(site), ds_launcher=name, master_port=29511)
-    started = runner_command(launch.command(cfg, ["pretrain", "--out", "runs/x"]), launch.launch_env(cfg))
+    started = runner_command(launch.rank_command(cfg, "/shared/runs/x"), launch.launch_env(cfg))
     cmd = started.cmd
     assert EXPECT[name](cmd, started), cmd
-    assert cmd[-3:] == ["pretrain", "--out", "runs/x"] and launch.ENTRY in cmd, cmd
+    assert cmd[-2:] == [launch.ENTRY, "/shared/runs/x"], cmd  # every rank starts from the resolved run directory
     if name == "slurm":  # srun hands its tasks the runner's whole environment (--export=ALL)
         got = {k: started.env.get(k) for k in {**FABRIC, **QUOTED}}
         assert got == {**FABRIC, **QUOTED, "PYTHONPATH": f"{os.getcwd()}:{FABRIC['PYTHONPATH']}"}  # DeepSpeed's cwd first

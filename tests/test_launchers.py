@@ -271,7 +271,8 @@ def test_slurm_sbatch_script(corpus, tmp_path, slurm):
 
 def test_deepspeed_slurm_runner(corpus, tmp_path):
     """`launch.ds_launcher=slurm`: DeepSpeed's SlurmRunner runs `srun ... python -u SCRIPT` (it drops --module),
-    so the ranks start by a script path. The fake srun runs its tasks here, with SLURM's task variables."""
+    so the ranks start by a script path, given the run directory. The fake srun runs its tasks here, with SLURM's
+    task variables."""
     bin_dir, log, run = fake_slurm_bin(tmp_path), tmp_path / "srun.args", tmp_path / "run"
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")  # both 'nodes' this machine
@@ -280,7 +281,8 @@ def test_deepspeed_slurm_runner(corpus, tmp_path):
                  env={"PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
                       "FAKE_SRUN_LOG": str(log)})
     check(proc, proc.stdout + proc.stderr)
-    assert log.read_text().startswith("-n 2 ") and "/mm_ds/rank.py pretrain" in log.read_text(), log.read_text()
+    # every rank starts from the run directory the mm-ds process resolved (mm_ds/runtime/resolved.py)
+    assert log.read_text().startswith("-n 2 ") and log.read_text().endswith(f"/mm_ds/rank.py {run}\n"), log.read_text()
     assert ckpt_io.read_meta(run / "final")["world_size"] == 2
 
 

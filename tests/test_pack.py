@@ -17,6 +17,7 @@ from mm_ds.data.world import generate_world
 from mm_ds.model.heads import RobertaForTask
 from mm_ds.runtime.jobs import Queue
 from mm_ds.eval import transfer
+from mm_ds.pipeline import evaluation
 from test_features import train_spm
 
 DEEPSPEED = {"RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "16", "LOCAL_SIZE": "8", "CROSS_RANK": "0",
@@ -109,11 +110,11 @@ def test_step4_builds_one_model_per_unit_and_reads_a_step2_checkpoint_once_for_e
     monkeypatch.setattr(sums, "sha256", lambda p, rank=0: hashed.update([str(p)]) or sha256(p, rank))
     units = [u for task in ("xnli", "pawsx") for u in transfer.units_for(
         task, "t1", ["bl_base"], [str(runs[task, s]) for s in (1, 2)], "test", str(root / "adapt"), limit=6)]
-    assert transfer.eval_jobs(units) == [[0, 1]]
-    transfer.run_units(units, str(root / "world"), root / "eval", say=lambda m: None)
+    assert evaluation.eval_jobs(units) == [[0, 1]]
+    evaluation.run_units(units, str(root / "world"), root / "eval", say=lambda m: None)
     assert built == ["meta", "meta"]  # one model per unit, not one per seed
     assert loaded[str(root / "adapt")] == 1 and hashed[str(root / "adapt" / "final" / "model.safetensors")] == 1
-    rows = transfer.collect(units, str(root / "world"), root / "eval")
+    rows = evaluation.collect(units, str(root / "world"), root / "eval")
     assert [(r["task"], r["step"], len(r["per_seed"])) for r in rows] == [("xnli", 7, 2), ("pawsx", 7, 2)]
     assert json.loads((root / "eval" / f"{units[0].name}.json").read_text())["rows"] == rows[:1]
 

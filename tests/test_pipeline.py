@@ -112,7 +112,7 @@ def test_every_stage_kind_trained_in_bf16_under_each_zero_stage(finished):
         assert all(v.dtype == torch.float32 for v in weights.values()), run
     assert "evaluation: " in job and "units on 2 rank(s)" in job  # Step 4 shared by the job's ranks
     from mm_ds.tools.plan import Cluster, plan_evaluation
-    units = json.loads((out / "logs" / "eval.json").read_text())["units"]
+    units = json.loads((out / "logs" / "eval-units.json").read_text())["units"]
     assert plan_evaluation(load_recipe(str(finished[0])), Cluster()).units == len(units)  # `mm-ds plan` counts them
 
 

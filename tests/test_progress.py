@@ -44,7 +44,7 @@ def test_stages_start_progress_and_end_in_order(tmp_path, capsys):
 
 
 def test_evaluation_progress_counts_results_once_stages_are_done(tmp_path, capsys):
-    spec = tmp_path / "eval.json"
+    spec = tmp_path / "eval-units.json"
     follow = Follow([], spec, interval_s=0)
     follow.poll(now=0)  # no unit list yet (a one-job run writes it after Step 2): silent
     (tmp_path / "eval").mkdir()

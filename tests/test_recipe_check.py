@@ -243,7 +243,7 @@ def test_the_paper_depth_sweep_is_packaged_as_the_paper_ran_it(tmp_path):
 def test_the_paper_recipe_finetunes_minijoints_mini_model_for_table5():
     """§5.3: Table 5 is English XNLI of BL_BASE, BL_SMALL, MINIJOINT and MINIJOINT's mini-model: that mini-model
     only, on XNLI only, every seed; Step 4 scores it in English."""
-    from mm_ds.eval.transfer import eval_units
+    from mm_ds.pipeline.items import eval_units
 
     paper = load_recipe("paper")
     minis = [n.name for n in stage_runs(paper, Path("/tmp/out")) if "/mini/" in n.name]

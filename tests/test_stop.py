@@ -239,10 +239,11 @@ def stage1(corpus: Path, out: Path, *extra: str) -> list[str]:
             *MODEL, "model.secondary_head_layer=[1,2]", *TRAIN, *extra]
 
 
-def start(argv: list[str], log: Path, env: dict | None = None, **kw) -> subprocess.Popen:
+def start(argv: list[str], log: Path, env: dict | None = None, script: bool = False, **kw) -> subprocess.Popen:
+    """`mm-ds ARGV` (`script`: `python ARGV`, e.g. mm_ds/rank.py and its argument), output to `log`."""
     with open(log, "a") as f:
-        return subprocess.Popen([sys.executable, "-m", "mm_ds.cli", *argv], stdout=f, stderr=subprocess.STDOUT,
-                                env=os.environ | ENV | (env or {}), cwd=ROOT, **kw)
+        return subprocess.Popen([sys.executable, *([] if script else ["-m", "mm_ds.cli"]), *argv], stdout=f,
+                                stderr=subprocess.STDOUT, env=os.environ | ENV | (env or {}), cwd=ROOT, **kw)
 
 
 def finish(proc: subprocess.Popen, log: Path, want: int, timeout: float = 300) -> str:
@@ -494,30 +495,31 @@ def test_sbatch_usr1_stops_the_srun_tasks_requeues_and_the_requeued_job_resumes_
 # ---------------------------------------------------------------- a Step-3 pack
 
 def test_a_stop_to_a_pack_is_passed_to_its_run_which_saves_and_no_other_run_starts(corpus, tmp_path):
-    """`mm-ds run-pack` (Step 3's runs on a launch's ranks; here a world of one with two tiny runs): SIGTERM to the
-    rank while its first run trains reaches the run, which saves and exits 75; the second run never starts; the
-    pack ends with 75; the next run-pack resumes the stopped run and runs the other."""
-    from mm_ds.pipeline.pack import statuses
+    """A job of one pack (Step 3's runs on a launch's ranks; here a world of one with two tiny runs, `mm_ds/rank.py
+    JOB.json`): SIGTERM to the rank while its first run trains reaches the run, which saves and exits 75; the second
+    run never starts; the pack ends with 75; the same job again resumes the stopped run and runs the other."""
+    from mm_ds.pipeline import jobs
+    from mm_ds.pipeline.pack import Pack, statuses
+    from mm_ds.runtime.launch import ENTRY
 
-    jobs = [{"name": f"run{i}", "out": str(tmp_path / f"run{i}"), "log": str(tmp_path / f"run{i}.log"),
-             "argv": stage1(corpus, tmp_path / f"run{i}", "launch.launcher=none", "launch.ranks=1", "train.steps=6",
-                            "train.checkpoint_steps=[]")} for i in (1, 2)]
-    spec = tmp_path / "pack.json"
-    spec.write_text(json.dumps({"name": "pack", "jobs": jobs}))
+    runs = tuple({"name": f"run{i}", "out": str(tmp_path / f"run{i}"), "log": str(tmp_path / f"run{i}.log"),
+                  "argv": stage1(corpus, tmp_path / f"run{i}", "launch.launcher=none", "launch.ranks=1",
+                                 "train.steps=6", "train.checkpoint_steps=[]")} for i in (1, 2))
+    item = Pack("pack", runs, str(tmp_path / "pack"))
     (tmp_path / "pack").mkdir()
-    log = tmp_path / "pack.log"
-    proc = start(["run-pack", str(spec)], log, {"MM_DS_SLOW": "0.3"})
+    job, log = jobs.write(tmp_path / "pack.json", [item]), tmp_path / "pack.log"
+    proc = start([ENTRY, str(job)], log, {"MM_DS_SLOW": "0.3"}, script=True)
     wait_for_update(tmp_path / "run1", 2, proc)
     proc.send_signal(signal.SIGTERM)
     out = finish(proc, log, stop.EXIT_CODE)
     assert "pack stopped: 1 run(s) stopped, 0 failed" in out, out[-3000:]
-    state = {s["name"]: s for s in statuses(spec)}
+    state = {s["name"]: s for s in statuses(item.status)}
     assert set(state) == {"run1"} and (state["run1"]["state"], state["run1"]["exit_code"]) == ("stopped", 75)
     s = check_stop((tmp_path / "run1.log").read_text(), tmp_path / "run1")
-    finish(start(["run-pack", str(spec)], log), log, 0)
+    finish(start([ENTRY, str(job)], log, script=True), log, 0)
     assert f"resumed from {tmp_path / 'run1' / 'checkpoints' / checkpoint.tag_for(s['at'])}" in \
         (tmp_path / "run1.log").read_text()
-    assert {s["name"]: s["state"] for s in statuses(spec)} == {"run1": "done", "run2": "done"}
+    assert {s["name"]: s["state"] for s in statuses(item.status)} == {"run1": "done", "run2": "done"}
 
 
 # ---------------------------------------------------------------- two network-namespace nodes

@@ -146,7 +146,7 @@ class Follow:
             spec = json.loads(self.eval_spec.read_text())
         except (OSError, ValueError):
             return  # not listed yet (a one-job run lists its units once Step 2 is done)
-        from ..eval.transfer import results_written
+        from .evaluation import results_written
         done = results_written(spec)
         if done != self.eval_done:
             self.eval_done, self.eval_shown = done, now

@@ -2,6 +2,7 @@
 
     0    done
     2    bad input, an unusable checkpoint, another rank's failure: one line naming it, no traceback
+    3    some of the work failed and its own logs say why (`WorkFailed`: a Step-3 run); the rest was done
     75   stopped by a signal after saving (mm_ds/runtime/stop.py): re-run to resume
     1    a bug: its traceback; in a launched rank, the same prompt exit as any failed rank
 
@@ -20,6 +21,10 @@ from ..config import ConfigError
 from .checkpoint import CheckpointError
 from .dist import OtherRankFailed
 from .stop import EXIT_CODE, Stopped
+
+class WorkFailed(RuntimeError):
+    """Some pieces of the work failed, each saying why in its own log; the others finished."""
+
 
 BAD_INPUT = (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError, OtherRankFailed)
 
@@ -40,6 +45,9 @@ def outcome(name: str, work: Callable[[], int | None]) -> int:
         if dist is None or dist.rank() == 0:
             print(e, flush=True)
         return _finish(EXIT_CODE)
+    except WorkFailed as e:
+        print(f"mm-ds {name}: {e}", file=sys.stderr, flush=True)
+        return _finish(3, failed=True)
     except BAD_INPUT as e:
         # The rank that failed says why; of the ranks it stopped (OtherRankFailed), one per node says so.
         if not isinstance(e, OtherRankFailed) or os.environ.get("LOCAL_RANK", "0") == "0":
