@@ -70,13 +70,13 @@ def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict,
     faults.in_save(step, rank, "after-engine-save", stage)
     # One collective: whether any rank failed, and how many wrote an optimizer shard (rank 0 then requires each)
     failed, shards = dist.all_reduce([error is not None, bool(getattr(engine, "save_zero_checkpoint", False))])
-    required = optimizer_shards(int(shards), bool(engine.bfloat16_enabled()))
     if failed:
         dist.on_rank0(lambda: shutil.rmtree(root / tmp_tag, ignore_errors=True), f"removing {root / tmp_tag}")
         raise CheckpointError(f"saving checkpoint {root / tag} failed on at least one rank"
                               f"{': ' + error if error else ''}. The previous checkpoint "
                               f"({latest_tag(run_dir) or 'none'}) is intact; free disk space or fix "
                               f"permissions on {root}, then resume with --resume.")
+    required = optimizer_shards(int(shards), bool(engine.bfloat16_enabled()))
 
     def publish():
         try:

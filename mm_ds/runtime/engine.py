@@ -15,7 +15,9 @@ two runs, resumed or not, part in the last bits (docs/reliability.md).
 from __future__ import annotations
 
 import logging
+import math
 import os
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -353,11 +355,20 @@ def _row_logs(engine, stage: Stage, geo: Geometry, window: LogWindow, settled, d
                 tflops=window_flops / seconds / 1e12, flops=stage.flops_until(done, geo.global_batch))
     if stage.schedule is not None:
         logs.update(phase=stage.schedule.depths.index(depth), depth=depth)
-    logs["mfu"] = logs["tflops"] * 1e12 / peak if peak == peak else float("nan")
+    logs["mfu"] = float("nan") if math.isnan(peak) else logs["tflops"] * 1e12 / peak
+    logs["peak_mem_gib"] = peak_memory_gib(engine.device)
     gn = engine.get_global_grad_norm()
     if gn is not None:
         logs["grad_norm"] = float(gn)
     return logs
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """The most memory this rank has held so far: on a GPU its tensors' (the caching allocator's count, read without
+    waiting for the device), on a CPU the process's resident set (ru_maxrss: KiB on Linux)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 LOGGED = ("loss", "correct", "masked", "examples")  # the per-micro-step outputs the log rows sum
