@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shlex
 import sys
 import time
@@ -252,7 +251,6 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
                           f"finds the same without running, but takes data that is absent altogether for data still "
                           f"to come: a note there)")
     t0 = time.time()
-    os.environ.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # stage ranks exit if this process dies
     out.mkdir(parents=True, exist_ok=True)
     if recipe.world is None and (left := [lang for lang in languages(recipe) if not prepared(out, lang)]):
         say(f"preparing {' '.join(left)} here before any stage; on a cluster `mm-ds run RECIPE --only prepare` does "

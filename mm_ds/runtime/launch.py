@@ -294,14 +294,22 @@ def runner_env(launch: LaunchConfig) -> dict[str, str]:
     return env
 
 
-def launch_env(launch: LaunchConfig) -> dict[str, str]:
-    """The launcher's environment over this process's (`runner_env`); the rest as each launcher forwards it:
-    nothing collective depends on it (mm_ds/runtime/environment.py)."""
+def process_env() -> dict[str, str]:
+    """The environment of every process mm-ds starts (a launcher, a rank of launcher none, `mm-ds prepare`): this
+    process's, with what mm-ds adds where the user set nothing (the user's value wins), and unbuffered output (a log
+    shows a rank's lines as they come). The one place that sets it: `launch_env` starts from it."""
     env = dict(os.environ)
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")  # mpirun as root (containers)
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # ranks exit when it dies (mm_ds/runtime/watchdog.py)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def launch_env(launch: LaunchConfig) -> dict[str, str]:
+    """The launcher's environment (`runner_env`) over this process's (`process_env`); the rest as each launcher
+    forwards it: nothing collective depends on it (mm_ds/runtime/environment.py)."""
+    env = process_env()
     env.pop(MARKED, None)  # an outer launch's mark is not this one's
     own = runner_env(resolve(launch))
     if "MASTER_ADDR" in own:
