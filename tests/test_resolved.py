@@ -80,3 +80,36 @@ def test_nothing_on_a_stage_rank_parses_a_command_line_or_reads_a_validation_var
                 found.append(f"{module}.{fn.name} reads a validation variable")
     assert not found, found
     assert "mm_ds.stages.runner" in seen and "mm_ds.stages.command" not in seen and "mm_ds.cli" not in seen
+
+
+def test_what_a_stage_inherits_is_checked_by_one_function_from_a_checkpoint_and_from_configs(tmp_path):
+    """build_mini.inherit: the stage's preflight asks it of the parent's checkpoint (common.load_parent), `mm-ds run
+    --check` of the parent stage's config (check._inherited): one message either way."""
+    from mm_ds.config import ModelConfig, to_dict
+    from mm_ds.model.model import RobertaMLM
+    from mm_ds.pipeline.check import check
+    from mm_ds.recipe import load_recipe
+    from mm_ds.stages import build_mini
+
+    why = "has no secondary head; MINIJOINT's mini-model is cut from a model pretrained with model.secondary_head_layer"
+    recipe = load_recipe("tiny", ["systems=[bl_base,minijoint]", "seeds=[1]", "tasks=[xnli]", "langs=[t1]",
+                                  "overrides.pretrain/minijoint=['model.secondary_head_layer=null']"])
+    found = check(recipe, tmp_path / "plan", strict=False)
+    assert any(why in str(p) for p in found.problems), found.format()
+    model = ModelConfig(vocab_size=40, hidden_size=8, num_layers=2, num_heads=2, ffn_size=16, max_positions=32)
+    parent = tmp_path / "pretrain"
+    checkpoint.write_final(parent / "final", RobertaMLM(model).state_dict(),
+                           {"stage": "pretrain", "system": "minijoint", "model": to_dict(model)})
+    run = StageRun("build_mini", tmp_path / "mini", "tiny/build_mini", ("system=minijoint", f"parent={parent}",
+                                                                          "launch.launcher=none"))
+    with pytest.raises(ConfigError, match=f"parent={parent} {why}"):
+        resolve(run)
+    calls = []
+    real = build_mini.inherit
+    build_mini.inherit = lambda cfg, p: calls.append(p) or real(cfg, p)
+    try:
+        with pytest.raises(ConfigError):
+            resolve(run)
+    finally:
+        build_mini.inherit = real
+    assert [(p.stage, p.model.num_layers) for p in calls] == [("pretrain", 2)]

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from ..config import ConfigError, LaunchConfig, ModelConfig, RunConfig, from_dict
 from ..runtime import launch
-from ..runtime.phases import schedule_for
-from .stage_runs import PACKED
-from ..systems import MINI_SYSTEMS, system_of
+from ..stages.common import Parent
+from ..stages.resolve import stage_module
+from ..systems import system_of
 from .spread import check_spread
+from .stage_runs import PACKED
 
 PREPARED = "meta.json"  # `mm-ds prepare` writes it last: a prepared corpus needs no text inputs
 
@@ -298,43 +299,20 @@ def _launcher(cfg: RunConfig, report: Findings, strict: bool) -> None:
 
 
 def _inherited(cfg: RunConfig, configs: dict[Path, RunConfig]) -> None:
-    """What a stage takes from its parent, from the parent stage's config in the same plan."""
+    """What a stage takes from its parent (the stage's own `inherit`), from the parent stage's config in the same
+    plan."""
     if cfg.stage == "pretrain" or not cfg.parent:
         return
     parent = configs.get(Path(cfg.parent).resolve())
     if parent is None:
         return  # an existing run given as parent: its checkpoint is checked at launch
-    pm = model_after(parent, configs)
-    if cfg.stage == "build_mini":
-        mini = system_of(cfg.system).mini
-        if mini is None:
-            raise ConfigError(f"build-mini is for {' or '.join(MINI_SYSTEMS)}, not system={cfg.system!r}")
-        if mini == "extract" and pm.secondary_head_layer is None:
-            raise ConfigError(f"the parent ({parent.system} pretraining) has no secondary head; MINIJOINT's mini-model "
-                              f"is cut from a model pretrained with model.secondary_head_layer=N")
-        if mini == "build" and not 0 < cfg.mini.layers < pm.num_layers:
-            raise ConfigError(f"mini.layers={cfg.mini.layers} must lie in [1, {pm.num_layers}) (the parent's layers)")
-    if cfg.stage in ("build_mini", "adapt") and cfg.data.seq_len > pm.max_positions:
-        raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the parent's model.max_positions="
-                          f"{pm.max_positions}")
-    if cfg.stage == "adapt":
-        want = system_of(cfg.system).adapts_over
-        if parent.stage != want:
-            raise ConfigError(f"{cfg.system} adapts over a {want} run, but its parent is a {parent.stage} run")
-        try:
-            schedule_for((*pm.secondary_depths, pm.num_layers), cfg.train.steps, cfg.mini)
-        except ValueError as e:
-            raise ConfigError(f"adapt/{cfg.system}: {e}") from None
+    stage_module(cfg.stage).inherit(cfg, Parent(parent.stage, parent.system, model_after(parent, configs),
+                                                f"parent={cfg.parent}"))
 
 
 def model_after(cfg: RunConfig, configs: dict[Path, RunConfig]) -> ModelConfig:
-    """The model a stage hands on (its final/), from the configs alone. Later stages take their architecture
-    from their parent, not from their own preset."""
+    """The model a stage hands on (its final/), from the configs alone (each stage's `hands_on`). Later stages take
+    their architecture from their parent, not from their own preset."""
     if cfg.stage == "pretrain" or Path(cfg.parent).resolve() not in configs:
         return cfg.model
-    m = model_after(configs[Path(cfg.parent).resolve()], configs)
-    if cfg.stage != "build_mini":
-        return m
-    depths = system_of(cfg.system).adapted_depths(m, cfg.mini) or (m.num_layers,)
-    # a multi-depth mini-model keeps a secondary head after each shallower depth (surgery.extract_minijoint)
-    return ModelConfig(**{**m.__dict__, "num_layers": depths[-1], "secondary_head_layer": list(depths[:-1]) or None})
+    return stage_module(cfg.stage).hands_on(cfg, model_after(configs[Path(cfg.parent).resolve()], configs))
