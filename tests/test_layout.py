@@ -221,3 +221,36 @@ def test_the_layout_scan_finds_deepspeeds_file_names():  # a test that cannot fa
     assert names_deepspeed_files("glob('bf16_zero_pp_rank_*_optim_states.pt')") == ["optim_states", "zero_pp_rank"]
     assert names_deepspeed_files("latest_tag(run_dir); checkpoint.LATEST") == []
     assert names_deepspeed_files(LAYOUT_OWNER.read_text())
+
+
+RUN_TREE_NAMES = ("checkpoints", "final", "frozen", "logs", "train.jsonl", "run_config.yaml", "ds_config.json",
+                  "resolved.json")
+"""The names of a run directory's parts (and of `mm-ds run`'s OUT/logs/), spelt out in mm_ds/runtime/rundir.py only:
+everyone else asks it (`logs_dir`, `train_log`, `checkpoints_dir`, FINAL, ...)."""
+RUN_TREE_OWNER = PACKAGE / "runtime" / "rundir.py"
+META_KEYS = {"frozen"}
+"""Names that are also checkpoint meta keys (mm_ds.json's "frozen": the frozen weights' path), as dict keys."""
+
+
+def run_tree_literals(path: Path) -> list[str]:
+    """`path`'s string constants that name a part of a run directory (a meta key used as one, `meta["frozen"]`, is
+    not a path)."""
+    tree = ast.parse(path.read_text())
+    keys = {id(n.slice) for n in ast.walk(tree) if isinstance(n, ast.Subscript)} | {
+        id(k) for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys if k is not None} | {
+        id(n.args[0]) for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "get" and n.args}
+    return sorted(f"{n.lineno}: {n.value!r}" for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                  and n.value in RUN_TREE_NAMES and not (n.value in META_KEYS and id(n) in keys))
+
+
+def test_only_the_run_directory_module_names_a_run_directorys_parts():
+    bad = {str(p.relative_to(PACKAGE.parent)): found for p in sorted(PACKAGE.rglob("*.py"))
+           if p != RUN_TREE_OWNER and (found := run_tree_literals(p))}
+    assert bad == {}, f"these spell out a run directory's parts; ask {RUN_TREE_OWNER.name} instead: {bad}"
+
+
+def test_the_run_tree_scan_finds_a_spelt_out_part(tmp_path):  # a test that cannot fail is a defect
+    (tmp_path / "m.py").write_text('log = run / "logs" / "train.jsonl"\nmeta.get("frozen")\nx = f"{out / \'final\'}"\n')
+    assert run_tree_literals(tmp_path / "m.py") == ["1: 'logs'", "1: 'train.jsonl'", "3: 'final'"]
+    assert run_tree_literals(RUN_TREE_OWNER)

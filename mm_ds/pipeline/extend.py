@@ -40,6 +40,7 @@ from .check import Findings, check_stages
 from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict
 from ..stages.resolve import StageRun
 from ..systems import SystemNameError, system_of
+from ..runtime.rundir import logs_dir
 from . import extend_card
 
 SETTINGS = "extend.json"
@@ -320,7 +321,7 @@ def run(plan: Plan) -> int:
     for n in runs:
         if n not in todo:
             say(f"skip {n.name.partition('/')[2]}: complete")  # its run dir under OUT
-    run_stages(todo, plan.out / "logs")
+    run_stages(todo, logs_dir(plan.out))
     adapted = runs[-1].out
     want = _digest(checkpoint.manifest_of(adapted))
     done = _exported(plan)

@@ -12,6 +12,7 @@ from ..eval.align_spread import Alignment
 from ..recipe import MINI_DIR, data_path, english_tasks, minis_in_english, primaries, task_root
 from ..stages.resolve import StageRun
 from ..systems import system_of
+from ..runtime.rundir import logs_dir
 from .costs import finetune_costs
 from .evaluation import PROGRESS, Evaluation, expand
 from .jobs import Training
@@ -35,7 +36,7 @@ def step3(runs: list, recipe, out: Path) -> Pack:
     shortest, so the devices finish close together."""
     costs = finetune_costs(recipe, stage_configs(recipe, out), out)
     order = sorted(runs, key=lambda r: -costs[r.name.split("/", 1)[1]].flops)
-    return pack(out / "logs" / STEP3, STEP3, order, out / "logs")
+    return pack(logs_dir(out) / STEP3, STEP3, order, logs_dir(out))
 
 
 # ---------------------------------------------------------------- Step 4
@@ -43,7 +44,7 @@ def step3(runs: list, recipe, out: Path) -> Pack:
 def evaluation(recipe, out: Path) -> Evaluation:
     """Step 4 of the recipe's run tree as a work item: its unit groups, the task data, where results go."""
     return Evaluation(str(task_root(recipe, out)), str(out / "eval"), tuple(eval_groups(recipe, out)),
-                      str(out / "logs" / PROGRESS))
+                      str(logs_dir(out) / PROGRESS))
 
 
 def eval_groups(recipe, out: Path) -> list[dict]:

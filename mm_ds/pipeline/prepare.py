@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..config import ConfigError
 from ..recipe import Recipe, prepare_options, text_inputs
+from ..runtime.rundir import logs_dir
 from .check import PREPARED, Findings
 from .progress import run_logged, say
 from .stage_runs import stage_configs
@@ -68,7 +69,7 @@ def prepare_data(recipe: Recipe, out: Path, only: list[str] | None = None) -> No
         for i in inputs:
             args += ["--input", i]
         say(f"$ mm-ds {' '.join(args + opts)}")
-        run_logged([sys.executable, "-m", "mm_ds.cli", *args, *opts], out / "logs" / f"prepare_{lang}.log")
+        run_logged([sys.executable, "-m", "mm_ds.cli", *args, *opts], logs_dir(out) / f"prepare_{lang}.log")
 
 
 def block_lengths(recipe: Recipe, out: Path) -> dict[str, list[int]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..runtime import checkpoint, stop
 from ..runtime.launch import process_env
+from ..runtime.rundir import train_log
 
 INTERVAL_S = 20.0
 """Seconds between two progress lines of one stage: enough to see it move, few enough for a CI log."""
@@ -130,10 +131,10 @@ class Follow:
 
     def finished(self, s: Watched, now: float) -> None:
         took = f" in {clock(now - s.started)}" if s.started is not None else ""
-        say(f"{s.name}: done{took}; training log: {s.run_dir / 'logs' / 'train.jsonl'}")
+        say(f"{s.name}: done{took}; training log: {train_log(s.run_dir)}")
 
     def train_progress(self, s: Watched, now: float) -> None:
-        row = last_row(s.run_dir / "logs" / "train.jsonl")
+        row = last_row(train_log(s.run_dir))
         if row is None or "total_steps" not in row or row["step"] == s.last_step or now - s.shown < self.interval_s:
             return
         s.last_step, s.shown = row["step"], now

@@ -38,6 +38,7 @@ from ..stages.resolve import StageRun, resolve
 from ..systems import REFERENCE
 from . import jobs
 from ..eval.transfer import scored_with
+from ..runtime.rundir import logs_dir
 from .evaluation import Evaluation, cached, collect, default_device, expand, run_evaluation
 from .jobs import Training
 from .items import work_items
@@ -99,40 +100,40 @@ def launch_items(recipe: Recipe, out: Path, items: list) -> None:
     packs = [i for i in items if isinstance(i, Pack)]
     if recipe.mode == "one_job" and (trainings or packs):
         say(f"{len(trainings)} stage runs, {sum(len(p.runs) for p in packs)} single-device Step-3 runs and the "
-            f"evaluation in one job of {launch.world_size} ranks; its log: {out / 'logs' / 'job.log'}")
-        stages = [_watched(n, i, len(trainings), out / "logs" / "job.log") for i, n in enumerate(trainings)]
+            f"evaluation in one job of {launch.world_size} ranks; its log: {logs_dir(out) / 'job.log'}")
+        stages = [_watched(n, i, len(trainings), logs_dir(out) / "job.log") for i, n in enumerate(trainings)]
         _launch_job(launch, out, "job", items, Follow(stages, _progress(items), others=_watches(packs)))
         return
     if launch.spread > 1:  # side by side on groups of nodes (its --check passed before)
-        run_spread(trainings, recipe, out, lambda runs: run_stages(runs, out / "logs"))
+        run_spread(trainings, recipe, out, lambda runs: run_stages(runs, logs_dir(out)))
     else:
-        run_stages(trainings, out / "logs")
+        run_stages(trainings, logs_dir(out))
     for item in (i for i in items if not isinstance(i, Training)):
         if isinstance(item, Pack):
             say(f"Step 3: {len(item.runs)} single-device runs, {min(launch.world_size, len(item.runs))} at once on "
-                f"{launch.world_size} device(s); each run's log: {out / 'logs'}/finetune_*.log, the launch's: "
-                f"{out / 'logs' / f'{STEP3}.log'}")
+                f"{launch.world_size} device(s); each run's log: {logs_dir(out)}/finetune_*.log, the launch's: "
+                f"{logs_dir(out) / f'{STEP3}.log'}")
             preflight(launch)
             _launch_job(launch, out, STEP3, [item], Follow([], others=_watches([item])))
         elif isinstance(item, Evaluation) and (left := _evaluation_left(item))[0]:
             say(f"evaluation: {left[0]} of {left[1]} units to run on {launch.world_size} rank(s); its log: "
-                f"{out / 'logs' / 'eval.log'}")
+                f"{logs_dir(out) / 'eval.log'}")
             if launch.world_size == 1 or launch.launcher == "none":  # one rank: here
                 run_evaluation(item, say=lambda m: say(m.removeprefix("[mm-ds] ")))
             else:
                 _launch_job(launch, out, "eval", [item], Follow([], _progress([item])))
         elif isinstance(item, Alignment) and launch.world_size > 1 and launch.launcher != "none":  # else: at the end
             say(f"alignment check: {len(item.runs)} language(s) on {launch.world_size} rank(s); its log: "
-                f"{out / 'logs' / 'align.log'}")
+                f"{logs_dir(out) / 'align.log'}")
             _launch_job(launch, out, "align", [item], None)
 
 
 def _launch_job(launch: LaunchConfig, out: Path, name: str, items: list, follow: Follow | None) -> None:
     """`items` in one launch: OUT/logs/NAME.json, run by `mm_ds/rank.py` on every rank, output to OUT/logs/NAME.log."""
-    job = jobs.write(out / "logs" / f"{name}.json", items)
+    job = jobs.write(logs_dir(out) / f"{name}.json", items)
     packs = [i for i in items if isinstance(i, Pack)]
     try:
-        _run_logged(rank_command(launch, job), out / "logs" / f"{name}.log", follow, launch_env(launch))
+        _run_logged(rank_command(launch, job), logs_dir(out) / f"{name}.log", follow, launch_env(launch))
     except StageFailed as e:
         raise step3_failed(packs[0], e) if packs else e from None
 

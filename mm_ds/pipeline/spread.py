@@ -40,11 +40,12 @@ from ..runtime.ds_config import geometry
 from ..runtime.launch import is_loopback, launch_env, rank_command
 from ..stages.resolve import StageRun, resolve
 from ..stages.command import published_as_built
+from ..runtime.rundir import LOGS, logs_dir
 from .progress import Follow, StageFailed, Watched, say
 
 STEPS = ("pretrain", "build_mini", "adapt")
 """The data-parallel steps whose runs may go side by side (Step 3's runs are single-device: mm_ds/pipeline/pack.py)."""
-GROUP_DIR = Path("logs") / "spread"
+GROUP_DIR = Path(LOGS) / "spread"
 
 
 def launch_of(recipe) -> LaunchConfig:
@@ -191,7 +192,7 @@ def run_spread(todo: list[StageRun], recipe, out: Path, sequential, start_run=No
         mine = [r for r in todo if r.stage == stage]
         if stage in STEPS and len(mine) >= len(groups_):
             say(f"{stage}: {len(mine)} runs side by side on {len(groups_)} groups of {len(groups_[0].hosts)} node(s)")
-            side_by_side(mine, groups_, out / "logs", start_run or start)
+            side_by_side(mine, groups_, logs_dir(out), start_run or start)
         else:
             if stage in STEPS:
                 say(f"{stage}: {len(mine)} run(s) left, fewer than the {len(groups_)} groups: one after another on "

@@ -28,9 +28,9 @@ import torch
 
 from . import dist, faults
 from .rundir import (DS_CONFIG, FINAL, FORMAT, FROZEN, MANIFEST, META, RESOLVED, RUN_CONFIG, WEIGHTS,  # noqa: F401
-                     CheckpointError, describe_write_error, manifest_of, now, read_meta, unwritable, verify,
-                     weights_dir, write_final, write_frozen, write_json_atomic, write_manifest, write_meta,
-                     write_text_atomic, writing)
+                     CheckpointError, checkpoints_dir, describe_write_error, manifest_of, now, read_meta,
+                     unwritable, verify, weights_dir, write_final, write_frozen, write_json_atomic, write_manifest,
+                     write_meta, write_text_atomic, writing)
 
 LATEST = "latest"
 MODEL_STATES = "mp_rank_00_model_states.pt"
@@ -42,10 +42,6 @@ UNIVERSAL = ".universal"
 
 def tag_for(step: int) -> str:
     return f"step_{step:08d}"
-
-
-def checkpoints_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
 
 
 # ---------------------------------------------------------------- saving and finding engine checkpoints

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ConfigError, RunConfig
+from .rundir import logs_dir
 
 
 @dataclass(frozen=True)
@@ -240,7 +241,7 @@ def resolve(cfg: RunConfig, world_size: int, run_dir: Path | None = None, on_thi
         _monitors(ds, cfg)
         for k in FILE_MONITORS:
             if ds.get(k, {}).get("enabled"):
-                ds[k].setdefault("output_path", str(Path(run_dir) / "logs"))
+                ds[k].setdefault("output_path", str(logs_dir(run_dir)))
                 ds[k].setdefault("job_name", cfg.stage)
     ds["steps_per_print"] = ds.get("steps_per_print", 10 ** 9)
     ds.setdefault("timers", {}).setdefault("throughput", {}).setdefault("enabled", False)  # SYNCING says why

@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from . import checkpoint as ckpt_io
-from . import dist, faults, handoff, stop
+from . import dist, faults, handoff, rundir, stop
 from . import ds_config as dsc
 from ..config import RunConfig, dump_yaml
 from .ds_config import Geometry
@@ -121,8 +121,8 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
         dist.on_rank0(lambda: _write_run_files(run_dir, cfg, ds_cfg, model, configs=given is None),
                       f"writing the run files of {run_dir}")
         if ds_cfg.get("wandb", {}).get("enabled"):
-            os.environ.setdefault("WANDB_DIR", str(run_dir / "logs"))  # W&B's block has no output path
-            (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+            os.environ.setdefault("WANDB_DIR", str(rundir.logs_dir(run_dir)))  # W&B's block has no output path
+            rundir.logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
 
     use_tf32(cfg.train.tf32 and dsc.precision(ds_cfg) == "fp32")
     if not ds_cfg.get("compile", {}).get("enabled"):
@@ -239,7 +239,7 @@ def _train(stage: Stage, run_dir: Path, resume: bool, progress: bool, reshard: b
                     schedule.observe(settled, done)
             saved = {}
             if checkpoint:  # the rows so far written (else every rank stops with rank 0's reason), then the save,
-                dist.on_rank0(writer.flush, f"writing {run_dir / 'logs'}")  # before the row that logs its cost
+                dist.on_rank0(writer.flush, f"writing {rundir.logs_dir(run_dir)}")  # before the row that logs its cost
                 client = _client(stage, done, tokens, nonfinite)
                 saved = edge.save(done, agreed, client, meta(done) | {"kind": checkpoint})
                 last_checkpoint = edge.last
@@ -254,7 +254,7 @@ def _train(stage: Stage, run_dir: Path, resume: bool, progress: bool, reshard: b
             if agreed.stop:
                 raise edge.stopped(done, agreed.stop)
             faults.after_step(done, rank, cfg.stage)  # a test's fault point (MM_DS_KILL_AT); inert otherwise
-        dist.on_rank0(writer.close, f"writing {run_dir / 'logs'}")
+        dist.on_rank0(writer.close, f"writing {rundir.logs_dir(run_dir)}")
     finally:
         edge.close()
         ahead.close()
@@ -274,8 +274,8 @@ def _row_writer(run_dir: Path, ds_cfg: dict) -> RowWriter:
     """Collective: rank 0's writer of log rows, its monitors opened (a failure there stops every rank); on the
     other ranks one that writes nothing."""
     made = [RowWriter(None, ds_cfg)]
-    dist.on_rank0(lambda: made.insert(0, RowWriter(run_dir / "logs" / "train.jsonl", ds_cfg)),
-                  f"opening the monitors under {run_dir / 'logs'}")
+    dist.on_rank0(lambda: made.insert(0, RowWriter(rundir.train_log(run_dir), ds_cfg)),
+                  f"opening the monitors under {rundir.logs_dir(run_dir)}")
     return made[0]
 
 

@@ -1,4 +1,6 @@
-"""The self-describing run directory: what mm-ds writes beside DeepSpeed's files, and how it is checked.
+"""The self-describing run directory: what mm-ds writes beside DeepSpeed's files, and how it is checked. The
+one owner of the run tree's names: everyone else asks for a part (`logs_dir`, `train_log`, FINAL, ...) rather
+than spelling it (tests/test_layout.py keeps it so).
 
     RUN/
       run_config.yaml  ds_config.json      effective configs of the stage
@@ -35,6 +37,11 @@ import torch
 
 from . import dist, sums
 
+LOGS = "logs"
+"""A stage run's logs (RUN/logs/train.jsonl, the monitors') and `mm-ds run`'s (OUT/logs/: each launch's job
+and log)."""
+TRAIN_LOG = "train.jsonl"
+CHECKPOINTS = "checkpoints"
 RUN_CONFIG = "run_config.yaml"
 DS_CONFIG = "ds_config.json"
 RESOLVED = "resolved.json"
@@ -49,6 +56,20 @@ FORMAT = "mm-ds-checkpoint/1"
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, incomplete, corrupt, or not what the caller expects."""
+
+
+def logs_dir(root: str | Path) -> Path:
+    """RUN/logs/ of a stage run, or OUT/logs/ of `mm-ds run`'s run tree."""
+    return Path(root) / LOGS
+
+
+def train_log(run_dir: str | Path) -> Path:
+    """RUN/logs/train.jsonl: a stage run's log rows."""
+    return logs_dir(run_dir) / TRAIN_LOG
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
 
 
 # ---------------------------------------------------------------- small atomic-file helpers
