@@ -32,8 +32,8 @@ TOOL_COMMANDS = {
     "flops": ("mm_ds.pipeline.costs:main", "analytic training FLOPs and V100-days of a recipe's stages"),
     "plan": ("mm_ds.tools.plan:main", "time, GPU-hours, communication and disk of a recipe's stages on a GPU cluster"),
     "report": ("mm_ds.report.report:main", "tables, curves and speedups from evaluated checkpoints"),
-    "align": ("mm_ds.eval.align:main", "alignment check: held-out target MLM of each Step-2 mini-model and of its "
-              "primary model with those embeddings (no task data)"),
+    "align": ("mm_ds.pipeline.alignment:main", "alignment check: held-out target MLM of each Step-2 mini-model and "
+              "of its primary model with those embeddings (no task data)"),
     "import": ("mm_ds.interop:import_main", "an HF/XLM-R, fairseq or DeepSpeed checkpoint as an mm-ds Step-1 run"),
     "export": ("mm_ds.interop:export_main", "a checkpoint of any stage as a Hugging Face model directory"),
     "config": ("mm_ds.tools.discover:config_main", "every config key of a stage: type, default (or a preset's "

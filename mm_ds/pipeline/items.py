@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..eval.align import aligned_runs
 from ..eval.align_spread import Alignment
 from ..recipe import MINI_DIR, data_path, english_tasks, minis_in_english, primaries, task_root
 from ..stages.resolve import StageRun
 from ..systems import system_of
 from ..runtime.rundir import logs_dir
+from .alignment import aligned_runs
 from .costs import finetune_costs
 from .evaluation import PROGRESS, Evaluation, expand
 from .jobs import Training
@@ -78,8 +78,8 @@ def eval_units(recipe, out: Path) -> list:
 # ---------------------------------------------------------------- the alignment check
 
 def runs_to_align(recipe, out: Path) -> tuple[list[list[Path]], dict[str, str]]:
-    """(the Step-2 runs `align.align_recipe` scores, by target language: those of `align.aligned_runs`, the rule it
-    follows; the held-out texts it is given)."""
+    """(the Step-2 runs `alignment.align_recipe` scores, by target language: those of `alignment.aligned_runs`, the
+    rule it follows; the held-out texts it is given)."""
     by_lang: dict[str, list[Path]] = {}
     for s, lang in aligned_runs(recipe, out):
         by_lang.setdefault(lang, []).append(out / "adapt" / s / lang)

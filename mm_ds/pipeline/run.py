@@ -15,7 +15,7 @@ pretrained model and its finetuned models (same primary model, paper §2.2).
     OUT/adapt/{system}/{lang}/
     OUT/finetune/{primary}/{task}/seed{n}/
     OUT/results.jsonl, OUT/results.md
-    OUT/align/, OUT/align.jsonl     the alignment check of every system's Step 2 (mm_ds/eval/align.py)
+    OUT/align/, OUT/align.jsonl     the alignment check of every system's Step 2 (pipeline/alignment.py)
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from ..config import ConfigError, LaunchConfig, from_dict, recipe_names
 from ..eval.align_spread import Alignment
+from .alignment import align_recipe, aligned_runs
 from ..recipe import Recipe, load_recipe, minis_in_english
 from ..runtime import checkpoint, stop
 from ..runtime.launch import launch_env, preflight, rank_command
@@ -176,8 +179,6 @@ STEP_NAMES = {"pretrain": "Step 1 (pretrain)", "build_mini": "Step 1b (build-min
 def stage_runs_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, bool], out: Path) -> str:
     """`mm-ds run --list-stage-runs`'s head: the stage runs per step, how they run, and what is already done; Step 4
     and the alignment check."""
-    from ..eval.align import aligned_runs
-
     launch = from_dict(LaunchConfig, recipe.launch)
     world, spread = launch.world_size, launch.spread
     side = spread_steps(runs, spread) if recipe.mode == "per_stage" else {}
@@ -219,9 +220,6 @@ def _write_results(recipe: Recipe, out: Path, rows: list[dict]) -> None:
         say("report: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
     from ..report.report import MLM_DIR
     if recipe.align_sequences:  # the alignment check and the MLM level: no task data needed
-        import torch
-
-        from ..eval.align import align_recipe
         written = align_recipe(recipe, out, "cuda" if torch.cuda.is_available() else "cpu",
                                say=lambda m: say(m.removeprefix("[mm-ds] ")))
         if (out / "report" / MLM_DIR / "tables.md").is_file():

@@ -213,14 +213,14 @@ def recipe_totals(recipe, cfgs: dict, cluster, evaluation, spread: int = 1) -> l
 
 
 def plan_alignment(recipe, cfgs: dict, cluster, runs: list | None = None) -> StepTotal | None:
-    """The alignment check `mm-ds run` ends with (mm_ds/eval/align.py), as it runs: the Step-2 runs of
-    `align.aligned_runs` (the rule the run follows; every system, BL_BASE's too), their checkpoints and step 0 each
+    """The alignment check `mm-ds run` ends with (mm_ds/pipeline/alignment.py), as it runs: the Step-2 runs of
+    `alignment.aligned_runs` (the rule the run follows; every system, BL_BASE's too), their checkpoints and step 0 each
     scored over `align_sequences` held-out sequences by `row_for`'s forward passes: the primary model with the
     checkpoint's embeddings, and with the untrained ones beside its output bias ("bias only"; the same model at step
     0), and the mini-model at the depth Step 2 was training (mini-model systems). A target language's runs are one
     job on one GPU (align_spread.py), the languages taken longest first by every GPU. `runs`: `stage_run_costs`.
     Left out: a pass per primary model and mini-model on source-language text (align.source_rows)."""
-    from ..eval.align import aligned_runs
+    from ..pipeline.alignment import aligned_runs
     from ..pipeline.costs import stage_run_costs
     from ..systems import system_of
 
