@@ -47,7 +47,7 @@ TOOL_COMMANDS = {
 }
 
 def prepare_main(argv: list[str]) -> int:
-    from .data.corpus import prepare
+    from .data.corpus import prepare  # a command imports what it runs: `mm-ds --help` stays quick
 
     p = argparse.ArgumentParser(prog="mm-ds prepare", description=TOOL_COMMANDS["prepare"][1])
     p.add_argument("--lang", required=True, help="language code of the text, e.g. en or de (recorded in meta.json)")

@@ -1,14 +1,38 @@
 """The package's shape: no import cycles (function-level imports and dispatch strings included: a cycle there is
 still two modules that cannot be read apart), arrows that never climb back up the folders, nothing that imports
-the CLI, no module longer than a reader can hold (~450 lines) and no function longer than a screen (80 lines)."""
+the CLI, no module longer than a reader can hold (400 lines) and no function longer than a screen (60 lines), but
+for the named exceptions below, each with its reason."""
 
 import ast
 import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mm_ds"
-MAX_LINES = 450
-MAX_FUNCTION_LINES = 80
+MAX_LINES = 400
+MAX_FUNCTION_LINES = 60
+LONG_MODULES = {
+    # module: why it is still longer (each is one subject; the split it awaits is named)
+    "mm_ds/data/corpus.py": "`mm-ds prepare` end to end (held out, encode, prepare, decode): decode is the seam",
+    "mm_ds/interop/importers.py": "three formats in (HF, fairseq, DeepSpeed), one section each: a module per format",
+    "mm_ds/pipeline/extend.py": "`mm-ds extend`'s inputs, check, run and command line: the check is the seam",
+    "mm_ds/report/report.py": "the report's records -> tables -> files and its command: the command is the seam",
+    "mm_ds/runtime/bringup.py": "every launcher's rank variables and where ranks meet: the srun rules are the seam",
+    "mm_ds/runtime/dist.py": "collectives (the only caller) and bring-up: the runtime split's distribution/ parts them",
+    "mm_ds/runtime/ds_config.py": "the engine JSON read, completed and validated: validation is the seam",
+    "mm_ds/runtime/engine.py": "the one training loop and the engine it builds: the engine build is the seam",
+    "mm_ds/tools/bench.py": "`mm-ds bench`'s stages, report and command: tools/bench/ (the rooms step) parts them",
+}
+"""Modules over MAX_LINES; an entry that fits again is removed (test_the_allow_lists_are_current)."""
+LONG_FUNCTIONS = {
+    "mm_ds/data/corpus.py:_prepare_into": "one streaming pass (train the tokenizer, encode, shard) over the text",
+    "mm_ds/data/corpus.py:prepare": "`mm-ds prepare`'s inputs resolved and checked before any work, in order",
+    "mm_ds/data/world/writer.py:generate_world": "the generated world's files in the order they depend on each other",
+    "mm_ds/interop/export.py:export": "one checkpoint -> an HF directory: weights, config, tokenizer, card, in order",
+    "mm_ds/pipeline/check.py:_check_data": "one check per input of a recipe's data, each a few lines",
+    "mm_ds/recipe.py:check": "one rule per recipe key, in the keys' order",
+    "mm_ds/runtime/engine.py:_train": "the one training loop, read top to bottom as nanoGPT's: its pieces are helpers",
+}
+"""Functions over MAX_FUNCTION_LINES (path:name), with why they read better whole."""
 
 DISPATCH = re.compile(r"mm_ds(\.\w+)+(:\w+)?")
 """A string that is a module's name, or module:function: `importlib.import_module` and the CLI's tables call it."""
@@ -169,17 +193,31 @@ def test_relative_imports_resolve_to_package_modules():
     assert "mm_ds.runtime.checkpoint" in g["mm_ds.pipeline.run"]
 
 
-def test_no_function_is_longer_than_a_screen():
-    long = {f"{p.relative_to(PACKAGE.parent)}:{n.name}": length for p in PACKAGE.rglob("*.py")
+def long_functions() -> dict[str, int]:
+    return {f"{p.relative_to(PACKAGE.parent)}:{n.name}": length for p in PACKAGE.rglob("*.py")
             for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
             and (length := n.end_lineno - n.lineno + 1) > MAX_FUNCTION_LINES}
-    assert long == {}, f"split these where a step of their work ends: {long}"
+
+
+def long_modules() -> dict[str, int]:
+    return {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = {f: n for f, n in long_functions().items() if f not in LONG_FUNCTIONS}
+    assert long == {}, f"split these where a step of their work ends (or name one in LONG_FUNCTIONS, and why): {long}"
 
 
 def test_no_module_is_longer_than_a_reader_can_hold():
-    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert long == {}, f"split these along a seam the reader would recognise: {long}"
+    long = {m: n for m, n in long_modules().items() if m not in LONG_MODULES}
+    assert long == {}, f"split these along a seam the reader would recognise (or name one in LONG_MODULES): {long}"
+
+
+def test_the_allow_lists_are_current():
+    """An exception that fits the cap again leaves the list, so the list stays the few that do not."""
+    assert sorted(set(LONG_MODULES) - set(long_modules())) == []
+    assert sorted(set(LONG_FUNCTIONS) - set(long_functions())) == []
 
 
 ONE_NAME = ("Report", "fingerprint", "stage_runs", "StageRun")
@@ -254,3 +292,31 @@ def test_the_run_tree_scan_finds_a_spelt_out_part(tmp_path):  # a test that cann
     (tmp_path / "m.py").write_text('log = run / "logs" / "train.jsonl"\nmeta.get("frozen")\nx = f"{out / \'final\'}"\n')
     assert run_tree_literals(tmp_path / "m.py") == ["1: 'logs'", "1: 'train.jsonl'", "3: 'final'"]
     assert run_tree_literals(RUN_TREE_OWNER)
+
+
+def hidden_imports(path: Path) -> list[str]:
+    """`path`'s imports of the package made inside a function with no comment on their lines: an import there hides
+    an arrow from a reader of the module's head, so it says why it is there (a cost deferred, a path set first)."""
+    source = path.read_text()
+    lines, tree = source.splitlines(), ast.parse(source)
+    found = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for n in ast.walk(fn):
+                ours = isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("mm_ds")) or \
+                    isinstance(n, ast.Import) and any(a.name.startswith("mm_ds") for a in n.names)
+                if ours and "#" not in " ".join(lines[n.lineno - 1:n.end_lineno]):
+                    found.append(f"{n.lineno}: {lines[n.lineno - 1].strip()}")
+    return found
+
+
+def test_package_imports_sit_at_the_top_or_say_why_not():
+    bad = {str(p.relative_to(PACKAGE.parent)): found for p in sorted(PACKAGE.rglob("*.py"))
+           if (found := hidden_imports(p))}
+    assert bad == {}, f"move these to the module's head, or give the reason in a comment on the line: {bad}"
+
+
+def test_the_import_scan_finds_a_hidden_import(tmp_path):  # a test that cannot fail is a defect
+    (tmp_path / "m.py").write_text("import json\n\ndef f():\n    from .x import y\n    from mm_ds import z  # why\n"
+                                   "    import torch\n    return y\n")
+    assert hidden_imports(tmp_path / "m.py") == ["4: from .x import y"]

@@ -146,10 +146,8 @@ def test_a_stage_run_gives_the_config_its_command_line_gives():
 
 def _checkpoints(recipe, where: str) -> list[int]:
     """The steps at which each planned Step-2 run under `where` (adapt/SYSTEM/LANG) writes a checkpoint."""
-    from mm_ds.runtime.engine import is_checkpoint_step
-
     cfg = {n.name: n for n in stage_runs(recipe, Path("/tmp/out"))}[f"adapt/{where}"].config()
-    steps = [s for s in range(1, cfg.train.steps + 1) if is_checkpoint_step(s, cfg)]
+    steps = [s for s in range(1, cfg.train.steps + 1) if cfg.train.is_checkpoint_step(s)]
     assert cfg.train.checkpoints() == len(steps)  # the plan's count (no walk) is the engine's
     return steps
 

@@ -42,6 +42,13 @@ from ..runtime import checkpoint
 from ..model import flops, surgery
 from ..config import ConfigError, model_config_from_dict
 from ..systems import SystemNameError, system_of
+from ..model.model import RobertaMLM
+from ..data.mlm import N_SPECIAL
+from ..data.shards import TokenCorpus
+from ..data.mlm import MLMBatches
+from .transfer import control_group
+from ..data.corpus import prepare
+from ..data.world.writer import HELDOUT, write_heldout
 
 INIT = "init"
 """The tag of step 0: the language group Step 2 starts from."""
@@ -65,8 +72,6 @@ def mlm_metrics(cfg, sd: dict, batches: list[dict], device="cpu", depth: int | N
     the bottom `depth` layers only) over every masked token of `batches`."""
     import torch
 
-    from ..model.model import RobertaMLM
-
     model = RobertaMLM(cfg)
     model.load_state_dict(sd, strict=True)
     model.to(device).eval()
@@ -88,9 +93,6 @@ def unigram_metrics(corpus_dir: Path, batches: list[dict]) -> dict:
     """MLM loss and accuracy of a unigram predictor on `batches`' targets: every masked position gets the
     training shards' piece frequencies (add-one smoothed, over the non-special pieces), so it always predicts
     the most frequent piece. What a model scores above it, it did not get from word frequencies."""
-    from ..data.mlm import N_SPECIAL
-    from ..data.shards import TokenCorpus
-
     corpus = TokenCorpus(corpus_dir)
     counts = np.zeros(corpus.vocab_size, dtype=np.float64)
     for s in range(corpus.num_shards):
@@ -107,9 +109,6 @@ def unigram_metrics(corpus_dir: Path, batches: list[dict]) -> dict:
 def eval_batches(heldout_dir: Path, data_cfg: dict, settings: Settings) -> list[dict]:
     """The fixed evaluation batches: the first `sequences` samples of the held-out corpus, packed as Step 2's
     training batches are (its seq_len and mask rate), with `settings.seed`; every selected token is <mask>."""
-    from ..data.mlm import MLMBatches
-    from ..data.shards import TokenCorpus
-
     corpus = TokenCorpus(heldout_dir)
     mlm = MLMBatches(corpus, data_cfg["seq_len"], seed=settings.seed, mask_prob=data_cfg["mask_prob"],
                      random_prob=0.0, keep_prob=0.0, vocab_size=corpus.vocab_size)
@@ -128,8 +127,6 @@ def _primary(path: str):
 
 def initial_group(ckpt: Path) -> dict:
     """The language group Step 2 started from (the control), rebuilt from the adapt run's parent."""
-    from .transfer import control_group
-
     meta = checkpoint.read_meta(ckpt)
     return control_group(meta, meta["run_config"]["train"]["seed"])
 
@@ -213,7 +210,6 @@ def heldout_text(lang: str, texts: dict[str, str], out: Path | None) -> Path:
     if sliced is not None:
         return sliced
     if out is not None and (out / "world" / "world.json").is_file():
-        from ..data.world.writer import HELDOUT, write_heldout
         have = out / "world" / HELDOUT / f"{lang}.txt"
         return have if have.is_file() else write_heldout(out / "world", lang)
     raise ConfigError(f"no held-out {lang} text: give --text {lang}=FILE (target text that Step 2 did not train on), "
@@ -238,8 +234,6 @@ held-out slice of a CC-100-sized corpus is gigabytes."""
 def heldout_corpus(text: Path, lang: str, tokenizer: str, root: Path) -> Path:
     """The first HELDOUT_BYTES of `text` encoded with `tokenizer` (mm-ds prepare's format) under root/heldout/,
     once per (text, tokenizer)."""
-    from ..data.corpus import prepare
-
     with open(text, "rb") as fh:
         head = fh.read(HELDOUT_BYTES)
         if fh.read(1):  # cut at a line end

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..runtime import dist
 from ..runtime.jobs import DONE, serve
+from .align import Settings, align_run
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,6 @@ class Alignment:
 
 def run_alignment(item: Alignment) -> int:
     """Every rank of a launch: score the Step-2 runs of the languages it takes from the queue."""
-    from .align import Settings, align_run
-
     rank = dist.rank()
     settings, device = Settings(sequences=item.sequences), dist.device()
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from ..runtime import checkpoint, stop
 from ..runtime.launch import process_env
 from ..runtime.rundir import train_log
+from .evaluation import results_written
 
 INTERVAL_S = 20.0
 """Seconds between two progress lines of one stage: enough to see it move, few enough for a CI log."""
@@ -147,7 +148,6 @@ class Follow:
             spec = json.loads(self.eval_spec.read_text())
         except (OSError, ValueError):
             return  # not listed yet (a one-job run lists its units once Step 2 is done)
-        from .evaluation import results_written
         done = results_written(spec)
         if done != self.eval_done:
             self.eval_done, self.eval_shown = done, now

@@ -52,6 +52,12 @@ from .progress import Follow, StageFailed, Watched, say
 from .progress import run_logged as _run_logged
 from .spread import run_spread, spread_steps
 from .stage_runs import stage_runs
+from ..report import report
+from ..report.records import clean_records, control_scores, recorded, source_scores
+from ..report.table2 import format_table2s
+from ..report.analyses import english_table
+from ..report.report import MLM_DIR
+from .check import check, protocol
 
 
 def _launch_stage(run: StageRun, resume: bool, log: Path, follow: Follow | None = None) -> None:
@@ -159,10 +165,6 @@ def _evaluation_left(item: Evaluation) -> tuple[int, int]:
 def results_table(recipe: Recipe, rows: list[dict], out: Path):
     """Table 2 per task, captioned, into OUT/results.md, and the report it comes from: the same renderer
     (mm_ds/report/table2.py) writes report/tables.md's Table 2."""
-    from ..report import report
-    from ..report.records import clean_records, control_scores, recorded, source_scores
-    from ..report.table2 import format_table2s
-
     results, warnings = clean_records(rows, str(out / "results.jsonl"))
     rep = report.build_report(results, warnings=warnings, controls=control_scores(rows), sources=source_scores(rows),
                               seeds=recorded(rows, "seeds"), world=recipe.world is not None,
@@ -209,16 +211,13 @@ def _write_results(recipe: Recipe, out: Path, rows: list[dict]) -> None:
         table, rep = results_table(recipe, rows, out)
         print(table)
     if minis_in_english(recipe):  # Table 5: the mini-models' own English scores beside the primary models'
-        from ..report.analyses import english_table
         english = english_table(recipe, rows)
         (out / "english.md").write_text(english + "\n")
         print("\nEnglish performance of the primary models and their mini-models (Table 5):\n" + english)
     if REFERENCE in recipe.systems and recipe.tasks:  # near-maximal performance is defined against BL_BASE (§4.2)
-        from ..report import report
         written = report.write_report(rep, out / "report")
         print("\n" + report.format_tables(rep, table2s=False))  # Table 2 is results.md, printed above
         say("report: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
-    from ..report.report import MLM_DIR
     if recipe.align_sequences:  # the alignment check and the MLM level: no task data needed
         written = align_recipe(recipe, out, "cuda" if torch.cuda.is_available() else "cpu",
                                say=lambda m: say(m.removeprefix("[mm-ds] ")))
@@ -235,7 +234,6 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         print(stage_runs_summary(recipe, runs, done, out))
         for n in runs:
             print(f"{'done' if done[n.name] else 'todo'}  mm-ds {' '.join(n.argv)}")
-        from .check import protocol
         try:
             configs = {n.out.resolve(): n.config() for n in runs}
         except ConfigError:  # `--check` names the stage; the plan is still listed
@@ -243,10 +241,9 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         print("\n".join(f"# {line}" for note in protocol(recipe, runs, configs) for line in note.splitlines()),
               file=sys.stderr)  # stdout stays one stage command a line, for scripts
         return 0
-    from .check import check
-    report = check(recipe, out, strict=True)
-    if report.problems:  # before any data work: nothing is written
-        raise ConfigError(f"the recipe cannot run:\n{report.format()}\n(`mm-ds run RECIPE --check --out DIR` "
+    findings = check(recipe, out, strict=True)
+    if findings.problems:  # before any data work: nothing is written
+        raise ConfigError(f"the recipe cannot run:\n{findings.format()}\n(`mm-ds run RECIPE --check --out DIR` "
                           f"finds the same without running, but takes data that is absent altogether for data still "
                           f"to come: a note there)")
     t0 = time.time()
@@ -264,7 +261,6 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     ev = next(i for i in items if isinstance(i, Evaluation))
     rows = collect(expand(ev.groups), ev.data_root, Path(ev.results))
     _write_results(recipe, out, rows)
-    from ..report.report import MLM_DIR
     say(f"{len(runs)} stage runs, {time.time() - t0:.0f} s; "
         + (f"results: {out / 'results.md'} (rows: {out / 'results.jsonl'})" if recipe.tasks
            else f"MLM-level results: {out / 'report' / MLM_DIR / 'tables.md'} (rows: {out / 'align.jsonl'})"))
@@ -308,10 +304,9 @@ def main(argv: list[str]) -> int:
             print(f"mm-ds run: error: {e}", file=sys.stderr)
             return 1
     if a.check:
-        from .check import check
-        report = check(recipe, Path(a.out), strict=False)
-        print(f"mm-ds run {a.recipe} --check: {report.format()}")
-        return 1 if report.problems else 0
+        findings = check(recipe, Path(a.out), strict=False)
+        print(f"mm-ds run {a.recipe} --check: {findings.format()}")
+        return 1 if findings.problems else 0
     try:
         with stop.forwarding(raise_when_idle=True):  # a stop signal: its launcher saves, then this ends
             return run(recipe, Path(a.out), a.list_stage_runs)

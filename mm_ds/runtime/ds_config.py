@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..config import ConfigError, RunConfig
 from .rundir import logs_dir
+from . import dist
 
 
 @dataclass(frozen=True)
@@ -315,8 +316,6 @@ def validate(ds: dict, geo: Geometry, path: Path | str) -> None:
     silently ignores (unknown top-level keys) and the optimizer's and scheduler's parameter names."""
     import pydantic
     from deepspeed.runtime.config import DeepSpeedConfig
-
-    from . import dist
 
     # The parser takes the world size from the process group, or 1 before any rank starts: hand it the
     # geometry for that world size (resolve() has checked it against the real one).

@@ -37,6 +37,7 @@ from .prefetch import Prefetcher
 from . import resharding as universal
 from .resolved import Resolved
 from .train_log import LogWindow, RowWriter, nonfinite_skips
+from ..model.model import param_groups, set_trainable
 
 
 @dataclass
@@ -77,12 +78,6 @@ class Engine:
     """What to load for `found`: it, or its universal conversion when the world size changed."""
 
 
-# ---------------------------------------------------------------- checkpoint schedule
-
-def is_checkpoint_step(step: int, cfg: RunConfig) -> bool:
-    return cfg.train.is_checkpoint_step(step)
-
-
 def _dropout_seed(seed: int, step: int, micro: int, rank: int) -> int:
     # Dropout masks become a function of position in training, not of history: resume is bitwise exact.
     return (seed * 1_000_003 + step * 10_007 + micro * 101 + rank) % (2 ** 63 - 1)
@@ -108,8 +103,6 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
     resume point it takes; without it (mm-ds bench, tests) they are resolved here and the configs written into
     `run_dir`. Collective when `run_dir` is given. `train` and `mm-ds bench` build theirs here."""
     import deepspeed
-
-    from ..model.model import param_groups, set_trainable
 
     cfg, model = stage.cfg, stage.model
     rank = dist.rank()

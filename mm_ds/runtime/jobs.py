@@ -78,8 +78,6 @@ class Queue:
     def drain(self, every_s: float = 1.0) -> None:
         """After this rank's last job: wait until every rank has left the queue, polling the store (a collective
         here could wait hours for the last long run and time out); a rank silent for SILENT_S is taken for lost."""
-        from . import dist
-
         rank, world = dist.rank(), dist.world_size()
         if self.beating is not None:
             self.beating.set()

@@ -25,6 +25,7 @@ from . import hostfile, runners
 from .bringup import MARKED, RANK_VARS, SRUN_STEP_VARS, is_loopback, under_launcher  # noqa: F401
 from .environment import forwarded
 from .runners import bin_path as _bin
+from . import stop
 
 
 ENTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank.py")
@@ -321,8 +322,6 @@ def relaunch(launch: LaunchConfig, argv: list[str], grace_s: float | None = None
     """Start the ranks of `mm-ds ARGV` under the launcher and wait for them. A stop signal received here is passed
     on to the launcher (mm_ds/runtime/stop.py: it runs in a session of its own); the ranks save and leave within
     `grace_s` (train.stop_grace_s) and this returns stop.EXIT_CODE."""
-    from . import stop
-
     cmd = command(launch, argv)
     print("[mm-ds] launching:", " ".join(cmd), flush=True)
     return stop.run_child(cmd, grace_s or stop.GRACE_S, env=launch_env(launch))
