@@ -227,6 +227,7 @@ def test_where_rank0_listens():
     (0, "rank 0 stopped: 1 of 2 ranks never joined the rendezvous in 4 s: node 1: rank 1 (placing 1 rank a node)"),
     (1, "rank 1: rank 0's rendezvous at 127.0.0.1:"),
 ])
+@pytest.mark.ranks
 def test_a_rank_whose_peer_never_starts_stops_within_the_rendezvous_timeout(tmp_path, alone, says):
     """One rank of two started (the other's node never ran its command): it waited for the 30-minute collective
     timeout. With launch.rendezvous_timeout_s it stops then, saying which rank never came (rank 0), or that rank
@@ -289,6 +290,7 @@ def fake_gpu_ranks(world: int, count: int, uuids: str) -> list[subprocess.Comple
     return out
 
 
+@pytest.mark.ranks
 def test_more_ranks_on_a_node_than_its_gpus_stop_at_bring_up_on_every_rank():
     """Three ranks on a node whose every rank sees the same two GPUs: `local_rank % 2` put ranks 0 and 2 on GPU 0
     and NCCL stopped at the first collective ("duplicate GPU"), with nothing saying why (DeepSpeed's slurm runner

@@ -61,6 +61,7 @@ def test_help_lists_every_packaged_recipe(capsys):
     assert all(name in out for name in recipe_names())
 
 
+@pytest.mark.ranks
 def test_deepspeeds_cpu_accelerator_note_stays_in_the_ranks_output(tmp_path, monkeypatch):
     """DeepSpeed warns "Setting accelerator to CPU" wherever it finds no GPU: not on every command a user types,
     but in a rank's output (a log); its other warnings pass everywhere."""

@@ -139,6 +139,7 @@ def test_a_one_node_start_runs_here(tmp_path):
     launch.check_hosts(LaunchConfig(ranks=8, hostfile=str(elsewhere), run_here=True))
 
 
+@pytest.mark.ranks
 def test_a_runner_that_cannot_work_is_refused_before_launch(tmp_path, monkeypatch):
     hosts = tmp_path / "hosts"
     hosts.write_text("no-such-node-a.invalid slots=2\nno-such-node-b.invalid slots=2\n")
@@ -157,6 +158,7 @@ def test_a_runner_that_cannot_work_is_refused_before_launch(tmp_path, monkeypatc
         runners.check_tools(LaunchConfig(ranks=2, hostfile=str(hosts)))
 
 
+@pytest.mark.ranks
 def test_mpirun_forwards_the_fabric_by_its_absolute_path_and_prefix(site):
     cmd = launch.command(LaunchConfig(ranks=2, nodes=3, hostfile=str(site), launcher="mpirun"), ["pretrain"])
     assert os.path.isabs(cmd[0]) and cmd[1:3] == ["--prefix", str(Path(os.path.realpath(cmd[0])).parents[1])]

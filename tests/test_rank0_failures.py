@@ -25,6 +25,7 @@ from mm_ds.stages.resolve import StageRun
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.ranks
 def test_every_rank_raises_when_rank_0_fails_alone(corpus, tmp_path):
     """Two ranks started as a launcher on two nodes would start them (no launcher kills the survivor when one
     exits): at each point rank 0 raises a message that names the obstacle, and rank 1 learns that rank 0
@@ -73,6 +74,7 @@ def failed_job(tmp_path: Path, items: list) -> tuple[str, str]:
     return log.read_text(), str(failed.value)
 
 
+@pytest.mark.ranks
 def test_the_log_of_a_failed_job_names_the_error_once(corpus, tmp_path):
     """The measured case (a `final.tmp` in the way of the final weights, 2 CPU ranks) end to end. Every rank exits
     non-zero within 60 s; the output has rank 0's message once and no traceback."""
@@ -91,6 +93,7 @@ def test_the_log_of_a_failed_job_names_the_error_once(corpus, tmp_path):
     assert not (run / "final").exists() and checkpoint.list_checkpoints(run)
 
 
+@pytest.mark.ranks
 def test_the_log_of_a_failed_evaluation_names_the_error_once(tmp_path):
     """The same at a point of another kind: one job's Step 4, where rank 0 lists the evaluation's units into a run
     tree whose `logs` is a file. From the launch, every rank has exited non-zero within 60 s."""
@@ -123,6 +126,7 @@ def test_a_failed_stage_shows_its_error_line_when_launcher_lines_follow(tmp_path
     assert "Killing subprocess 25\n" in msg and "Killing subprocess 24\n" not in msg  # and the last 15 lines
 
 
+@pytest.mark.ranks
 def test_a_check_that_fails_on_one_rank_stops_every_rank(corpus, tmp_path):
     """Ranks started by hand, as a launcher starts them on two nodes: rank 1 does not see what rank 0 sees (the
     corpus, a path relative to its working directory, is not there on its node) and fails to build the stage that

@@ -325,6 +325,7 @@ def test_bad_input_stops_mm_ds_run_before_any_data_work(tmp_path, data, capsys, 
     assert not out.exists()  # nothing half-written: no world, no prepared data, no logs
 
 
+@pytest.mark.ranks
 def test_launch_values_are_typed_before_any_data_work(tmp_path, capsys):
     out = tmp_path / "out"
     proc = run("tiny", "--out", str(out), "--launch", "ranks=x")

@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 
 from mm_ds.runtime import checkpoint, faults, stop, sums
 from mm_ds.runtime.boundary import LaggedMax
+from mm_ds.runtime.dist import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = int(os.environ.get("MM_DS_STOP_SEED", 0))
@@ -231,11 +232,6 @@ def test_plan_prints_the_resume_interval_and_its_cost(capsys):
 
 # ---------------------------------------------------------------- launched runs: helpers
 
-def free_port() -> int:
-    from mm_ds.runtime.dist import free_port as free
-    return free()
-
-
 def stage1(corpus: Path, out: Path, *extra: str) -> list[str]:
     """Step 1 of multi-depth MINIJOINT (secondary heads after layers 1 and 2), tiny, on 2 ranks."""
     return ["pretrain", "--preset", "tiny/minijoint", "--out", str(out), "--no-progress", f"data.corpus={corpus}",
@@ -351,6 +347,7 @@ def step1(corpus, tmp_path_factory):
     return ref, run, found
 
 
+@pytest.mark.ranks
 def test_sigterm_to_the_launcher_stops_every_rank_within_the_grace_after_a_save(step1):
     _, run, found = step1
     s, seconds, out = found["launcher"]
@@ -359,6 +356,7 @@ def test_sigterm_to_the_launcher_stops_every_rank_within_the_grace_after_a_save(
     assert s["resume"].startswith("mm-ds pretrain --preset tiny/minijoint") and s["resume"].endswith("--resume")
 
 
+@pytest.mark.ranks
 def test_a_signal_during_a_curve_checkpoint_to_a_rank_in_a_collective_and_a_second_during_the_stop(step1):
     _, run, found = step1
     s, out = found["curve"]
@@ -371,6 +369,7 @@ def test_a_signal_during_a_curve_checkpoint_to_a_rank_in_a_collective_and_a_seco
     assert checkpoint.kind(checkpoint.checkpoints_dir(run) / checkpoint.tag_for(CURVE)) == "curve"
 
 
+@pytest.mark.ranks
 def test_a_signal_before_the_first_update_stops_with_nothing_to_save(step1):
     _, _, found = step1
     s, before, after, out = found["start"]
@@ -378,6 +377,7 @@ def test_a_signal_before_the_first_update_stops_with_nothing_to_save(step1):
     assert before == after  # no new checkpoint
 
 
+@pytest.mark.ranks
 def test_the_stopped_run_resumes_bitwise_and_rotates_its_resume_checkpoints(step1):
     ref, run, found = step1
     assert same_weights(ref, run) == []
@@ -482,6 +482,7 @@ def step2(corpus, tmp_path_factory):
     return root / "reference", run, job.read_text(), newest, (fake / "scontrol.log").read_text()
 
 
+@pytest.mark.ranks
 def test_sbatch_usr1_stops_the_srun_tasks_requeues_and_the_requeued_job_resumes_bitwise(step2):
     ref, run, out, newest, scontrol = step2
     first, second = out.split("[fake sbatch] batch script exited", 1)
@@ -497,6 +498,7 @@ def test_sbatch_usr1_stops_the_srun_tasks_requeues_and_the_requeued_job_resumes_
 
 # ---------------------------------------------------------------- a Step-3 pack
 
+@pytest.mark.ranks
 def test_a_stop_to_a_pack_is_passed_to_its_run_which_saves_and_no_other_run_starts(corpus, tmp_path):
     """A job of one pack (Step 3's runs on a launch's ranks; here a world of one with two tiny runs, `mm_ds/rank.py
     JOB.json`): SIGTERM to the rank while its first run trains reaches the run, which saves and exits 75; the second
@@ -527,6 +529,7 @@ def test_a_stop_to_a_pack_is_passed_to_its_run_which_saves_and_no_other_run_star
 
 # ---------------------------------------------------------------- two network-namespace nodes
 
+@pytest.mark.ranks
 def test_sigterm_to_one_rank_of_two_namespace_nodes_stops_both_and_resumes_bitwise(corpus, step1, tmp_path):
     """`deepspeed --no_ssh --node_rank K` on two emulated nodes (tests/netns.py), a rank each: SIGTERM to node 1's
     rank alone, at a random update; both nodes' ranks save and exit 75 (their peer's flag reaches them through the
