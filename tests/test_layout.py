@@ -4,6 +4,7 @@ the CLI, no module longer than a reader can hold (400 lines) and no function lon
 for the named exceptions below, each with its reason."""
 
 import ast
+import builtins
 import re
 from pathlib import Path
 
@@ -320,3 +321,35 @@ def test_the_import_scan_finds_a_hidden_import(tmp_path):  # a test that cannot 
     (tmp_path / "m.py").write_text("import json\n\ndef f():\n    from .x import y\n    from mm_ds import z  # why\n"
                                    "    import torch\n    return y\n")
     assert hidden_imports(tmp_path / "m.py") == ["4: from .x import y"]
+
+
+def unbound_names(source: str) -> list[str]:
+    """Names `source` reads that nothing in it binds (an import, a definition, an assignment, a parameter) and that
+    are not builtins: a NameError waiting for its line to run. Scopes are not told apart, so it finds the name that
+    is bound nowhere, e.g. an import moved away from the one function that used it, or a rename that missed an
+    f-string."""
+    tree = ast.parse(source)
+    bound = set(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__"}
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            bound.add(n.id)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+    return sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound)
+
+
+def test_every_name_a_module_reads_is_bound_in_it():
+    bad = {str(p.relative_to(PACKAGE.parent)): found for p in sorted(PACKAGE.rglob("*.py"))
+           if (found := unbound_names(p.read_text()))}
+    assert bad == {}, f"these names are read but never imported or defined: {bad}"
+
+
+def test_the_name_scan_finds_an_unbound_name():  # a test that cannot fail is a defect
+    source = "import json\n\ndef f(x):\n    y = json.dumps(x)\n    return f'{report.format()}' + torch.tensor(y)\n"
+    assert unbound_names(source) == ["report", "torch"]
