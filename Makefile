@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine; each creates .venv in the checkout first.
 #   make demo   the main job on the embedded default (generated world, 2 CPU ranks)
-#   make test   the test suite (CPU)
+#   make test   the test suite (CPU); `make test-fast`: all but the tests that start ranks or a pipeline
 # Install order matters: torch pinned first (an unpinned range pulls GBs of CUDA wheels on CPU machines),
 # then deepspeed without build isolation (its build imports torch), then the rest. constraints.txt holds the
 # versions the tests ran with. DeepSpeed's FusedAdam (the bf16 engine configs' optimizer) is compiled at
@@ -13,7 +13,7 @@ PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
 STAMP   := $(VENV)/.mm-ds-installed
 
-.PHONY: venv demo test test-gpu gpu-python wheels rehearsal real
+.PHONY: venv demo test test-fast test-gpu gpu-python wheels rehearsal real
 venv: $(STAMP)
 
 $(STAMP): setup.py Makefile constraints.txt
@@ -33,6 +33,11 @@ demo: $(STAMP)
 # Two workers, each test file on one (module fixtures are built once): most tests wait on process start-ups.
 test: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m "not rehearsal" -n 2 --dist loadfile
+
+# The fast lane, under a minute: every test but those marked `ranks` (they start ranks or a pipeline;
+# tests/support/lanes.py fails an unmarked one that does).
+test-fast: $(STAMP)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m "not rehearsal and not ranks" -n 2 --dist loadfile
 
 # On a machine with CUDA GPUs: what CPU machines cannot run (tests/gpu), under 8 minutes on one GPU (LONG=1 adds the
 # per-stage pipeline cases), ending with a summary to paste (also written to gpu-summary.txt). Stops first, saying

@@ -1,5 +1,5 @@
 """`mm-ds <command>`: dispatch from one table. Training stages share one argument set and one runner
-(mm_ds/stages/runner.py); this module is only the entry point: nothing in the package imports it.
+(mm_ds/stages/command.py); this module is only the entry point: nothing in the package imports it.
 
     mm-ds prepare  --lang en --input 'corpus/en/*.txt.xz' --out data/en
     mm-ds pretrain --preset tiny/minijoint --out runs/tiny-mj [key=value ...] [--resume] [--check]
@@ -11,17 +11,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
-import traceback
 
-from .config import ConfigError, DataConfig, did_you_mean
-from .runtime.checkpoint import CheckpointError
-from .runtime.dist import OtherRankFailed
-from .runtime.stop import EXIT_CODE, Stopped
-from .stages.runner import STAGES, run_stage
+from .config import DataConfig, did_you_mean
+from .runtime.exits import outcome
+from .stages.command import STAGES, run_stage
 
-# command -> (module with build()/preflight(), help): the stage runner's table (mm_ds/stages/runner.py)
+# command -> (module with build()/preflight(), help): the stage commands' table (mm_ds/stages/resolve.py)
 STAGE_COMMANDS = STAGES
 # command -> (module:function taking argv, help)
 TOOL_COMMANDS = {
@@ -36,8 +32,8 @@ TOOL_COMMANDS = {
     "flops": ("mm_ds.pipeline.costs:main", "analytic training FLOPs and V100-days of a recipe's stages"),
     "plan": ("mm_ds.tools.plan:main", "time, GPU-hours, communication and disk of a recipe's stages on a GPU cluster"),
     "report": ("mm_ds.report.report:main", "tables, curves and speedups from evaluated checkpoints"),
-    "align": ("mm_ds.eval.align:main", "alignment check: held-out target MLM of each Step-2 mini-model and of its "
-              "primary model with those embeddings (no task data)"),
+    "align": ("mm_ds.pipeline.alignment:main", "alignment check: held-out target MLM of each Step-2 mini-model and "
+              "of its primary model with those embeddings (no task data)"),
     "import": ("mm_ds.interop:import_main", "an HF/XLM-R, fairseq or DeepSpeed checkpoint as an mm-ds Step-1 run"),
     "export": ("mm_ds.interop:export_main", "a checkpoint of any stage as a Hugging Face model directory"),
     "config": ("mm_ds.tools.discover:config_main", "every config key of a stage: type, default (or a preset's "
@@ -50,17 +46,8 @@ TOOL_COMMANDS = {
               "host, local rank, device and threads; one all-reduce"),
 }
 
-# Started by `mm-ds run` for its ranks, not by users: they work but `mm-ds --help` does not list them.
-INTERNAL_COMMANDS = {
-    "run-job": ("mm_ds.pipeline.run:job_main", "the ranks of `mm-ds run`'s one job: every stage in order"),
-    "run-eval": ("mm_ds.eval.transfer:run_eval_main", "the ranks of `mm-ds run`'s evaluation"),
-    "run-pack": ("mm_ds.pipeline.pack:main", "the ranks of `mm-ds run`'s Step 3: single-device runs, several at once"),
-    "run-align": ("mm_ds.eval.align_spread:run_align_main", "the ranks of `mm-ds run`'s alignment check"),
-}
-
-
 def prepare_main(argv: list[str]) -> int:
-    from .data.corpus import prepare
+    from .data.corpus import prepare  # a command imports what it runs: `mm-ds --help` stays quick
 
     p = argparse.ArgumentParser(prog="mm-ds prepare", description=TOOL_COMMANDS["prepare"][1])
     p.add_argument("--lang", required=True, help="language code of the text, e.g. en or de (recorded in meta.json)")
@@ -116,13 +103,6 @@ def version() -> str:
         return "unknown (not installed: pip install -e .)"
 
 
-def _finish(rc: int, failed: bool = False) -> int:
-    dist = sys.modules.get("mm_ds.runtime.dist")  # only a command that started ranks has anything to tear down
-    if dist is None:
-        return rc
-    return dist.leave(rc) if failed else dist.finish(rc)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The deepspeed launcher appends --local_rank=N; the rank is also in the environment.
@@ -134,29 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mm-ds {version()}")
         return 0
     name, rest = argv[0], argv[1:]
-    tools = TOOL_COMMANDS | INTERNAL_COMMANDS
-    try:
-        if name in STAGE_COMMANDS:
-            return _finish(run_stage(name, rest))
-        if name in tools:
-            module_name, func = tools[name][0].split(":")
-            return _finish(int(getattr(importlib.import_module(module_name), func)(rest) or 0))
-    except Stopped as e:  # a stop signal: every rank saved (or had nothing to save); rank 0 says how to resume
-        dist = sys.modules.get("mm_ds.runtime.dist")
-        if dist is None or dist.rank() == 0:
-            print(e, flush=True)
-        return _finish(EXIT_CODE)
-    except (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError, OtherRankFailed) as e:
-        # The rank that failed says why; of the ranks it stopped (OtherRankFailed), one per node says so.
-        if not isinstance(e, OtherRankFailed) or os.environ.get("LOCAL_RANK", "0") == "0":
-            print(f"mm-ds {name}: error: {e}", file=sys.stderr)
-        return _finish(2, failed=True)
-    except Exception:  # a bug: in a launched rank, its traceback and the same prompt exit as any failed rank
-        dist = sys.modules.get("mm_ds.runtime.dist")
-        if dist is None or not dist.launched():
-            raise
-        traceback.print_exc()
-        return dist.leave(1)
+    if name in STAGE_COMMANDS:
+        return outcome(name, lambda: run_stage(name, rest))
+    if name in TOOL_COMMANDS:
+        module_name, func = TOOL_COMMANDS[name][0].split(":")
+        return outcome(name, lambda: getattr(importlib.import_module(module_name), func)(rest))
     hint = did_you_mean(name, [*STAGE_COMMANDS, *TOOL_COMMANDS])
     print(f"mm-ds: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
     return 2

@@ -19,6 +19,8 @@ from .config import ConfigError, LaunchConfig, did_you_mean, from_dict, recipe_n
 from .data.tasks import HUB, TASKS, is_hub
 from .runtime.launch import resolve as resolve_launch
 from .systems import STAGES, SYSTEMS, SystemNameError, sort_key, system_of
+from .config import apply_overrides
+from .data.world import PRESETS
 
 
 @dataclass
@@ -131,7 +133,6 @@ class Recipe:
             if self.tasks and not self.task_root:
                 raise ConfigError(f"{where}: task_root is unset (the directory with the task files)")
         else:
-            from .data.world import PRESETS
             bad = [lang for lang in self.langs if lang not in PRESETS]
             if bad:
                 raise ConfigError(f"{where}: language(s) {bad} are not generated-world languages "
@@ -269,8 +270,6 @@ def prepare_options(recipe: Recipe) -> dict:
 
 def load_recipe(name: str, sets: list[str] = ()) -> Recipe:
     """A packaged recipe or a YAML file, with `key=value` changes (`mm-ds run --set`, `--launch`) applied."""
-    from .config import apply_overrides
-
     path, base = Path(name), Path(name).absolute().parent  # where the recipe's relative paths start
     if not path.is_file():
         packaged = resources.files("mm_ds") / "presets" / "recipes" / f"{name}.yaml"

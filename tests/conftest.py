@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 
 from paths import SHARED_DATA
+from support import lanes
+from support.lanes import pytest_runtest_protocol  # noqa: F401 (a hook: the test that starts a process)
 from textgen import write_corpus
 
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -16,6 +18,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests build every HF model local
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs CUDA GPUs (tests/gpu; `make test-gpu`)")
     config.addinivalue_line("markers", "rehearsal: the real-data rehearsal (`make rehearsal`), minutes of per-stage runs")
+    config.addinivalue_line("markers", "ranks: starts ranks or a pipeline (seconds to minutes each); `make test-fast` "
+                                       "runs the rest")
+    lanes.guard()
 
 
 @pytest.fixture(scope="session")  # module fixtures (the rehearsal) use it

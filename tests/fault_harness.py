@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -370,8 +370,8 @@ def _rank0_points(root: Path, corpus: Path) -> dict:
     """point -> (what rank 0 finds in its way, the collective call that meets it). Each point's run directory
     is root/<point>; the universal conversion reads the checkpoint the final weights' run left."""
     from mm_ds.runtime import engine, resharding as universal
-    from mm_ds.pipeline import run as pipeline
-    from mm_ds.eval import transfer
+    from mm_ds.pipeline import evaluation as step4, items, jobs
+    from mm_ds.stages.resolve import StageRun
 
     def build(run: Path, frozen: bool = False):
         stage = _tiny_stage(corpus, 1)
@@ -382,9 +382,9 @@ def _rank0_points(root: Path, corpus: Path) -> dict:
     def job(run: Path):  # `mm-ds run`'s one job asks rank 0 whether a stage is complete; its read fails
         def unreadable(run_dir):
             raise OSError(5, "Input/output error", str(run_dir / "final"))
-        pipeline.complete = unreadable
-        (run / "job.json").write_text(json.dumps([["pretrain", "--out", str(run / "stage")]]))
-        return pipeline.job_main([str(run / "job.json")])
+        jobs.complete = unreadable
+        jobs.write(run / "job.json", [jobs.Training(StageRun("pretrain", run / "stage"))])
+        return jobs.execute(run / "job.json")
 
     def resume(run: Path):  # rank 0 looks for the checkpoint to resume from; its read fails
         def unreadable(run_dir):
@@ -395,10 +395,9 @@ def _rank0_points(root: Path, corpus: Path) -> dict:
         finally:
             ck.find_resume_point = found
 
-    def evaluation(run: Path):
+    def evaluation(run: Path):  # rank 0 lists the units (into OUT/logs/, here a file)
         from mm_ds.recipe import load_recipe
-        (run / "recipe.json").write_text(json.dumps(asdict(load_recipe("tiny", ["curve=false"]))))
-        return transfer.run_eval_main([str(run / "logs" / "eval.json"), str(run / "recipe.json"), str(run)])
+        return step4.run_evaluation(items.evaluation(load_recipe("tiny", ["curve=false"]), run))
 
     final_run = root / "final weights"
     step1 = ck.checkpoints_dir(final_run) / ck.tag_for(1)
@@ -421,7 +420,7 @@ def _rank0_points(root: Path, corpus: Path) -> dict:
         "evaluation units": (lambda run: (run / "logs").touch(), evaluation),
         "one job's stage state": (lambda run: None, job),
         "one job's stage list": (lambda run: (run / "job.json").mkdir(),
-                                 lambda run: pipeline.job_main([str(run / "job.json")])),
+                                 lambda run: jobs.execute(run / "job.json")),
     }
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from mm_ds.eval import align
+from mm_ds.pipeline import alignment
 from mm_ds.runtime import checkpoint
 from mm_ds import cli
 from mm_ds.model import surgery
@@ -380,7 +381,7 @@ def test_the_spread_takes_the_runs_of_a_recipe_whose_heldout_text_is_the_prepare
     """The real recipe holds a slice of each language out (prepare.heldout): its Step-2 runs, every system's, are
     spread over the launch's ranks (align_spread.py), a language's together. A language whose corpus kept no line
     out is left out, by the spread as by the run, which says so."""
-    from mm_ds.eval.align_spread import runs_to_align, write_spec
+    from mm_ds.pipeline.items import alignment as alignment_item, runs_to_align
     from mm_ds.recipe import load_recipe
 
     recipe, out = load_recipe("real"), tmp_path / "out"
@@ -389,12 +390,12 @@ def test_the_spread_takes_the_runs_of_a_recipe_whose_heldout_text_is_the_prepare
     jobs, texts = runs_to_align(recipe, out)
     assert jobs == [[out / "adapt" / s / lang for s in ("bl_base", "bl_small", "minijoint", "minipost")]
                     for lang in ("de", "ar")] and texts == {}
-    spec = json.loads(write_spec(recipe, out).read_text())
-    assert spec["jobs"] == [[str(r) for r in runs] for runs in jobs] and spec["sequences"] == 128
+    item = alignment_item(recipe, out)
+    assert item.runs == tuple(tuple(str(r) for r in runs) for runs in jobs) and item.sequences == 128
     scored, said = [], []
-    monkeypatch.setattr(align, "align_run", lambda run, *a, **k: scored.append(run) or [])
-    monkeypatch.setattr(align, "source_rows", lambda *a, **k: [])
-    assert align.align_recipe(recipe, out, say=said.append) == []
+    monkeypatch.setattr(alignment, "align_run", lambda run, *a, **k: scored.append(run) or [])
+    monkeypatch.setattr(alignment, "source_rows", lambda *a, **k: [])
+    assert alignment.align_recipe(recipe, out, say=said.append) == []
     assert sorted(scored) == sorted(r for runs in jobs for r in runs)
     assert said == ["[mm-ds] alignment check skipped for sw: no held-out text (recipe key heldout: {LANG: FILE}, or "
                     "prepare: {heldout: FRACTION} when OUT/data/LANG is prepared, with at least a line held out)"]
@@ -405,7 +406,7 @@ def test_the_run_its_spread_and_the_plan_take_the_same_runs(name, tmp_path, monk
     """`align_recipe` (the run), `runs_to_align` (its spread over ranks) and `mm-ds plan`'s alignment row count the
     same Step-2 runs: every system in every language, whose held-out text is the generated world's (tiny) or the
     prepared corpus's slice (real, paper); the plan prices each run's checkpoints and step 0."""
-    from mm_ds.eval.align_spread import runs_to_align
+    from mm_ds.pipeline.items import runs_to_align
     from mm_ds.pipeline.stage_runs import stage_configs
     from mm_ds.recipe import load_recipe
     from mm_ds.tools.plan import Cluster
@@ -414,9 +415,9 @@ def test_the_run_its_spread_and_the_plan_take_the_same_runs(name, tmp_path, monk
     recipe, out = load_recipe(name), tmp_path / "out"
     _prepared(out, recipe.langs)
     scored = []
-    monkeypatch.setattr(align, "align_run", lambda run, *a, **k: scored.append(run) or [])
-    monkeypatch.setattr(align, "source_rows", lambda *a, **k: [])
-    assert align.align_recipe(recipe, out, say=pytest.fail) == []
+    monkeypatch.setattr(alignment, "align_run", lambda run, *a, **k: scored.append(run) or [])
+    monkeypatch.setattr(alignment, "source_rows", lambda *a, **k: [])
+    assert alignment.align_recipe(recipe, out, say=pytest.fail) == []
     jobs, _ = runs_to_align(recipe, out)
     assert sorted(r for runs in jobs for r in runs) == sorted(scored) == \
         sorted(out / "adapt" / s / lang for s in recipe.systems for lang in recipe.langs)

@@ -298,6 +298,7 @@ def test_launcher_inputs():
             launch.check_master("127.0.0.1", s.getsockname()[1], must_be_local=True)
 
 
+@pytest.mark.ranks
 def test_stage_command_with_bad_input_exits_2_and_writes_nothing(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "mm_ds.cli", "pretrain", "--preset", "tiny/bl_small", "--out",

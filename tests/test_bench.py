@@ -26,6 +26,7 @@ def report(tmp_path_factory):
     return json.loads(out.read_text()), proc.stdout
 
 
+@pytest.mark.ranks
 def test_every_stage_is_timed_with_sane_numbers(report):
     rep, _ = report
     assert set(rep["stages"]) == set(bench.STAGES)
@@ -41,6 +42,7 @@ def test_every_stage_is_timed_with_sane_numbers(report):
         assert all(math.isfinite(x) for x in r["losses"])
 
 
+@pytest.mark.ranks
 def test_stages_train_the_right_parameters(report):
     s = report[0]["stages"]
     assert s["pretrain"]["trainable_params"] == s["pretrain"]["total_params"]
@@ -55,6 +57,7 @@ def test_stages_train_the_right_parameters(report):
     assert s["adapt_mini"]["flops_per_step"] < s["adapt_full"]["flops_per_step"]
 
 
+@pytest.mark.ranks
 def test_setup_peak_prepare_peer_and_targets_are_reported(report):
     rep, stdout = report
     setup = rep["setup"]

@@ -227,6 +227,7 @@ def test_where_rank0_listens():
     (0, "rank 0 stopped: 1 of 2 ranks never joined the rendezvous in 4 s: node 1: rank 1 (placing 1 rank a node)"),
     (1, "rank 1: rank 0's rendezvous at 127.0.0.1:"),
 ])
+@pytest.mark.ranks
 def test_a_rank_whose_peer_never_starts_stops_within_the_rendezvous_timeout(tmp_path, alone, says):
     """One rank of two started (the other's node never ran its command): it waited for the 30-minute collective
     timeout. With launch.rendezvous_timeout_s it stops then, saying which rank never came (rank 0), or that rank
@@ -289,6 +290,7 @@ def fake_gpu_ranks(world: int, count: int, uuids: str) -> list[subprocess.Comple
     return out
 
 
+@pytest.mark.ranks
 def test_more_ranks_on_a_node_than_its_gpus_stop_at_bring_up_on_every_rank():
     """Three ranks on a node whose every rank sees the same two GPUs: `local_rank % 2` put ranks 0 and 2 on GPU 0
     and NCCL stopped at the first collective ("duplicate GPU"), with nothing saying why (DeepSpeed's slurm runner
@@ -317,17 +319,18 @@ def test_one_gpu_per_task_stays_allowed():
 def test_a_build_that_fails_on_another_rank_stops_this_one_before_training(monkeypatch, tmp_path):
     """One node cannot read a file the stage's build needs: its ranks fail there, the others went on into the
     engine's collectives and relied on the process group to notice. They stop, saying another rank failed."""
+    from mm_ds import config
+    from mm_ds.runtime.resolved import Resolved
     from mm_ds.stages import runner
 
-    trained = []
+    trained, failed = [], iter([False, True])  # reading the run directory went well; rank 1's build failed
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(dist, "init", lambda *a, **kw: (0, 0, 2))
-    monkeypatch.setattr(dist, "broadcast_object", lambda obj, src=0: True)  # rank 0 validated it
-    monkeypatch.setattr(dist, "any_rank", lambda flag: True)  # rank 1's build failed
-    monkeypatch.setattr("mm_ds.stages.common.verify_inputs", lambda *a: None)
+    monkeypatch.setattr(dist, "any_rank", lambda flag: next(failed))
     monkeypatch.setattr("mm_ds.runtime.engine.train", lambda *a, **kw: trained.append(1))
     monkeypatch.setattr("mm_ds.stages.pretrain.build", lambda cfg: object())
+    got = Resolved(tmp_path / "run", config.load("tiny/minijoint"), None, None, 2)
     with pytest.raises(dist.OtherRankFailed, match="another rank failed building the stage"):
-        runner.run_stage("pretrain", ["--preset", "tiny/minijoint", "--out", str(tmp_path / "run")])
+        runner.train_run(tmp_path / "run", got)
     assert not trained

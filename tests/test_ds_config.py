@@ -144,6 +144,7 @@ def test_monitor_blocks_get_only_the_fields_deepspeed_defines(tmp_path):
     assert out["csv_monitor"]["output_path"] == str(tmp_path / "run" / "logs")
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("how", ["engine JSON", "monitor.*"])
 def test_tensorboard_and_wandb_log_a_run(corpus, tmp_path, how):
     """Both monitors enabled in a user's JSON or by the run config's monitor.*: TensorBoard writes event files

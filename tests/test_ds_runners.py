@@ -75,10 +75,10 @@ EXPECT = {
 @pytest.mark.parametrize("name", EXPECT)
 def test_each_runner_starts_the_chosen_nodes_with_the_fabrics_environment(site, name, capsys):
     cfg = LaunchConfig(ranks=2, nodes=3, hostfile=str(site), ds_launcher=name, master_port=29511)
-    started = runner_command(launch.command(cfg, ["pretrain", "--out", "runs/x"]), launch.launch_env(cfg))
+    started = runner_command(launch.rank_command(cfg, "/shared/runs/x"), launch.launch_env(cfg))
     cmd = started.cmd
     assert EXPECT[name](cmd, started), cmd
-    assert cmd[-3:] == ["pretrain", "--out", "runs/x"] and launch.ENTRY in cmd, cmd
+    assert cmd[-2:] == [launch.ENTRY, "/shared/runs/x"], cmd  # every rank starts from the resolved run directory
     if name == "slurm":  # srun hands its tasks the runner's whole environment (--export=ALL)
         got = {k: started.env.get(k) for k in {**FABRIC, **QUOTED}}
         assert got == {**FABRIC, **QUOTED, "PYTHONPATH": f"{os.getcwd()}:{FABRIC['PYTHONPATH']}"}  # DeepSpeed's cwd first
@@ -139,6 +139,7 @@ def test_a_one_node_start_runs_here(tmp_path):
     launch.check_hosts(LaunchConfig(ranks=8, hostfile=str(elsewhere), run_here=True))
 
 
+@pytest.mark.ranks
 def test_a_runner_that_cannot_work_is_refused_before_launch(tmp_path, monkeypatch):
     hosts = tmp_path / "hosts"
     hosts.write_text("no-such-node-a.invalid slots=2\nno-such-node-b.invalid slots=2\n")
@@ -157,6 +158,7 @@ def test_a_runner_that_cannot_work_is_refused_before_launch(tmp_path, monkeypatc
         runners.check_tools(LaunchConfig(ranks=2, hostfile=str(hosts)))
 
 
+@pytest.mark.ranks
 def test_mpirun_forwards_the_fabric_by_its_absolute_path_and_prefix(site):
     cmd = launch.command(LaunchConfig(ranks=2, nodes=3, hostfile=str(site), launcher="mpirun"), ["pretrain"])
     assert os.path.isabs(cmd[0]) and cmd[1:3] == ["--prefix", str(Path(os.path.realpath(cmd[0])).parents[1])]

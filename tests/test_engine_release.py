@@ -8,12 +8,16 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from fault_harness import TINY_MODEL
+from mm_ds.pipeline import jobs
 from mm_ds.runtime.dist import free_port
+from mm_ds.stages.resolve import StageRun
 
 ONE_JOB = textwrap.dedent("""
     import gc, json, sys, weakref
-    from mm_ds.pipeline import run as pipeline
+    from mm_ds.pipeline import jobs
     from mm_ds.runtime import engine
 
     made, seen, build, train = [], [], engine.build_engine, engine.train
@@ -29,17 +33,18 @@ ONE_JOB = textwrap.dedent("""
         return train(*a, **k)
 
     engine.build_engine, engine.train = recorded, traced
-    pipeline.job_main([sys.argv[1]])
+    jobs.execute(sys.argv[1])
     gc.collect()
     print("alive", json.dumps(seen + [[[r() is not None for r in refs] for refs in made]]))
 """)
 
 
+@pytest.mark.ranks
 def test_a_stage_of_one_job_leaves_nothing_of_its_engine_to_the_next(corpus, tmp_path):
-    stages = [["pretrain", "--preset", "tiny/bl_base", "--out", str(tmp_path / name), "--no-progress",
-               f"data.corpus={corpus}", *TINY_MODEL, "train.global_batch=8", "train.micro_batch=4", "train.steps=1",
-               "train.warmup_steps=0", "train.checkpoint_steps=[]", "ds_config=fp32_zero3.json"] for name in "ab"]
-    (tmp_path / "job.json").write_text(json.dumps(stages))
+    stages = [jobs.Training(StageRun("pretrain", tmp_path / name, "tiny/bl_base", (
+        f"data.corpus={corpus}", *TINY_MODEL, "train.global_batch=8", "train.micro_batch=4", "train.steps=1",
+        "train.warmup_steps=0", "train.checkpoint_steps=[]", "ds_config=fp32_zero3.json"))) for name in "ab"]
+    jobs.write(tmp_path / "job.json", stages)
     env = os.environ | {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     proc = subprocess.run([sys.executable, "-c", ONE_JOB, str(tmp_path / "job.json")], env=env, capture_output=True,

@@ -1,6 +1,7 @@
 """The environment guard (mm_ds/runtime/environment.py). A launcher hands a remote node's ranks only part of the launching
 shell's environment, so a rank that decides a collective from a variable that did not reach every rank calls
-other collectives than its peers and the run hangs (MM_DS_VALIDATED under mpirun did). These tests scan the
+other collectives than its peers and the run hangs (MM_DS_VALIDATED under mpirun did, before the ranks read a
+resolved run directory instead). These tests scan the
 package: every variable it reads is in the table (mm_ds/runtime/faults.py's test fault points are the user's, as a
 whole), and none that may differ between ranks is read in a function that calls a collective, except as rank
 0's value handed to `dist.broadcast_object`. The check looks at the function that reads a variable: a helper
@@ -155,11 +156,13 @@ def test_no_variable_that_may_differ_between_ranks_decides_a_collective():
 
 
 def test_the_scan_finds_what_it_forbids(tmp_path, monkeypatch):
-    """The guard itself: today's main read MM_DS_VALIDATED in run_stage, then entered a barrier or not."""
+    """The guard itself: main once read MM_DS_VALIDATED (a fingerprint set by the launching side, since replaced by
+    the resolved run directory) in run_stage, then entered a barrier or not; here the same shape with another
+    variable the mm-ds process sets."""
     pkg = tmp_path / "mm_ds"
     pkg.mkdir()
     (pkg / "m.py").write_text(
-        'import os\nVALIDATED = "MM_DS_VALIDATED"\n\n'
+        'import os\nVALIDATED = "MM_DS_LAUNCH_ROOT"\n\n'
         'def run_stage(dist):\n    if os.environ.get(VALIDATED) != "x":\n        dist.barrier()\n\n'
         'def fixed(dist):\n    if not dist.broadcast_object(os.environ.get(VALIDATED) if dist.rank() == 0 else None):\n'
         '        dist.barrier()\n\n'
@@ -169,6 +172,6 @@ def test_the_scan_finds_what_it_forbids(tmp_path, monkeypatch):
         'def passed():\n    def number(var):\n        return os.environ[var]\n    return number("MM_DS_NAN_AT")\n')
     monkeypatch.setattr(__import__(__name__), "PACKAGE", pkg)
     read, unresolved, deciding = scan()
-    assert set(read) == {"MM_DS_VALIDATED", "OMP_NUM_THREADS", "RANK", "WORLD_SIZE", "MM_DS_NAN_AT"}
-    assert len(read["MM_DS_VALIDATED"]) == 2 and len(unresolved) == 1 and "os.environ.get(k)" in unresolved[0]
+    assert set(read) == {"MM_DS_LAUNCH_ROOT", "OMP_NUM_THREADS", "RANK", "WORLD_SIZE", "MM_DS_NAN_AT"}
+    assert len(read["MM_DS_LAUNCH_ROOT"]) == 2 and len(unresolved) == 1 and "os.environ.get(k)" in unresolved[0]
     assert len(deciding) == 1 and "run_stage()" in deciding[0] and "dist.barrier" in deciding[0], deciding

@@ -14,6 +14,7 @@ from mm_ds.data.world import generate_world
 from mm_ds.eval.evaluate import evaluate, length_batches, predict
 from mm_ds.model.heads import RobertaForTask
 from mm_ds.eval import transfer
+from mm_ds.pipeline import evaluation
 from test_features import train_spm
 
 
@@ -72,17 +73,17 @@ def test_a_result_scored_on_another_kind_of_device_is_scored_again(world, tmp_pa
              for u in transfer.units_for("xnli", "en", [s], [str(tmp_path / "ft")], "test", limit=20)]
     results, here, gpu = tmp_path / "eval", transfer.scored_with("cpu"), transfer.scored_with("cuda")
     assert (here, gpu) == ("cpu/fp32", "cuda/bf16")
-    transfer.run_units(units, str(root), results, device="cpu", say=lambda m: None)
-    rows = transfer.collect(units, str(root), results)
+    evaluation.run_units(units, str(root), results, device="cpu", say=lambda m: None)
+    rows = evaluation.collect(units, str(root), results)
 
     path = results / f"{units[0].name}.json"
     saved = json.loads(path.read_text())
     assert saved["scored_with"] == here
-    path.write_text(json.dumps({"fingerprint": transfer.unit_fingerprint(units[0], str(root), tmp_path, gpu),
+    path.write_text(json.dumps({"fingerprint": evaluation.unit_fingerprint(units[0], str(root), tmp_path, gpu),
                                 "scored_with": gpu, "rows": [r | {"score": -1.0} for r in saved["rows"]]}))
     with pytest.raises(ConfigError, match=r"different kinds of device and precision \(cuda/bf16: 1 .*cpu/fp32: 1"):
-        transfer.collect(units, str(root), results)
-    assert transfer.cached(results, units[0], str(root), gpu) is not None  # current, for a GPU
-    assert transfer.cached(results, units[0], str(root), here) is None  # but not scored here
-    transfer.run_units(units, str(root), results, device="cpu", say=lambda m: None)
-    assert transfer.collect(units, str(root), results) == rows and json.loads(path.read_text())["scored_with"] == here
+        evaluation.collect(units, str(root), results)
+    assert evaluation.cached(results, units[0], str(root), gpu) is not None  # current, for a GPU
+    assert evaluation.cached(results, units[0], str(root), here) is None  # but not scored here
+    evaluation.run_units(units, str(root), results, device="cpu", say=lambda m: None)
+    assert evaluation.collect(units, str(root), results) == rows and json.loads(path.read_text())["scored_with"] == here

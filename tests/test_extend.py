@@ -139,6 +139,7 @@ def ours(out):
     return m
 
 
+@pytest.mark.ranks
 def test_the_target_model_loads_offline_with_our_ids_and_logits(done, src):
     from huggingface_hub import constants
     assert constants.HF_HUB_OFFLINE  # conftest: HF_HUB_OFFLINE=1, any request to the Hub raises
@@ -178,6 +179,7 @@ def _source_row(src_tok, piece: str) -> int | None:
     return None if i in (None, src_tok.unk_token_id) else i
 
 
+@pytest.mark.ranks
 def test_shared_pieces_start_from_the_source_rows_and_the_body_is_the_sources(done, src):
     out, _, _ = done
     got, source = load_file(str(out / "hf" / "model.safetensors")), load_file(str(src / "model.safetensors"))
@@ -205,6 +207,7 @@ def test_shared_pieces_start_from_the_source_rows_and_the_body_is_the_sources(do
     assert (meta["model"]["num_layers"], meta["step"], meta["lang"]) == (3, 6, "en")
 
 
+@pytest.mark.ranks
 def test_the_model_card(done, src, capsys):
     out, args, _ = done
     card = (out / "hf" / "README.md").read_text()
@@ -239,6 +242,7 @@ def test_the_model_card(done, src, capsys):
     assert "Demo-sized" in body and "--presets paper" in body and "AutoTokenizer" in body
 
 
+@pytest.mark.ranks
 def test_a_rerun_does_nothing_and_warns_of_the_demo_size(done, capsys):
     out, args, first = done
     stamp = {p: p.stat().st_mtime_ns for p in (out / "hf" / "model.safetensors", out / "hf" / "README.md",
@@ -256,6 +260,7 @@ def test_a_rerun_does_nothing_and_warns_of_the_demo_size(done, capsys):
     assert flags_of(said) <= FLAGS
 
 
+@pytest.mark.ranks
 def test_an_interrupted_stage_resumes_from_its_checkpoint(done, capsys):
     out, args, _ = done
     if "xlmr" in str(args[0]):
@@ -272,6 +277,7 @@ def test_an_interrupted_stage_resumes_from_its_checkpoint(done, capsys):
     assert checkpoint.read_meta(run / checkpoint.FINAL)["step"] == 6
 
 
+@pytest.mark.ranks
 def test_check_of_a_finished_run_and_of_other_arguments_into_it(done, src, world, capsys):
     out, args, _ = done
     assert extend(*args, "--check") == 0
@@ -385,6 +391,7 @@ def test_check_refuses_what_extend_cannot_take_and_says_what_it_needs(case, bbpe
     assert flags_of(said) <= FLAGS, said  # nothing recommends a flag extend does not have
 
 
+@pytest.mark.ranks
 def test_the_held_out_text_is_the_tail_of_the_text_and_never_trained_on(done, tmp_path):
     out, _, _ = done
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"

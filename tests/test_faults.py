@@ -26,6 +26,7 @@ def sweep(tmp_path_factory):
     return root, reports
 
 
+@pytest.mark.ranks
 def test_every_stage_kind_survives_a_kill_and_resumes_bitwise(sweep):
     _, reports = sweep
     assert {r["stage"] for r in reports} == set(harness.STAGE_KINDS)
@@ -41,6 +42,7 @@ def _fresh_copy(ref: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.ranks
 def test_corrupt_newest_checkpoint_is_refused_and_resume_falls_back(sweep, tmp_path, capsys):
     root, _ = sweep
     ref = root / "reference" / "pretrain_r2"
@@ -70,6 +72,7 @@ def test_corrupt_newest_checkpoint_is_refused_and_resume_falls_back(sweep, tmp_p
     assert harness.same_weights(ref, run) == []
 
 
+@pytest.mark.ranks
 def test_truncated_or_unmanifested_weights_never_load(sweep, tmp_path):
     root, _ = sweep
     final = tmp_path / "final"
@@ -96,6 +99,7 @@ def _nan_run(root: Path, out: Path, config: str, nan_at: str, *extra: str, steps
 
 
 # fp32 ZeRO 0: mm-ds drops the gradients; ZeRO 1-3 (and bf16's BF16_Optimizer): DeepSpeed 0.19.8 skips itself
+@pytest.mark.ranks
 @pytest.mark.parametrize("config", ["fp32_zero0.json", "fp32_zero1.json", "bf16_zero1.json"])
 def test_nonfinite_update_is_skipped_not_applied(sweep, tmp_path, config):
     root, _ = sweep
@@ -112,6 +116,7 @@ def test_nonfinite_update_is_skipped_not_applied(sweep, tmp_path, config):
     assert rows[-1]["nonfinite_steps"] == 1 and all(r["loss"] == r["loss"] for r in rows)  # no NaN logged
 
 
+@pytest.mark.ranks
 def test_nonfinite_budget_exhausted_stops_with_a_diagnostic(sweep, tmp_path):
     root, _ = sweep
     out = tmp_path / "run"
@@ -130,6 +135,7 @@ def _mount_tmpfs(path: Path, size: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.ranks
 def test_disk_full_while_saving(sweep, tmp_path):
     """A real full filesystem (a small tmpfs; needs root, else skipped): the save fails with a message that
     says so, the previous checkpoint stays intact and published, and the run stops instead of going on."""

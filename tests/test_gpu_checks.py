@@ -276,6 +276,7 @@ def test_device_waits_records_and_judges_every_wait():
     assert waits.waits[-1].kind == "sync-debug" and waits.waits[-1].function.startswith("test_device_waits")
 
 
+@pytest.mark.ranks
 def test_the_paper_update_script_runs_its_flow_on_cpu(corpus, tmp_path):
     """paper_update.py's own code at a tiny shape on CPU (stand-ins for the GPU's memory and sync-debug calls,
     DeepSpeed's CPU accelerator's `synchronize` made to fire the trace as CUDA's does), under an engine JSON whose

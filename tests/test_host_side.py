@@ -214,6 +214,7 @@ def bf16_run(request, corpus, tmp_path_factory) -> tuple[str, list[dict]]:
     return ds_config, _reads(corpus, out, stage, ds_config, None, "train.micro_batch=2", world=2)
 
 
+@pytest.mark.ranks
 def test_the_device_never_waits_for_the_host_outside_log_and_checkpoint_updates(bf16_run):
     """Syncs, stream and event waits and reads of device values, per micro-step, through DeepSpeed's
     forward/backward/step with the shipped GPU configs: none of mm-ds's, none of DeepSpeed's but those named."""
@@ -224,6 +225,7 @@ def test_the_device_never_waits_for_the_host_outside_log_and_checkpoint_updates(
         assert not waits, f"{ds_config}, rank {rank}: waits per micro-step outside log/checkpoint updates: {waits}"
 
 
+@pytest.mark.ranks
 def test_rank_0_opens_no_file_in_the_training_thread_outside_checkpoints(bf16_run):
     """Not at a log row either: a thread of rank 0's writes logs/train.jsonl and the monitors (CSV off by
     default); DeepSpeed's engine, given no monitor, writes none at every update."""
@@ -244,6 +246,7 @@ def test_no_rank_waits_for_rank_0s_log_row(bf16_run):
         assert not per[2] - per[3], (rank, per)
 
 
+@pytest.mark.ranks
 def test_the_loop_reads_the_device_only_at_log_and_checkpoint_updates(corpus, tmp_path):
     """MINIJOINT's secondary head, torch's fused AdamW with a non-finite update in a quiet update (skipped on the
     device, counted at the next read), fp32 ZeRO 0: no wait at all outside log and checkpoint updates."""
@@ -289,6 +292,7 @@ RUN_TWICE = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.ranks
 def test_training_with_batches_built_ahead_is_bitwise_the_same(corpus, tmp_path):
     proc = subprocess.run([sys.executable, "-c", RUN_TWICE, str(corpus), str(tmp_path)], capture_output=True,
                           text=True, timeout=600)
@@ -339,6 +343,7 @@ HOOKS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.ranks
 def test_fp32_zero1_runs_no_python_hook_per_parameter_per_micro_step():
     """DeepSpeed's `contiguous_gradients` (on by default) hooks every trainable tensor's backward under ZeRO 1,
     to stage gradients it reduces only at the update's end: ~7 us per tensor per micro-step of host time. The fp32

@@ -24,18 +24,13 @@ import pytest
 import torch
 
 from mm_ds.runtime import checkpoint as ckpt_io
+from mm_ds.runtime.dist import free_port  # the one free-port helper (test_nodes takes it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=64",
         "model.secondary_head_layer=1", "data.seq_len=32", "model.max_positions=32", "train.global_batch=16",
         "train.micro_batch=4", "train.lr=3e-3", "train.warmup_steps=5", "train.log_every=5",
         "train.checkpoint_steps=[10]", "train.checkpoint_every=1000000"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stage_args(corpus: Path, out: Path, *extra: str) -> list[str]:
@@ -87,6 +82,7 @@ def start_nodes(args_for_node, env_for_node) -> str:
     return "\n".join(outs)
 
 
+@pytest.mark.ranks
 def test_two_nodes_through_a_hostfile(corpus, tmp_path):
     hosts = tmp_path / "hosts"
     # Two 'nodes' of one rank, both this machine: loopback reaches rank 0 from each (refused otherwise).
@@ -106,6 +102,7 @@ def test_two_nodes_through_a_hostfile(corpus, tmp_path):
     assert_trained_and_resumed(run, 15, 2, out)
 
 
+@pytest.mark.ranks
 def test_hostfile_script_node_ranks(corpus, tmp_path):
     """NODE_RANK must differ per node; the script passes it through (checked here without training)."""
     hosts = tmp_path / "hosts"
@@ -115,6 +112,7 @@ def test_hostfile_script_node_ranks(corpus, tmp_path):
     assert bad.returncode == 2 and "2 nodes requested" in bad.stderr and "lists only 1" in bad.stderr
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("script", ["deepspeed_hostfile.sh", "mpirun.sh"])
 def test_launcher_scripts_check_what_the_readme_says(script, tmp_path):
     """CHECK=1: the stage's own check at the script's launch (`mm-ds STAGE --check launch.*=...`), then the command
@@ -139,6 +137,7 @@ def test_launcher_scripts_check_what_the_readme_says(script, tmp_path):
 
 # ---------------------------------------------------------------- mpirun
 
+@pytest.mark.ranks
 def test_two_ranks_through_mpirun(corpus, tmp_path):
     run = tmp_path / "run"
     first = mm_ds(*stage_args(corpus, run, "train.steps=10", "launch.launcher=mpirun", "launch.ranks=2",
@@ -242,6 +241,7 @@ rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc
     return bin_dir
 
 
+@pytest.mark.ranks
 def test_slurm_sbatch_script(corpus, tmp_path, slurm):
     run = tmp_path / "run"
     if slurm is None:
@@ -270,9 +270,11 @@ def test_slurm_sbatch_script(corpus, tmp_path, slurm):
     assert_trained_and_resumed(run, 15, 2, out)
 
 
+@pytest.mark.ranks
 def test_deepspeed_slurm_runner(corpus, tmp_path):
     """`launch.ds_launcher=slurm`: DeepSpeed's SlurmRunner runs `srun ... python -u SCRIPT` (it drops --module),
-    so the ranks start by a script path. The fake srun runs its tasks here, with SLURM's task variables."""
+    so the ranks start by a script path, given the run directory. The fake srun runs its tasks here, with SLURM's
+    task variables."""
     bin_dir, log, run = fake_slurm_bin(tmp_path), tmp_path / "srun.args", tmp_path / "run"
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")  # both 'nodes' this machine
@@ -281,12 +283,14 @@ def test_deepspeed_slurm_runner(corpus, tmp_path):
                  env={"PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
                       "FAKE_SRUN_LOG": str(log)})
     check(proc, proc.stdout + proc.stderr)
-    assert log.read_text().startswith("-n 2 ") and "/mm_ds/rank.py pretrain" in log.read_text(), log.read_text()
+    # every rank starts from the run directory the mm-ds process resolved (mm_ds/runtime/resolved.py)
+    assert log.read_text().startswith("-n 2 ") and log.read_text().endswith(f"/mm_ds/rank.py {run}\n"), log.read_text()
     assert ckpt_io.read_meta(run / "final")["world_size"] == 2
 
 
 # ---------------------------------------------------------------- bad input fails before any rank starts
 
+@pytest.mark.ranks
 def test_bad_launch_input_fails_before_training(corpus, tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("node-a slots=1\nnode-b\n")
@@ -312,6 +316,7 @@ def test_bad_launch_input_fails_before_training(corpus, tmp_path):
     assert not out.exists()  # nothing started, nothing written
 
 
+@pytest.mark.ranks
 def test_loopback_master_refused_on_several_nodes(corpus, tmp_path):
     """Every other node's ranks would dial their own loopback until the 30-minute store timeout."""
     hosts, out = tmp_path / "hosts", tmp_path / "run"
@@ -333,6 +338,7 @@ def test_loopback_master_refused_on_several_nodes(corpus, tmp_path):
 
 # ---------------------------------------------------------------- another world size on resume
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("zero", [1, 2])
 def test_resume_on_another_world_size(corpus, tmp_path, zero):
     run = tmp_path / "run"

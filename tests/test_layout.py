@@ -1,14 +1,39 @@
 """The package's shape: no import cycles (function-level imports and dispatch strings included: a cycle there is
 still two modules that cannot be read apart), arrows that never climb back up the folders, nothing that imports
-the CLI, no module longer than a reader can hold (~450 lines) and no function longer than a screen (80 lines)."""
+the CLI, no module longer than a reader can hold (400 lines) and no function longer than a screen (60 lines), but
+for the named exceptions below, each with its reason."""
 
 import ast
+import builtins
 import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mm_ds"
-MAX_LINES = 450
-MAX_FUNCTION_LINES = 80
+MAX_LINES = 400
+MAX_FUNCTION_LINES = 60
+LONG_MODULES = {
+    # module: why it is still longer (each is one subject; the split it awaits is named)
+    "mm_ds/data/corpus.py": "`mm-ds prepare` end to end (held out, encode, prepare, decode): decode is the seam",
+    "mm_ds/interop/importers.py": "three formats in (HF, fairseq, DeepSpeed), one section each: a module per format",
+    "mm_ds/pipeline/extend.py": "`mm-ds extend`'s inputs, check, run and command line: the check is the seam",
+    "mm_ds/report/report.py": "the report's records -> tables -> files and its command: the command is the seam",
+    "mm_ds/runtime/bringup.py": "every launcher's rank variables and where ranks meet: the srun rules are the seam",
+    "mm_ds/runtime/dist.py": "collectives (the only caller) and bring-up: the runtime split's distribution/ parts them",
+    "mm_ds/runtime/ds_config.py": "the engine JSON read, completed and validated: validation is the seam",
+    "mm_ds/runtime/engine.py": "the one training loop and the engine it builds: the engine build is the seam",
+    "mm_ds/tools/bench.py": "`mm-ds bench`'s stages, report and command: tools/bench/ (the rooms step) parts them",
+}
+"""Modules over MAX_LINES; an entry that fits again is removed (test_the_allow_lists_are_current)."""
+LONG_FUNCTIONS = {
+    "mm_ds/data/corpus.py:_prepare_into": "one streaming pass (train the tokenizer, encode, shard) over the text",
+    "mm_ds/data/corpus.py:prepare": "`mm-ds prepare`'s inputs resolved and checked before any work, in order",
+    "mm_ds/data/world/writer.py:generate_world": "the generated world's files in the order they depend on each other",
+    "mm_ds/interop/export.py:export": "one checkpoint -> an HF directory: weights, config, tokenizer, card, in order",
+    "mm_ds/pipeline/check.py:_check_data": "one check per input of a recipe's data, each a few lines",
+    "mm_ds/recipe.py:check": "one rule per recipe key, in the keys' order",
+    "mm_ds/runtime/engine.py:_train": "the one training loop, read top to bottom as nanoGPT's: its pieces are helpers",
+}
+"""Functions over MAX_FUNCTION_LINES (path:name), with why they read better whole."""
 
 DISPATCH = re.compile(r"mm_ds(\.\w+)+(:\w+)?")
 """A string that is a module's name, or module:function: `importlib.import_module` and the CLI's tables call it."""
@@ -24,9 +49,9 @@ LAYERS = (
     (("runtime",),       "one stage on many ranks: engine, dist, checkpoint",     ("stages", "eval", "report", "pipeline")),
     (("interop",),       "foreign checkpoints in, Hugging Face out",              ()),
     (("stages",),        "one module per training stage",                         ("recipe", "pipeline")),
+    (("eval",),          "scoring only: Step 4, metrics, the alignment check",    ("recipe", "report", "pipeline")),
     (("recipe",),        "mm_ds/recipe.py: a recipe's keys, its run tree's layout", ()),
-    (("report",),        "records -> tables, curves, figures",                    ("eval", "pipeline")),
-    (("eval",),          "Step 4, metrics, the alignment check",                  ("pipeline",)),
+    (("report",),        "records -> tables, curves, figures",                    ("pipeline",)),
     (("pipeline",),      "`mm-ds run`: stage runs, check, packing, costs, extend", ("tools",)),
     (("tools",),         "plan, bench, discover, verify: around the pipeline",    ()),
     (("entry",),         "cli, rank: nothing imports them",                       ()),
@@ -128,7 +153,7 @@ def test_the_cycle_finder_finds_cycles():  # a test that cannot fail is a defect
 
 def test_dispatch_strings_are_imports():
     g = graph()
-    assert "mm_ds.eval.transfer" in g["mm_ds.cli"] and "mm_ds.stages.pretrain" in g["mm_ds.stages.runner"]
+    assert "mm_ds.eval.transfer" in g["mm_ds.cli"] and "mm_ds.stages.pretrain" in g["mm_ds.stages.resolve"]
 
 
 def test_nothing_imports_the_cli():
@@ -159,7 +184,7 @@ def test_the_folder_rule_finds_a_climbing_arrow():  # a test that cannot fail is
     assert climbs("mm_ds.runtime.engine", "mm_ds.stages.adapt")
     assert climbs("mm_ds.pipeline.run", "mm_ds.cli")
     assert not climbs("mm_ds.stages.adapt", "mm_ds.runtime.engine")
-    assert not climbs("mm_ds.eval.transfer", "mm_ds.recipe")
+    assert climbs("mm_ds.eval.transfer", "mm_ds.recipe") and climbs("mm_ds.eval.align", "mm_ds.report.report")
     assert not climbs("mm_ds.config", "mm_ds.data.tasks")
 
 
@@ -169,17 +194,31 @@ def test_relative_imports_resolve_to_package_modules():
     assert "mm_ds.runtime.checkpoint" in g["mm_ds.pipeline.run"]
 
 
-def test_no_function_is_longer_than_a_screen():
-    long = {f"{p.relative_to(PACKAGE.parent)}:{n.name}": length for p in PACKAGE.rglob("*.py")
+def long_functions() -> dict[str, int]:
+    return {f"{p.relative_to(PACKAGE.parent)}:{n.name}": length for p in PACKAGE.rglob("*.py")
             for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
             and (length := n.end_lineno - n.lineno + 1) > MAX_FUNCTION_LINES}
-    assert long == {}, f"split these where a step of their work ends: {long}"
+
+
+def long_modules() -> dict[str, int]:
+    return {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = {f: n for f, n in long_functions().items() if f not in LONG_FUNCTIONS}
+    assert long == {}, f"split these where a step of their work ends (or name one in LONG_FUNCTIONS, and why): {long}"
 
 
 def test_no_module_is_longer_than_a_reader_can_hold():
-    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert long == {}, f"split these along a seam the reader would recognise: {long}"
+    long = {m: n for m, n in long_modules().items() if m not in LONG_MODULES}
+    assert long == {}, f"split these along a seam the reader would recognise (or name one in LONG_MODULES): {long}"
+
+
+def test_the_allow_lists_are_current():
+    """An exception that fits the cap again leaves the list, so the list stays the few that do not."""
+    assert sorted(set(LONG_MODULES) - set(long_modules())) == []
+    assert sorted(set(LONG_FUNCTIONS) - set(long_functions())) == []
 
 
 ONE_NAME = ("Report", "fingerprint", "stage_runs", "StageRun")
@@ -221,3 +260,96 @@ def test_the_layout_scan_finds_deepspeeds_file_names():  # a test that cannot fa
     assert names_deepspeed_files("glob('bf16_zero_pp_rank_*_optim_states.pt')") == ["optim_states", "zero_pp_rank"]
     assert names_deepspeed_files("latest_tag(run_dir); checkpoint.LATEST") == []
     assert names_deepspeed_files(LAYOUT_OWNER.read_text())
+
+
+RUN_TREE_NAMES = ("checkpoints", "final", "frozen", "logs", "train.jsonl", "run_config.yaml", "ds_config.json",
+                  "resolved.json")
+"""The names of a run directory's parts (and of `mm-ds run`'s OUT/logs/), spelt out in mm_ds/runtime/rundir.py only:
+everyone else asks it (`logs_dir`, `train_log`, `checkpoints_dir`, FINAL, ...)."""
+RUN_TREE_OWNER = PACKAGE / "runtime" / "rundir.py"
+META_KEYS = {"frozen"}
+"""Names that are also checkpoint meta keys (mm_ds.json's "frozen": the frozen weights' path), as dict keys."""
+
+
+def run_tree_literals(path: Path) -> list[str]:
+    """`path`'s string constants that name a part of a run directory (a meta key used as one, `meta["frozen"]`, is
+    not a path)."""
+    tree = ast.parse(path.read_text())
+    keys = {id(n.slice) for n in ast.walk(tree) if isinstance(n, ast.Subscript)} | {
+        id(k) for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys if k is not None} | {
+        id(n.args[0]) for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "get" and n.args}
+    return sorted(f"{n.lineno}: {n.value!r}" for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                  and n.value in RUN_TREE_NAMES and not (n.value in META_KEYS and id(n) in keys))
+
+
+def test_only_the_run_directory_module_names_a_run_directorys_parts():
+    bad = {str(p.relative_to(PACKAGE.parent)): found for p in sorted(PACKAGE.rglob("*.py"))
+           if p != RUN_TREE_OWNER and (found := run_tree_literals(p))}
+    assert bad == {}, f"these spell out a run directory's parts; ask {RUN_TREE_OWNER.name} instead: {bad}"
+
+
+def test_the_run_tree_scan_finds_a_spelt_out_part(tmp_path):  # a test that cannot fail is a defect
+    (tmp_path / "m.py").write_text('log = run / "logs" / "train.jsonl"\nmeta.get("frozen")\nx = f"{out / \'final\'}"\n')
+    assert run_tree_literals(tmp_path / "m.py") == ["1: 'logs'", "1: 'train.jsonl'", "3: 'final'"]
+    assert run_tree_literals(RUN_TREE_OWNER)
+
+
+def hidden_imports(path: Path) -> list[str]:
+    """`path`'s imports of the package made inside a function with no comment on their lines: an import there hides
+    an arrow from a reader of the module's head, so it says why it is there (a cost deferred, a path set first)."""
+    source = path.read_text()
+    lines, tree = source.splitlines(), ast.parse(source)
+    found = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for n in ast.walk(fn):
+                ours = isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("mm_ds")) or \
+                    isinstance(n, ast.Import) and any(a.name.startswith("mm_ds") for a in n.names)
+                if ours and "#" not in " ".join(lines[n.lineno - 1:n.end_lineno]):
+                    found.append(f"{n.lineno}: {lines[n.lineno - 1].strip()}")
+    return found
+
+
+def test_package_imports_sit_at_the_top_or_say_why_not():
+    bad = {str(p.relative_to(PACKAGE.parent)): found for p in sorted(PACKAGE.rglob("*.py"))
+           if (found := hidden_imports(p))}
+    assert bad == {}, f"move these to the module's head, or give the reason in a comment on the line: {bad}"
+
+
+def test_the_import_scan_finds_a_hidden_import(tmp_path):  # a test that cannot fail is a defect
+    (tmp_path / "m.py").write_text("import json\n\ndef f():\n    from .x import y\n    from mm_ds import z  # why\n"
+                                   "    import torch\n    return y\n")
+    assert hidden_imports(tmp_path / "m.py") == ["4: from .x import y"]
+
+
+def unbound_names(source: str) -> list[str]:
+    """Names `source` reads that nothing in it binds (an import, a definition, an assignment, a parameter) and that
+    are not builtins: a NameError waiting for its line to run. Scopes are not told apart, so it finds the name that
+    is bound nowhere, e.g. an import moved away from the one function that used it, or a rename that missed an
+    f-string."""
+    tree = ast.parse(source)
+    bound = set(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__"}
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            bound.add(n.id)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+    return sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound)
+
+
+def test_every_name_a_module_reads_is_bound_in_it():
+    bad = {str(p.relative_to(PACKAGE.parent)): found for p in sorted(PACKAGE.rglob("*.py"))
+           if (found := unbound_names(p.read_text()))}
+    assert bad == {}, f"these names are read but never imported or defined: {bad}"
+
+
+def test_the_name_scan_finds_an_unbound_name():  # a test that cannot fail is a defect
+    source = "import json\n\ndef f(x):\n    y = json.dumps(x)\n    return f'{report.format()}' + torch.tensor(y)\n"
+    assert unbound_names(source) == ["report", "torch"]

@@ -45,6 +45,7 @@ def run_on_nodes(nodes: Nodes, commands: dict[int, tuple[list[str], dict]], logs
     return ran.output
 
 
+@pytest.mark.ranks
 def test_deepspeed_no_ssh_on_two_nodes(nodes, corpus, tmp_path):
     """`deepspeed --no_ssh --node_rank K` per node; the master address is left to mm-ds (the hostfile's first host,
     which node 0 resolves to 127.0.1.1 and node 1 to node 0's address)."""
@@ -60,6 +61,7 @@ def test_deepspeed_no_ssh_on_two_nodes(nodes, corpus, tmp_path):
     assert_trained_and_resumed(run, 15, 4, out)
 
 
+@pytest.mark.ranks
 def test_mpirun_on_two_nodes_through_ssh(nodes, corpus, tmp_path):
     """mpirun on node 0 with a hostfile of both nodes; node 1's daemon and ranks start through the ssh stand-in."""
     hosts, run = nodes.hostfile(tmp_path / "hosts"), tmp_path / "run"

@@ -17,6 +17,7 @@ from mm_ds.data.world import generate_world
 from mm_ds.model.heads import RobertaForTask
 from mm_ds.runtime.jobs import Queue
 from mm_ds.eval import transfer
+from mm_ds.pipeline import evaluation
 from test_features import train_spm
 
 DEEPSPEED = {"RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "16", "LOCAL_SIZE": "8", "CROSS_RANK": "0",
@@ -109,21 +110,25 @@ def test_step4_builds_one_model_per_unit_and_reads_a_step2_checkpoint_once_for_e
     monkeypatch.setattr(sums, "sha256", lambda p, rank=0: hashed.update([str(p)]) or sha256(p, rank))
     units = [u for task in ("xnli", "pawsx") for u in transfer.units_for(
         task, "t1", ["bl_base"], [str(runs[task, s]) for s in (1, 2)], "test", str(root / "adapt"), limit=6)]
-    assert transfer.eval_jobs(units) == [[0, 1]]
-    transfer.run_units(units, str(root / "world"), root / "eval", say=lambda m: None)
+    assert evaluation.eval_jobs(units) == [[0, 1]]
+    evaluation.run_units(units, str(root / "world"), root / "eval", say=lambda m: None)
     assert built == ["meta", "meta"]  # one model per unit, not one per seed
     assert loaded[str(root / "adapt")] == 1 and hashed[str(root / "adapt" / "final" / "model.safetensors")] == 1
-    rows = transfer.collect(units, str(root / "world"), root / "eval")
+    rows = evaluation.collect(units, str(root / "world"), root / "eval")
     assert [(r["task"], r["step"], len(r["per_seed"])) for r in rows] == [("xnli", 7, 2), ("pawsx", 7, 2)]
     assert json.loads((root / "eval" / f"{units[0].name}.json").read_text())["rows"] == rows[:1]
 
 
 def test_a_stage_start_hashes_its_parent_once(models, tmp_path, monkeypatch):
-    """A finetuning's checks (`runner.preflight`) and its model (`build`) both load the parent: its sums are read
-    once. The side that starts ranks reads none (their rank 0 does, tests/test_pipeline.py)."""
+    """The launching side resolves a finetuning (`resolve.resolve`: its checks load the parent) and hashes the
+    parent's weights; a rank started from the run directory (a new process: nothing checked yet) takes the record's
+    verdict and builds (loading the parent again) without reading the sums; in one process (launcher none) the
+    resolve and the build read them once."""
     from mm_ds.model.model import RobertaMLM
-    from mm_ds.stages import runner
-    from mm_ds.stages import finetune
+    from mm_ds.runtime import resolved
+    from mm_ds.runtime.dist import free_port
+    from mm_ds.stages import command, finetune
+    from mm_ds.stages.resolve import resolve
 
     root, runs = models
     meta = checkpoint.read_meta(runs["xnli", 1] / "final")
@@ -134,13 +139,18 @@ def test_a_stage_start_hashes_its_parent_once(models, tmp_path, monkeypatch):
                             "tokenizer": meta["tokenizer"]})
     hashed, sha256 = Counter(), sums.sha256
     monkeypatch.setattr(sums, "sha256", lambda p, rank=0: hashed.update([str(p)]) or sha256(p, rank))
-    argv = ["--preset", "tiny/finetune", "--out", str(tmp_path / "ft"), f"parent={parent}", "finetune.task=xnli",
+    argv = ["--preset", "tiny/finetune", f"parent={parent}", "finetune.task=xnli",
             f"finetune.data_root={root / 'world'}", "launch.ranks=1"]
     weights = str(parent / "final" / "model.safetensors")
-    from mm_ds.runtime.dist import free_port
-    runner.preflight(runner.parse("finetune", [*argv, "launch.launcher=deepspeed",
-                                               f"launch.master_port={free_port()}"])[1])
-    assert hashed[weights] == 0  # its ranks' rank 0 will
-    cfg, _ = runner.preflight(runner.parse("finetune", [*argv, "launch.launcher=none"])[1])
-    finetune.build(cfg)
-    assert hashed[weights] == 1
+    launched = tmp_path / "ft"
+    resolve(command.parse("finetune", [*argv, "--out", str(launched), "launch.launcher=deepspeed",
+                                      f"launch.master_port={free_port()}"])[1])
+    assert hashed[weights] == 1  # the launching side
+    monkeypatch.setattr(sums, "_checked", {})  # a rank: a process of its own
+    got = resolved.read(launched)
+    finetune.build(got.cfg)
+    assert hashed[weights] == 1 and got.inputs == ((parent / "final").resolve(),)
+    monkeypatch.setattr(sums, "_checked", {})
+    got = resolve(command.parse("finetune", [*argv, "--out", str(tmp_path / "here"), "launch.launcher=none"])[1])
+    finetune.build(got.cfg)
+    assert hashed[weights] == 2

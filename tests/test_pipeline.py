@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from mm_ds.runtime import checkpoint
+from mm_ds.runtime.dist import free_port
 from mm_ds.model import surgery
 from mm_ds.config import ConfigError, model_config_from_dict
 from mm_ds.model.model import LANGUAGE_PARAMS
@@ -54,7 +55,7 @@ RECIPE = {
                                    if (stage, system) in RESUMED else [])]
            for stage, system, zero in ZERO},
     },
-    "launch": {"ranks": 2, "launcher": "deepspeed", "master_port": 29710},
+    "launch": {"ranks": 2, "launcher": "deepspeed", "master_port": free_port()},
     "mode": "one_job",  # one deepspeed launch for all stages; tests/test_pipeline_resume.py runs per_stage
     "curve": True,
 }
@@ -76,6 +77,7 @@ def weights(run):
     return checkpoint.load_final(run)
 
 
+@pytest.mark.ranks
 def test_all_four_systems_have_results(finished):
     _, out, stdout = finished
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -93,6 +95,7 @@ def test_all_four_systems_have_results(finished):
     assert (out / "report" / "report.json").is_file()  # near-maximal performance, speedups, curves
 
 
+@pytest.mark.ranks
 def test_every_stage_kind_trained_in_bf16_under_each_zero_stage(finished):
     _, out, _ = finished
     job = (out / "logs" / "job.log").read_text()
@@ -112,10 +115,11 @@ def test_every_stage_kind_trained_in_bf16_under_each_zero_stage(finished):
         assert all(v.dtype == torch.float32 for v in weights.values()), run
     assert "evaluation: " in job and "units on 2 rank(s)" in job  # Step 4 shared by the job's ranks
     from mm_ds.tools.plan import Cluster, plan_evaluation
-    units = json.loads((out / "logs" / "eval.json").read_text())["units"]
+    units = json.loads((out / "logs" / "eval-units.json").read_text())["units"]
     assert plan_evaluation(load_recipe(str(finished[0])), Cluster()).units == len(units)  # `mm-ds plan` counts them
 
 
+@pytest.mark.ranks
 def test_qa_runs_through_every_step(finished):
     _, out, _ = finished
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -127,6 +131,7 @@ def test_qa_runs_through_every_step(finished):
     assert meta["task_type"] == "extractive_qa" and meta["train_features"] >= 50
 
 
+@pytest.mark.ranks
 def test_qa_training_windows_fit_the_model(finished):
     from mm_ds.stages.finetune import _train_features
 
@@ -136,6 +141,7 @@ def test_qa_training_windows_fit_the_model(finished):
     assert len(features) > RECIPE["world"]["task_sizes"]["qa_train"]  # long contexts take several windows
 
 
+@pytest.mark.ranks
 def test_minipost_step1b_changes_only_the_new_layers(finished):
     _, out, _ = finished
     (pmeta, psd), (mmeta, msd) = weights(out / "pretrain" / "bl_base"), weights(out / "build_mini" / "minipost")
@@ -150,6 +156,7 @@ def test_minipost_step1b_changes_only_the_new_layers(finished):
     assert not torch.equal(msd[f"layers.{n}.ffn.fc1.weight"], init[f"layers.{n}.ffn.fc1.weight"])
 
 
+@pytest.mark.ranks
 def test_minijoint_mini_model_is_the_bottom_of_its_primary(finished):
     _, out, _ = finished
     (pmeta, psd), (mmeta, msd) = weights(out / "pretrain" / "minijoint"), weights(out / "build_mini" / "minijoint")
@@ -159,6 +166,7 @@ def test_minijoint_mini_model_is_the_bottom_of_its_primary(finished):
 
 @pytest.mark.parametrize("system,parent", [("bl_base", "pretrain/bl_base"), ("bl_small", "pretrain/bl_small"),
                                            ("minijoint", "build_mini/minijoint"), ("minipost", "build_mini/minipost")])
+@pytest.mark.ranks
 def test_step2_changes_only_the_language_group(finished, system, parent):
     _, out, _ = finished
     (_, psd), (ameta, asd) = weights(out / parent), weights(out / "adapt" / system / "t1")
@@ -170,6 +178,7 @@ def test_step2_changes_only_the_language_group(finished, system, parent):
     assert ameta["overlap"]["overlap"] > 0  # numbers and names are shared with English
 
 
+@pytest.mark.ranks
 def test_finetuning_keeps_source_embeddings_frozen(finished):
     _, out, _ = finished
     (_, psd), (fmeta, fsd) = weights(out / "pretrain" / "bl_base"), weights(out / "finetune" / "bl_base" / "xnli" / "seed1")
@@ -178,6 +187,7 @@ def test_finetuning_keeps_source_embeddings_frozen(finished):
     assert fmeta["task"] == "xnli" and fmeta["num_labels"] == 3
 
 
+@pytest.mark.ranks
 def test_rerun_skips_every_finished_stage(finished):
     recipe, out, _ = finished
     proc = subprocess.run([sys.executable, "-m", "mm_ds.cli", "run", str(recipe), "--out", str(out), "--list-stage-runs"],
@@ -194,6 +204,7 @@ def _run_dir(stage: str, system: str) -> str:
             "finetune": f"finetune/{system}/xnli/seed1"}[stage]
 
 
+@pytest.mark.ranks
 def test_bf16_stages_resume_from_their_checkpoints_after_a_kill(finished, tmp_path):
     """One run of each stage kind, bf16 under ZeRO 3, 2, 3 and 3 (pretraining, Step 1b, Step 2, finetuning), cut
     back to its checkpoint k as after a crash; `mm-ds run` again, with rank 1 SIGKILLed in Step 2 after its
@@ -243,6 +254,7 @@ def test_bf16_stages_resume_from_their_checkpoints_after_a_kill(finished, tmp_pa
         assert checkpoint.load_final(copy / run)[0]["step"] == checkpoint.load_final(out / run)[0]["step"]
 
 
+@pytest.mark.ranks
 def test_a_run_tree_moved_elsewhere_skips_and_scores_the_same(finished, tmp_path):
     """Checkpoints find their parents and tokenizers relative to themselves: a run tree copied to another
     path, with the original gone and a different working directory, is complete and scores the same."""
@@ -261,6 +273,7 @@ def test_a_run_tree_moved_elsewhere_skips_and_scores_the_same(finished, tmp_path
     assert (moved / "results.jsonl").read_text() == (out / "results.jsonl").read_text()
 
 
+@pytest.mark.ranks
 def test_transfer_refuses_mismatched_inputs(finished):
     from mm_ds.eval.transfer import transfer
 
@@ -277,6 +290,7 @@ def test_transfer_refuses_mismatched_inputs(finished):
                  str(out / "pretrain" / "bl_base"))
 
 
+@pytest.mark.ranks
 def test_adapt_refuses_a_parent_of_the_wrong_kind(finished, tmp_path):
     _, out, _ = finished
     proc = subprocess.run([sys.executable, "-m", "mm_ds.cli", "adapt", "--preset", "tiny/adapt", "--out",
@@ -321,18 +335,11 @@ def _two_nodes(tmp_path, spread=2, **launch):
 
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost slots=1  # node 0\n127.0.0.1 slots=1\n")  # two "nodes", both this machine
-    cfg = LaunchConfig(ranks=1, hostfile=str(hosts), nodes=2, spread=spread, master_port=_free_port(), **launch)
+    cfg = LaunchConfig(ranks=1, hostfile=str(hosts), nodes=2, spread=spread, master_port=free_port(), **launch)
     return cfg, sp.write_groups(cfg, tmp_path / "out")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
+@pytest.mark.ranks
 def test_side_by_side_runs_two_stage_runs_at_once_on_two_local_nodes(corpus, tmp_path):
     """launch.spread=2 on a hostfile of two loopback "nodes" of 1 rank: two independent pretrainings start together,
     each a launch of its own group (its hostfile line, 1 node, master port base + K), each trained at world size 1
@@ -340,7 +347,7 @@ def test_side_by_side_runs_two_stage_runs_at_once_on_two_local_nodes(corpus, tmp
     import time
 
     from mm_ds.pipeline import spread as sp
-    from mm_ds.stages.runner import StageRun
+    from mm_ds.stages.resolve import StageRun
 
     launch, groups = _two_nodes(tmp_path)
     assert [g.hostfile.read_text() for g in groups] == ["localhost slots=1\n", "127.0.0.1 slots=1\n"]
@@ -377,7 +384,7 @@ def test_side_by_side_stops_starting_runs_after_a_failure(tmp_path):
 
     from mm_ds.pipeline import spread as sp
     from mm_ds.pipeline.progress import StageFailed
-    from mm_ds.stages.runner import StageRun
+    from mm_ds.stages.resolve import StageRun
 
     groups = [sp.Group(k, [], tmp_path / f"g{k}", ()) for k in range(2)]
     runs = [StageRun("adapt", tmp_path / name, None, (), f"adapt/{name}") for name in ("de", "fr", "sw")]
@@ -412,7 +419,7 @@ def test_spread_runs_a_step_side_by_side_only_with_a_run_per_group(tmp_path):
     from types import SimpleNamespace
 
     from mm_ds.pipeline import spread as sp
-    from mm_ds.stages.runner import StageRun
+    from mm_ds.stages.resolve import StageRun
 
     launch, _ = _two_nodes(tmp_path)
     recipe = SimpleNamespace(launch={k: getattr(launch, k) for k in ("ranks", "hostfile", "nodes", "spread",

@@ -10,9 +10,11 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 
 from mm_ds.runtime import checkpoint
+from mm_ds.runtime.dist import free_port
 from mm_ds.pipeline import run as pipeline
 
 TINY = ["data.seq_len=32", "train.global_batch=16", "train.micro_batch=8", "train.warmup_steps=2",
@@ -39,6 +41,7 @@ def run(recipe, out, env=None):
                           capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 
+@pytest.mark.ranks
 def test_killed_pipeline_resumes_where_it_stopped(tmp_path):
     recipe, out = tmp_path / "recipe.yaml", tmp_path / "run"
     recipe.write_text(yaml.safe_dump(RECIPE))
@@ -89,7 +92,7 @@ PACKED = {
               "task_sizes": {"nli_train": 96, "paws_train": 32, "qa_train": 8, "dev": 8, "test": 16}},
     "prepare": {"vocab_size": 200, "model_type": "bpe"},
     "presets": {"pretrain": "tiny/{system}", "adapt": "tiny/adapt", "finetune": "tiny/finetune"},
-    "launch": {"ranks": 2, "launcher": "deepspeed", "master_port": 29730},
+    "launch": {"ranks": 2, "launcher": "deepspeed", "master_port": free_port()},
     "mode": "per_stage",
     "overrides": {  # Steps 1 and 2 in the driver's process (what is tested here is the launch of Steps 3 and 4)
         "pretrain": ["model.hidden_size=32", "model.num_heads=2", "model.ffn_size=64", "train.steps=4",
@@ -101,6 +104,7 @@ PACKED = {
 }
 
 
+@pytest.mark.ranks
 def test_step3_runs_packed_one_per_device_and_a_killed_one_resumes_alone(tmp_path):
     """Step 3 on 2 CPU ranks under the deepspeed launcher: four single-device finetunings (each a world of one),
     two at a time, each on its rank's share of the cores. Both NLI runs are SIGKILLed after update 3 (their

@@ -193,10 +193,10 @@ def test_plan_totals_are_what_mm_ds_run_launches():
     assert totals["Step 3"].hours == pytest.approx(makespan(seconds, 32) / 3600) and max(seconds) / 3600 <= \
         totals["Step 3"].hours < sum(seconds) / 3600 / 16
     assert totals["Step 4"].runs == evaluation.units == 7061
-    # The alignment check, by the rule the run follows (align.aligned_runs): every system's Step 2 in the 14 languages,
-    # whose held-out text is their prepared corpus's slice (prepare.heldout); each checkpoint and step 0 of BL_BASE
-    # (125 + 1), BL_SMALL (25 + 1), MINIJOINT and MINIPOST (29 + 1 in de, es, fr, zh; 25 + 1 elsewhere).
-    from mm_ds.eval.align import aligned_runs
+    # The alignment check, by the rule the run follows (alignment.aligned_runs): every system's Step 2 in the 14
+    # languages, whose held-out text is their prepared corpus's slice (prepare.heldout); each checkpoint and step 0 of
+    # BL_BASE (125 + 1), BL_SMALL (25 + 1), MINIJOINT and MINIPOST (29 + 1 in de, es, fr, zh; 25 + 1 elsewhere).
+    from mm_ds.pipeline.alignment import aligned_runs
 
     align = totals["alignment check"]
     assert align.runs == sum(cfgs[f"adapt/{s}/{lang}"].train.checkpoints() + 1 for s, lang in aligned_runs(recipe)) \

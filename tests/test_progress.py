@@ -44,7 +44,7 @@ def test_stages_start_progress_and_end_in_order(tmp_path, capsys):
 
 
 def test_evaluation_progress_counts_results_once_stages_are_done(tmp_path, capsys):
-    spec = tmp_path / "eval.json"
+    spec = tmp_path / "eval-units.json"
     follow = Follow([], spec, interval_s=0)
     follow.poll(now=0)  # no unit list yet (a one-job run writes it after Step 2): silent
     (tmp_path / "eval").mkdir()
@@ -76,3 +76,22 @@ def test_the_total_comes_from_the_stage_and_a_broken_display_does_not_stop_the_r
     follow.poll(now=1)
     follow.poll(now=2)
     assert capsys.readouterr().out.count("the run goes on") == 1
+
+
+def test_a_process_mm_ds_starts_keeps_what_the_user_set(tmp_path, monkeypatch):
+    """One owner of the environment mm-ds gives the processes it starts (mm_ds/runtime/launch.py process_env): a value
+    the user set wins over mm-ds's default, whether `mm-ds run` starts a launcher, a rank or `mm-ds prepare`. Before,
+    run_logged put its own OMPI_ALLOW_RUN_AS_ROOT=1 over the user's, where launch_env kept the user's."""
+    import sys
+
+    from mm_ds.config import LaunchConfig
+    from mm_ds.pipeline.progress import run_logged
+    from mm_ds.runtime.launch import launch_env
+
+    monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "0")
+    monkeypatch.delenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", raising=False)
+    show = "import os; print(os.environ['OMPI_ALLOW_RUN_AS_ROOT'], os.environ['OMPI_ALLOW_RUN_AS_ROOT_CONFIRM'])"
+    run_logged([sys.executable, "-c", show], tmp_path / "shown.log")
+    assert (tmp_path / "shown.log").read_text().split() == ["0", "1"]
+    env = launch_env(LaunchConfig(launcher="none"))
+    assert (env["OMPI_ALLOW_RUN_AS_ROOT"], env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]) == ("0", "1")

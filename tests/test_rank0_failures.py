@@ -16,13 +16,16 @@ import pytest
 import fault_harness as harness
 from mm_ds.runtime import checkpoint
 from mm_ds.pipeline import run as pipeline
-from mm_ds.runtime.dist import free_port
-from mm_ds.runtime.launch import command
 from mm_ds.config import LaunchConfig
+from mm_ds.pipeline import jobs
+from mm_ds.runtime.dist import free_port
+from mm_ds.runtime.launch import rank_command
+from mm_ds.stages.resolve import StageRun
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.ranks
 def test_every_rank_raises_when_rank_0_fails_alone(corpus, tmp_path):
     """Two ranks started as a launcher on two nodes would start them (no launcher kills the survivor when one
     exits): at each point rank 0 raises a message that names the obstacle, and rank 1 learns that rank 0
@@ -49,7 +52,7 @@ def test_every_rank_raises_when_rank_0_fails_alone(corpus, tmp_path):
     points = list(harness._rank0_points(tmp_path, corpus))
     report = json.dumps(seen, indent=1) + "\n" + "\n".join(log[-3000:] for log in logs)
     assert list(seen[1]) == points, "rank 1 did not get past every point:\n" + report
-    reads = {"resume point": "OSError", "one job's stage list": "IsADirectoryError"}  # rank 0's own error, as is
+    reads = {"resume point": "OSError", "one job's stage list": "ConfigError"}  # rank 0's own error, as is
     for point in points:
         (kind0, msg0, t0), (kind1, msg1, t1) = seen[0][point], seen[1][point]
         assert kind0 == reads.get(point, "CheckpointError") and kind1 == "OtherRankFailed", (point, report)
@@ -61,27 +64,27 @@ def test_every_rank_raises_when_rank_0_fails_alone(corpus, tmp_path):
     assert checkpoint.list_checkpoints(tmp_path / "final weights")  # its checkpoint is intact
 
 
-def failed_job(tmp_path: Path, stages: list[list[str]]) -> tuple[str, str]:
-    """`mm-ds run`'s one job of `stages` as it runs it: 2 CPU ranks under the deepspeed launcher, their output in a
+def failed_job(tmp_path: Path, items: list) -> tuple[str, str]:
+    """`mm-ds run`'s one job of `items` as it runs it: 2 CPU ranks under the deepspeed launcher, their output in a
     log, a failure shown from the log's end. Returns the log and the failure's message (the job must fail)."""
-    (tmp_path / "job.json").write_text(json.dumps(stages))
+    job = jobs.write(tmp_path / "job.json", items)
     log = tmp_path / "job.log"
     with pytest.raises(pipeline.StageFailed) as failed:
-        pipeline._run_logged(command(LaunchConfig(ranks=2, master_port=free_port()),
-                                     ["run-job", str(tmp_path / "job.json")]), log)
+        pipeline._run_logged(rank_command(LaunchConfig(ranks=2, master_port=free_port()), job), log)
     return log.read_text(), str(failed.value)
 
 
+@pytest.mark.ranks
 def test_the_log_of_a_failed_job_names_the_error_once(corpus, tmp_path):
     """The measured case (a `final.tmp` in the way of the final weights, 2 CPU ranks) end to end. Every rank exits
     non-zero within 60 s; the output has rank 0's message once and no traceback."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "final.tmp").touch()
-    argv = ["pretrain", "--preset", "tiny/bl_base", "--out", str(run), "--no-progress", f"data.corpus={corpus}",
-            *harness.TINY_MODEL, "train.global_batch=8", "train.micro_batch=4", "train.warmup_steps=0",
-            "train.steps=1", "train.checkpoint_steps=[]", "peak_tflops=1"]
-    out, failed = failed_job(tmp_path, [argv])
+    stage = StageRun("pretrain", run, "tiny/bl_base", (
+        f"data.corpus={corpus}", *harness.TINY_MODEL, "train.global_batch=8", "train.micro_batch=4",
+        "train.warmup_steps=0", "train.steps=1", "train.checkpoint_steps=[]", "peak_tflops=1"))
+    out, failed = failed_job(tmp_path, [jobs.Training(stage)])
     took = time.time() - (run / "checkpoints" / checkpoint.LATEST).stat().st_mtime  # since just before the failure
     reason = f"writing {run / 'final'} failed: FileExistsError"
     assert out.count(reason) == 1 and "Traceback" not in out, out[-4000:]
@@ -90,21 +93,20 @@ def test_the_log_of_a_failed_job_names_the_error_once(corpus, tmp_path):
     assert not (run / "final").exists() and checkpoint.list_checkpoints(run)
 
 
+@pytest.mark.ranks
 def test_the_log_of_a_failed_evaluation_names_the_error_once(tmp_path):
     """The same at a point of another kind: one job's Step 4, where rank 0 lists the evaluation's units into a run
     tree whose `logs` is a file. From the launch, every rank has exited non-zero within 60 s."""
-    from dataclasses import asdict
-
+    from mm_ds.pipeline.items import evaluation
     from mm_ds.recipe import load_recipe
 
-    run, recipe = tmp_path / "run", tmp_path / "recipe.json"
+    run = tmp_path / "run"
     run.mkdir()
     (run / "logs").touch()
-    recipe.write_text(json.dumps(asdict(load_recipe("tiny", ["curve=false"]))))
     t0 = time.monotonic()
-    out, failed = failed_job(tmp_path, [["run-eval", str(run / "logs" / "eval.json"), str(recipe), str(run)]])
+    out, failed = failed_job(tmp_path, [evaluation(load_recipe("tiny", ["curve=false"]), run)])
     took = time.monotonic() - t0
-    reason = f"writing {run / 'logs' / 'eval.json'} failed"
+    reason = f"writing {run / 'logs' / 'eval-units.json'} failed"
     assert out.count(reason) == 1 and "Traceback" not in out, out[-4000:]
     assert failed.count(reason) == 1 and "failed with exit code 2;" in failed, failed
     assert "what is in the way" in out and took < 60, took
@@ -124,20 +126,23 @@ def test_a_failed_stage_shows_its_error_line_when_launcher_lines_follow(tmp_path
     assert "Killing subprocess 25\n" in msg and "Killing subprocess 24\n" not in msg  # and the last 15 lines
 
 
+@pytest.mark.ranks
 def test_a_check_that_fails_on_one_rank_stops_every_rank(corpus, tmp_path):
-    """Ranks started by hand, as a launcher starts them on two nodes: rank 1 sees something rank 0 does not (its
-    corpus path does not exist there) and fails the stage's check; rank 0, which saw nothing wrong, stops too
-    (`dist.on_every_rank`) instead of waiting for rank 1 in the next collective."""
+    """Ranks started by hand, as a launcher starts them on two nodes: rank 1 does not see what rank 0 sees (the
+    corpus, a path relative to its working directory, is not there on its node) and fails to build the stage that
+    rank 0 resolved; rank 0, which saw nothing wrong, stops too (`dist.on_every_rank`) instead of waiting for rank 1
+    in the next collective."""
     from test_launchers import TINY
 
     port, procs = free_port(), []
     for rank in (0, 1):
         env = os.environ | {"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}
-        seen = corpus if rank == 0 else tmp_path / "not-on-this-node"
+        node = corpus.parent if rank == 0 else tmp_path / "not-on-this-node"
+        node.mkdir(exist_ok=True)
         procs.append(subprocess.Popen([sys.executable, "-m", "mm_ds.cli", "pretrain", "--preset", "tiny/minijoint",
-                                       "--out", str(tmp_path / "run"), "--no-progress", f"data.corpus={seen}", *TINY,
-                                       "train.steps=6"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                       "--out", str(tmp_path / "run"), "--no-progress", f"data.corpus={corpus.name}",
+                                       *TINY, "train.steps=6"], env=env, cwd=node, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     t0 = time.monotonic()
     try:
@@ -146,6 +151,6 @@ def test_a_check_that_fails_on_one_rank_stops_every_rank(corpus, tmp_path):
         for p in procs:
             p.kill()
     assert [p.returncode for p in procs] == [2, 2], logs
-    assert "not-on-this-node" in logs[1] and "error" in logs[1], logs[1][-2000:]
-    assert "rank 0 stopped: another rank failed checking the stage run" in logs[0], logs[0][-2000:]
+    assert "is not a prepared corpus" in logs[1] and "error" in logs[1], logs[1][-2000:]
+    assert "rank 0 stopped: another rank failed building the stage" in logs[0], logs[0][-2000:]
     assert not (tmp_path / "run" / "final").exists()

@@ -120,6 +120,7 @@ print("not reached")
 """
 
 
+@pytest.mark.ranks
 def test_a_failed_rank_ends_the_wandb_run_before_it_leaves():
     """dist.leave (the command failed) exits through os._exit as well, in a process of its own here: the live W&B
     run is finished first, and no barrier is entered (the other ranks may be gone)."""
@@ -210,6 +211,7 @@ def test_each_launcher_gives_its_ranks_their_share_of_the_cpus(rank_env, monkeyp
     assert seen["threads"] == [threads]
 
 
+@pytest.mark.ranks
 def test_the_batch_script_gives_each_task_its_cpus(tmp_path):
     """launchers/slurm.sbatch asks srun for what `launch.launcher=srun` asks (srun inherits no --cpus-per-task)."""
     from test_launchers import ROOT, fake_slurm_bin
@@ -224,6 +226,7 @@ def test_the_batch_script_gives_each_task_its_cpus(tmp_path):
         assert (asks in args.split()) if asks else "cpus-per-task" not in args, (batch, args)
 
 
+@pytest.mark.ranks
 def test_the_hostfile_script_gives_each_rank_its_cpus(tmp_path):
     """launchers/deepspeed_hostfile.sh passes DeepSpeed's openmpi and slurm runners what `mm-ds` passes them (its
     CHECK=1 prints the command it would run)."""

@@ -53,6 +53,7 @@ def test_the_packaged_recipe_is_three_families_and_scripts_without_tasks():
     assert sorted(recipe.systems) == ["bl_base", "bl_small", "minijoint", "minipost"]
 
 
+@pytest.mark.ranks
 def test_heldout_slices_are_prepared_and_kept_out_of_training(mini_real):
     out, _ = mini_real
     for lang in LINES:
@@ -62,6 +63,7 @@ def test_heldout_slices_are_prepared_and_kept_out_of_training(mini_real):
         assert meta["num_lines"] + len(held) <= LINES[lang]
 
 
+@pytest.mark.ranks
 def test_every_systems_step2_curve_is_scored_at_the_mlm_level(mini_real):
     out, stdout = mini_real
     rows = [json.loads(line) for line in (out / "align.jsonl").read_text().splitlines()]
@@ -77,6 +79,7 @@ def test_every_systems_step2_curve_is_scored_at_the_mlm_level(mini_real):
     assert not (out / "results.md").exists() and "At the MLM level" in stdout
 
 
+@pytest.mark.ranks
 def test_the_mlm_level_tables_and_curves_come_out(mini_real):
     out, _ = mini_real
     tables = (out / "report" / "mlm" / "tables.md").read_text()

@@ -138,7 +138,7 @@ def test_a_world_size_that_cannot_keep_the_batch_names_those_that_can(tmp_path, 
 
 def test_a_stage_run_gives_the_config_its_command_line_gives():
     """`mm-ds run` launches `StageRun.argv` but checks and prices `StageRun.config()`: they must be one config."""
-    from mm_ds.stages.runner import stage_config
+    from mm_ds.stages.command import stage_config
 
     for node in stage_runs(load_recipe("paper"), Path("/tmp/out")):
         assert node.config() == stage_config(node.argv[0], node.argv[1:])[1], node.name
@@ -146,10 +146,8 @@ def test_a_stage_run_gives_the_config_its_command_line_gives():
 
 def _checkpoints(recipe, where: str) -> list[int]:
     """The steps at which each planned Step-2 run under `where` (adapt/SYSTEM/LANG) writes a checkpoint."""
-    from mm_ds.runtime.engine import is_checkpoint_step
-
     cfg = {n.name: n for n in stage_runs(recipe, Path("/tmp/out"))}[f"adapt/{where}"].config()
-    steps = [s for s in range(1, cfg.train.steps + 1) if is_checkpoint_step(s, cfg)]
+    steps = [s for s in range(1, cfg.train.steps + 1) if cfg.train.is_checkpoint_step(s)]
     assert cfg.train.checkpoints() == len(steps)  # the plan's count (no walk) is the engine's
     return steps
 
@@ -243,7 +241,7 @@ def test_the_paper_depth_sweep_is_packaged_as_the_paper_ran_it(tmp_path):
 def test_the_paper_recipe_finetunes_minijoints_mini_model_for_table5():
     """§5.3: Table 5 is English XNLI of BL_BASE, BL_SMALL, MINIJOINT and MINIJOINT's mini-model: that mini-model
     only, on XNLI only, every seed; Step 4 scores it in English."""
-    from mm_ds.eval.transfer import eval_units
+    from mm_ds.pipeline.items import eval_units
 
     paper = load_recipe("paper")
     minis = [n.name for n in stage_runs(paper, Path("/tmp/out")) if "/mini/" in n.name]
@@ -327,6 +325,7 @@ def test_bad_input_stops_mm_ds_run_before_any_data_work(tmp_path, data, capsys, 
     assert not out.exists()  # nothing half-written: no world, no prepared data, no logs
 
 
+@pytest.mark.ranks
 def test_launch_values_are_typed_before_any_data_work(tmp_path, capsys):
     out = tmp_path / "out"
     proc = run("tiny", "--out", str(out), "--launch", "ranks=x")

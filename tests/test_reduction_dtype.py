@@ -72,6 +72,7 @@ def updates(record: list[dict]) -> list[list[dict]]:
     return [[r for r in record[a + 1:b] if "op" in r] for a, b in zip(cuts, cuts[1:])]
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("zero", [1, 2, 3])
 def test_bf16_reduces_gradients_in_fp32_as_the_plan_counts(corpus, parent, tmp_path, zero):
     ds = json.loads(ds_config.find(f"bf16_zero{zero}.json").read_text())

@@ -6,7 +6,6 @@ leaves it out; CI runs it after the suite. It proves the path runs, not that a t
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,17 +14,12 @@ import pytest
 
 from rehearsal_tasks import build as build_tasks
 from mm_ds.runtime import checkpoint
+from mm_ds.runtime.dist import free_port  # not 29500: another run on the machine may hold DeepSpeed's default
 from mm_ds.pipeline.stage_runs import stage_runs
 from mm_ds.recipe import load_recipe
 
 pytestmark = pytest.mark.rehearsal
 RECIPE = Path(__file__).parent / "rehearsal.yaml"
-
-
-def free_port() -> int:  # not 29500: another run on the machine may hold DeepSpeed's default
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

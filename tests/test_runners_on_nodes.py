@@ -101,6 +101,7 @@ def refused_before_launch(ran) -> bool:
     return ran.codes == [2] and "error:" in ran.output and "[mm-ds] launching:" not in ran.output
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("name", RUNNERS)
 def test_each_launcher_forms_the_world_across_nodes(nodes, tmp_path, name):
     overrides, settings, hydra, shell = RUNNERS[name]
@@ -117,6 +118,7 @@ def test_each_launcher_forms_the_world_across_nodes(nodes, tmp_path, name):
         assert ran.output.count(f"MASTER_ADDR={nodes[1].name} came with the environment") == 1, ran.output[-6000:]
 
 
+@pytest.mark.ranks
 def test_deepspeed_no_ssh_node_by_node(nodes, tmp_path):
     """`deepspeed --no_ssh --node_rank K`: the same `mm-ds probe` typed on each node."""
     ran = probe(nodes, tmp_path, [], {}, False, {}, node_by_node=True)
@@ -127,6 +129,7 @@ def test_deepspeed_no_ssh_node_by_node(nodes, tmp_path):
 
 # ---------------------------------------------------------------- the SLURM site
 
+@pytest.mark.ranks
 def test_a_loopback_master_addr_from_the_environment_is_not_used_under_srun(nodes, tmp_path):
     """sbatch exported the submitting shell's MASTER_ADDR=127.0.0.1 (a single-node test there): under a step of two
     nodes each node would dial itself. The ranks meet at the step's first node instead, and rank 0 says so."""
@@ -137,6 +140,7 @@ def test_a_loopback_master_addr_from_the_environment_is_not_used_under_srun(node
     assert ran.output.count("MASTER_ADDR=127.0.0.1 came with the environment") == 1, ran.output[-6000:]
 
 
+@pytest.mark.ranks
 def test_a_node_whose_ranks_never_start_stops_the_others_in_seconds(nodes, tmp_path):
     """DeepSpeed's slurm runner (srun without --kill-on-bad-exit) on two nodes, node 1 without the Python
     environment: its tasks never start, srun waits for node 0's. Those stop after launch.rendezvous_timeout_s,

@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 
 from mm_ds.runtime import checkpoint, faults, stop, sums
 from mm_ds.runtime.boundary import LaggedMax
+from mm_ds.runtime.dist import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = int(os.environ.get("MM_DS_STOP_SEED", 0))
@@ -231,21 +232,17 @@ def test_plan_prints_the_resume_interval_and_its_cost(capsys):
 
 # ---------------------------------------------------------------- launched runs: helpers
 
-def free_port() -> int:
-    from mm_ds.runtime.dist import free_port as free
-    return free()
-
-
 def stage1(corpus: Path, out: Path, *extra: str) -> list[str]:
     """Step 1 of multi-depth MINIJOINT (secondary heads after layers 1 and 2), tiny, on 2 ranks."""
     return ["pretrain", "--preset", "tiny/minijoint", "--out", str(out), "--no-progress", f"data.corpus={corpus}",
             *MODEL, "model.secondary_head_layer=[1,2]", *TRAIN, *extra]
 
 
-def start(argv: list[str], log: Path, env: dict | None = None, **kw) -> subprocess.Popen:
+def start(argv: list[str], log: Path, env: dict | None = None, script: bool = False, **kw) -> subprocess.Popen:
+    """`mm-ds ARGV` (`script`: `python ARGV`, e.g. mm_ds/rank.py and its argument), output to `log`."""
     with open(log, "a") as f:
-        return subprocess.Popen([sys.executable, "-m", "mm_ds.cli", *argv], stdout=f, stderr=subprocess.STDOUT,
-                                env=os.environ | ENV | (env or {}), cwd=ROOT, **kw)
+        return subprocess.Popen([sys.executable, *([] if script else ["-m", "mm_ds.cli"]), *argv], stdout=f,
+                                stderr=subprocess.STDOUT, env=os.environ | ENV | (env or {}), cwd=ROOT, **kw)
 
 
 def finish(proc: subprocess.Popen, log: Path, want: int, timeout: float = 300) -> str:
@@ -350,6 +347,7 @@ def step1(corpus, tmp_path_factory):
     return ref, run, found
 
 
+@pytest.mark.ranks
 def test_sigterm_to_the_launcher_stops_every_rank_within_the_grace_after_a_save(step1):
     _, run, found = step1
     s, seconds, out = found["launcher"]
@@ -358,6 +356,7 @@ def test_sigterm_to_the_launcher_stops_every_rank_within_the_grace_after_a_save(
     assert s["resume"].startswith("mm-ds pretrain --preset tiny/minijoint") and s["resume"].endswith("--resume")
 
 
+@pytest.mark.ranks
 def test_a_signal_during_a_curve_checkpoint_to_a_rank_in_a_collective_and_a_second_during_the_stop(step1):
     _, run, found = step1
     s, out = found["curve"]
@@ -370,6 +369,7 @@ def test_a_signal_during_a_curve_checkpoint_to_a_rank_in_a_collective_and_a_seco
     assert checkpoint.kind(checkpoint.checkpoints_dir(run) / checkpoint.tag_for(CURVE)) == "curve"
 
 
+@pytest.mark.ranks
 def test_a_signal_before_the_first_update_stops_with_nothing_to_save(step1):
     _, _, found = step1
     s, before, after, out = found["start"]
@@ -377,6 +377,7 @@ def test_a_signal_before_the_first_update_stops_with_nothing_to_save(step1):
     assert before == after  # no new checkpoint
 
 
+@pytest.mark.ranks
 def test_the_stopped_run_resumes_bitwise_and_rotates_its_resume_checkpoints(step1):
     ref, run, found = step1
     assert same_weights(ref, run) == []
@@ -481,6 +482,7 @@ def step2(corpus, tmp_path_factory):
     return root / "reference", run, job.read_text(), newest, (fake / "scontrol.log").read_text()
 
 
+@pytest.mark.ranks
 def test_sbatch_usr1_stops_the_srun_tasks_requeues_and_the_requeued_job_resumes_bitwise(step2):
     ref, run, out, newest, scontrol = step2
     first, second = out.split("[fake sbatch] batch script exited", 1)
@@ -496,35 +498,38 @@ def test_sbatch_usr1_stops_the_srun_tasks_requeues_and_the_requeued_job_resumes_
 
 # ---------------------------------------------------------------- a Step-3 pack
 
+@pytest.mark.ranks
 def test_a_stop_to_a_pack_is_passed_to_its_run_which_saves_and_no_other_run_starts(corpus, tmp_path):
-    """`mm-ds run-pack` (Step 3's runs on a launch's ranks; here a world of one with two tiny runs): SIGTERM to the
-    rank while its first run trains reaches the run, which saves and exits 75; the second run never starts; the
-    pack ends with 75; the next run-pack resumes the stopped run and runs the other."""
-    from mm_ds.pipeline.pack import statuses
+    """A job of one pack (Step 3's runs on a launch's ranks; here a world of one with two tiny runs, `mm_ds/rank.py
+    JOB.json`): SIGTERM to the rank while its first run trains reaches the run, which saves and exits 75; the second
+    run never starts; the pack ends with 75; the same job again resumes the stopped run and runs the other."""
+    from mm_ds.pipeline import jobs
+    from mm_ds.pipeline.pack import Pack, statuses
+    from mm_ds.runtime.launch import ENTRY
 
-    jobs = [{"name": f"run{i}", "out": str(tmp_path / f"run{i}"), "log": str(tmp_path / f"run{i}.log"),
-             "argv": stage1(corpus, tmp_path / f"run{i}", "launch.launcher=none", "launch.ranks=1", "train.steps=6",
-                            "train.checkpoint_steps=[]")} for i in (1, 2)]
-    spec = tmp_path / "pack.json"
-    spec.write_text(json.dumps({"name": "pack", "jobs": jobs}))
+    runs = tuple({"name": f"run{i}", "out": str(tmp_path / f"run{i}"), "log": str(tmp_path / f"run{i}.log"),
+                  "argv": stage1(corpus, tmp_path / f"run{i}", "launch.launcher=none", "launch.ranks=1",
+                                 "train.steps=6", "train.checkpoint_steps=[]")} for i in (1, 2))
+    item = Pack("pack", runs, str(tmp_path / "pack"))
     (tmp_path / "pack").mkdir()
-    log = tmp_path / "pack.log"
-    proc = start(["run-pack", str(spec)], log, {"MM_DS_SLOW": "0.3"})
+    job, log = jobs.write(tmp_path / "pack.json", [item]), tmp_path / "pack.log"
+    proc = start([ENTRY, str(job)], log, {"MM_DS_SLOW": "0.3"}, script=True)
     wait_for_update(tmp_path / "run1", 2, proc)
     proc.send_signal(signal.SIGTERM)
     out = finish(proc, log, stop.EXIT_CODE)
     assert "pack stopped: 1 run(s) stopped, 0 failed" in out, out[-3000:]
-    state = {s["name"]: s for s in statuses(spec)}
+    state = {s["name"]: s for s in statuses(item.status)}
     assert set(state) == {"run1"} and (state["run1"]["state"], state["run1"]["exit_code"]) == ("stopped", 75)
     s = check_stop((tmp_path / "run1.log").read_text(), tmp_path / "run1")
-    finish(start(["run-pack", str(spec)], log), log, 0)
+    finish(start([ENTRY, str(job)], log, script=True), log, 0)
     assert f"resumed from {tmp_path / 'run1' / 'checkpoints' / checkpoint.tag_for(s['at'])}" in \
         (tmp_path / "run1.log").read_text()
-    assert {s["name"]: s["state"] for s in statuses(spec)} == {"run1": "done", "run2": "done"}
+    assert {s["name"]: s["state"] for s in statuses(item.status)} == {"run1": "done", "run2": "done"}
 
 
 # ---------------------------------------------------------------- two network-namespace nodes
 
+@pytest.mark.ranks
 def test_sigterm_to_one_rank_of_two_namespace_nodes_stops_both_and_resumes_bitwise(corpus, step1, tmp_path):
     """`deepspeed --no_ssh --node_rank K` on two emulated nodes (tests/netns.py), a rank each: SIGTERM to node 1's
     rank alone, at a random update; both nodes' ranks save and exit 75 (their peer's flag reaches them through the

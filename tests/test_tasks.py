@@ -322,6 +322,7 @@ def test_finetuning_and_evaluation_read_the_hub(hub, tmp_path):
     from mm_ds.config import ModelConfig, to_dict
     from mm_ds.model.heads import RobertaForTask
     from mm_ds.eval import transfer
+    from mm_ds.pipeline import evaluation
     from mm_ds.stages.finetune import _train_features
 
     spm.SentencePieceTrainer.train(sentence_iterator=iter(PREMISES * 20), model_prefix=str(tmp_path / "spm"),
@@ -339,7 +340,7 @@ def test_finetuning_and_evaluation_read_the_hub(hub, tmp_path):
         "stage": "finetune", "system": "bl_base", "task": "xnli", "kind": XNLI.task_type, "num_labels": XNLI.num_labels,
         "model": to_dict(cfg), "tokenizer": tok})
     units = transfer.units_for("xnli", "de", ["bl_base"], [str(tmp_path / "ft")], "test")
-    transfer.run_units(units, "hub", tmp_path / "eval", say=lambda m: None)
-    rows = transfer.collect(units, "hub", tmp_path / "eval")  # the cached result's fingerprint matches
+    evaluation.run_units(units, "hub", tmp_path / "eval", say=lambda m: None)
+    rows = evaluation.collect(units, "hub", tmp_path / "eval")  # the cached result's fingerprint matches
     assert [(r["lang"], r["examples"], r["skipped"]) for r in rows] == [("de", 4, 0)]
     assert 0.0 <= rows[0]["score"] <= 100.0 and ("facebook/xnli", "de", "test") in hub

@@ -32,6 +32,7 @@ def losses(run: Path) -> list[float]:
     return [json.loads(l)["loss"] for l in (run / "logs" / "train.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("zero", [0, 3])
 def test_loss_decreases_on_two_ranks(corpus, tmp_path, zero):
     out = tmp_path / f"z{zero}"
@@ -48,6 +49,7 @@ def test_loss_decreases_on_two_ranks(corpus, tmp_path, zero):
     assert "secondary_head.bias" in sd and all(v.dtype == torch.float32 for v in sd.values())
 
 
+@pytest.mark.ranks
 def test_resume_refuses_another_architecture(corpus, tmp_path):
     out = tmp_path / "run"
     pretrain(corpus, out, "train.steps=10", port=29630)

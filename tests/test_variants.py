@@ -11,7 +11,7 @@ import yaml
 
 from mm_ds.report import analyses
 from mm_ds.runtime import checkpoint
-from mm_ds.stages.runner import stage_config
+from mm_ds.stages.command import stage_config
 from mm_ds.config import ConfigError
 from mm_ds.report.records import Result
 from mm_ds.pipeline.stage_runs import stage_runs
@@ -157,6 +157,7 @@ def swept(tmp_path_factory):
     return root / "run", proc.stdout
 
 
+@pytest.mark.ranks
 def test_variants_train_with_their_depth(swept):
     out, _ = swept
     meta, _ = checkpoint.load_final(out / "pretrain" / "minijoint@1")
@@ -167,6 +168,7 @@ def test_variants_train_with_their_depth(swept):
     assert {r["system"] for r in rows if r["condition"] == "adapted"} == set(RECIPE["systems"])
 
 
+@pytest.mark.ranks
 def test_sweep_and_english_tables_are_written(swept):
     out, stdout = swept
     sweep = (out / "report" / "sweep.md").read_text()
@@ -184,6 +186,7 @@ def test_sweep_and_english_tables_are_written(swept):
     assert all(c.strip() != "-" for cells in lines.values() for c in cells)
 
 
+@pytest.mark.ranks
 def test_the_alignment_check_is_in_the_report(swept):
     out, stdout = swept
     assert "alignment check and MLM level: " in stdout and "At the MLM level" in stdout

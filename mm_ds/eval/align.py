@@ -23,13 +23,12 @@ seed; every selected token is replaced by <mask> (no 10% random or kept tokens: 
 so every checkpoint sees the same `sequences` sequences and the same masks, and accuracy is prediction from context.
 
     OUT/align/<system>/<lang>/<step tag>.json   one row per checkpoint, keyed by a fingerprint of its inputs
-    OUT/align.jsonl, OUT/report/align.md, OUT/report/align_<lang>.png, OUT/report/mlm/   (align_report.py)
+    OUT/align.jsonl, OUT/report/align.md, OUT/report/align_<lang>.png, OUT/report/mlm/   (pipeline/alignment.py)
 A single adapt run keeps its cache in RUN/align/.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import shutil
@@ -43,6 +42,13 @@ from ..runtime import checkpoint
 from ..model import flops, surgery
 from ..config import ConfigError, model_config_from_dict
 from ..systems import SystemNameError, system_of
+from ..model.model import RobertaMLM
+from ..data.mlm import N_SPECIAL
+from ..data.shards import TokenCorpus
+from ..data.mlm import MLMBatches
+from .transfer import control_group
+from ..data.corpus import prepare
+from ..data.world.writer import HELDOUT, write_heldout
 
 INIT = "init"
 """The tag of step 0: the language group Step 2 starts from."""
@@ -66,8 +72,6 @@ def mlm_metrics(cfg, sd: dict, batches: list[dict], device="cpu", depth: int | N
     the bottom `depth` layers only) over every masked token of `batches`."""
     import torch
 
-    from ..model.model import RobertaMLM
-
     model = RobertaMLM(cfg)
     model.load_state_dict(sd, strict=True)
     model.to(device).eval()
@@ -89,9 +93,6 @@ def unigram_metrics(corpus_dir: Path, batches: list[dict]) -> dict:
     """MLM loss and accuracy of a unigram predictor on `batches`' targets: every masked position gets the
     training shards' piece frequencies (add-one smoothed, over the non-special pieces), so it always predicts
     the most frequent piece. What a model scores above it, it did not get from word frequencies."""
-    from ..data.mlm import N_SPECIAL
-    from ..data.shards import TokenCorpus
-
     corpus = TokenCorpus(corpus_dir)
     counts = np.zeros(corpus.vocab_size, dtype=np.float64)
     for s in range(corpus.num_shards):
@@ -108,9 +109,6 @@ def unigram_metrics(corpus_dir: Path, batches: list[dict]) -> dict:
 def eval_batches(heldout_dir: Path, data_cfg: dict, settings: Settings) -> list[dict]:
     """The fixed evaluation batches: the first `sequences` samples of the held-out corpus, packed as Step 2's
     training batches are (its seq_len and mask rate), with `settings.seed`; every selected token is <mask>."""
-    from ..data.mlm import MLMBatches
-    from ..data.shards import TokenCorpus
-
     corpus = TokenCorpus(heldout_dir)
     mlm = MLMBatches(corpus, data_cfg["seq_len"], seed=settings.seed, mask_prob=data_cfg["mask_prob"],
                      random_prob=0.0, keep_prob=0.0, vocab_size=corpus.vocab_size)
@@ -129,8 +127,6 @@ def _primary(path: str):
 
 def initial_group(ckpt: Path) -> dict:
     """The language group Step 2 started from (the control), rebuilt from the adapt run's parent."""
-    from .transfer import control_group
-
     meta = checkpoint.read_meta(ckpt)
     return control_group(meta, meta["run_config"]["train"]["seed"])
 
@@ -214,7 +210,6 @@ def heldout_text(lang: str, texts: dict[str, str], out: Path | None) -> Path:
     if sliced is not None:
         return sliced
     if out is not None and (out / "world" / "world.json").is_file():
-        from ..data.world.writer import HELDOUT, write_heldout
         have = out / "world" / HELDOUT / f"{lang}.txt"
         return have if have.is_file() else write_heldout(out / "world", lang)
     raise ConfigError(f"no held-out {lang} text: give --text {lang}=FILE (target text that Step 2 did not train on), "
@@ -239,8 +234,6 @@ held-out slice of a CC-100-sized corpus is gigabytes."""
 def heldout_corpus(text: Path, lang: str, tokenizer: str, root: Path) -> Path:
     """The first HELDOUT_BYTES of `text` encoded with `tokenizer` (mm-ds prepare's format) under root/heldout/,
     once per (text, tokenizer)."""
-    from ..data.corpus import prepare
-
     with open(text, "rb") as fh:
         head = fh.read(HELDOUT_BYTES)
         if fh.read(1):  # cut at a line end
@@ -371,80 +364,3 @@ def align(path: Path, texts: dict[str, str] | None = None, settings: Settings = 
     if out is not None:
         rows += source_rows(out, settings, device, say)
     return rows, out
-
-
-def aligned_runs(recipe, out: Path | None = None) -> list[tuple[str, str]]:
-    """The one rule for the (system, target language) Step-2 runs `mm-ds run`'s alignment check scores, for
-    `align_recipe`, its spread over ranks (align_spread.py) and `mm-ds plan` (plan_totals.py): with align_sequences,
-    every system in each language with held-out text: a file (recipe key heldout), the generated world's, or the
-    prepared corpus's slice (prepare_options: real text gets one unless prepare.heldout is 0). With `out` (its data
-    prepared), a language whose corpus holds no held-out line (too few lines, or prepared without) is left out."""
-    from ..recipe import prepare_options
-
-    sliced = bool(prepare_options(recipe).get("heldout"))
-    langs = [lang for lang in recipe.langs if lang in recipe.heldout or recipe.world is not None
-             or sliced and (out is None or prepared_heldout(out / "data" / lang) is not None)]
-    return [(s, lang) for s in recipe.systems for lang in langs] if recipe.align_sequences else []
-
-
-def align_recipe(recipe, out: Path, device="cpu", say=print) -> list[Path]:
-    """`mm-ds run`'s alignment check and MLM level: `aligned_runs`, the source rows, OUT/align.jsonl, the report."""
-    from ..recipe import data_path
-
-    texts, runs = {lang: str(data_path(recipe, f)) for lang, f in recipe.heldout.items()}, aligned_runs(recipe, out)
-    if skipped := [lang for lang in recipe.langs if lang not in {pair[1] for pair in runs}]:
-        say(f"[mm-ds] alignment check skipped for {', '.join(skipped)}: no held-out text (recipe key heldout: {{LANG: "
-            f"FILE}}, or prepare: {{heldout: FRACTION}} when OUT/data/LANG is prepared, with at least a line held out)")
-    settings = Settings(sequences=recipe.align_sequences)
-    rows = [row for s, lang in runs for row in align_run(out / "adapt" / s / lang, texts, out, settings, device, say)]
-    rows += source_rows(out, settings, device, say)
-    return write_rows(rows, out, out / "report") if rows else []
-
-
-def write_rows(rows: list[dict], out: Path, report_dir: Path) -> list[Path]:
-    """OUT/align.jsonl and the report's table and curves, and the MLM-level Tables 2 and 3, Figure 3 and speedups."""
-    from ..report.align_report import write_align
-    from ..report.report import mlm_report
-
-    out.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_text_atomic(out / "align.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    return [out / "align.jsonl", *write_align(rows, report_dir), *mlm_report(rows, report_dir)[1]]
-
-
-def parse_texts(items: list[str]) -> dict[str, str]:
-    texts = {}
-    for item in items:
-        lang, eq, file = item.partition("=")
-        if not eq or not lang or not file:
-            raise ConfigError(f"--text {item!r} must look like LANG=FILE, e.g. --text t1=heldout_t1.txt")
-        texts[lang] = file
-    return texts
-
-
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="mm-ds align", description="the alignment check and MLM-level measure: target-"
-                                "language MLM loss and accuracy of each Step-2 checkpoint's primary model with its "
-                                "embeddings (and mini-model), on held-out text (no task data); Tables 2 and 3, "
-                                "Figure 3 and the speedups at the MLM level")
-    p.add_argument("path", help="a recipe output (OUT of `mm-ds run`) or one Step-2 run directory")
-    p.add_argument("--text", action="append", default=[], metavar="LANG=FILE",
-                   help="held-out target text (CC-100 layout) for LANG; default: the prepared corpus's held-out "
-                        "slice (OUT/data/LANG/heldout.txt), or a generated world's own (OUT/world/heldout/LANG.txt)")
-    p.add_argument("--sequences", type=int, default=Settings.sequences, help="held-out sequences per checkpoint "
-                   "(default: %(default)s)")
-    p.add_argument("--seed", type=int, default=Settings.seed, help="seed of the evaluation masks (default: %(default)s)")
-    p.add_argument("--report", help="directory for align.md, align.csv, align_<lang>.png and mlm/ (default: "
-                   "OUT/report, or RUN/align/report for one run)")
-    a = p.parse_args(argv)
-    if a.sequences < 1:
-        raise ConfigError(f"--sequences {a.sequences} must be at least 1")
-    import torch
-
-    rows, out = align(Path(a.path), parse_texts(a.text), Settings(a.sequences, a.seed),
-                      device="cuda" if torch.cuda.is_available() else "cpu")
-    where = out if (Path(a.path) / "adapt").is_dir() else Path(a.path) / "align"  # one run: its own files
-    written = write_rows(rows, where, Path(a.report) if a.report else where / "report")
-    from ..report.align_report import align_table
-    print(align_table(rows))
-    print(f"wrote {', '.join(str(w) for w in written)}")
-    return 0

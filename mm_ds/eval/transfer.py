@@ -5,25 +5,18 @@ language group into the finetuned models (one per seed) and averaging over seeds
 cost evaluations, not finetuning runs. A control swaps in the *untrained* target embeddings (the Step-2
 initialisation: overlap rows copied, the rest random), so the margin that Step 2 buys is visible.
 
-At the paper's scale that is 4 systems x 14 languages x ~29 checkpoints x 5 seeds over four test sets, so the
-work is cut into independent `Unit`s (one checkpoint, or the source language, or a control, with all its seeds)
-that the ranks of a launch share, each on its rank's device: they take jobs one at a time from a queue
-(mm_ds/runtime/jobs.py), a job being the units that swap in one Step-2 checkpoint (one per task, and its control), which
-is read and hashed once for all of them. A unit builds its model once and loads each seed's weights into it.
-A unit's result is a file under OUT/eval/ keyed by a fingerprint of its inputs (manifests of the checkpoints,
-the task file) and of how it was scored (device type and precision: bf16 autocast on GPUs, fp32 on CPU): an
-interrupted evaluation resumes, a finished one is not redone, and a result scored on another kind of device is
-scored again, so that one table never mixes precisions.
+One `Unit` is one checkpoint, or the source language, or a control, with all its seeds: `run_unit` scores it (its
+model made once, each seed's weights loaded into it). Which units a recipe has, where their results are kept and
+how the ranks of a launch share them is the pipeline's (mm_ds/pipeline/evaluation.py). `mm-ds transfer` scores one
+task and language here, in this process.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import statistics
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -33,12 +26,10 @@ from ..runtime import checkpoint
 from ..model import flops, surgery
 from ..config import ConfigError, model_config_from_dict
 from ..data.task_files import load_split
-from ..data.tasks import find_local, get_task, hub_source, is_hub, task_type_of
+from ..data.tasks import get_task, task_type_of
 from ..data.tokenizer import pieces
 from .evaluate import evaluate, features_for, scoring_precision
 from ..model.heads import RobertaForTask
-from ..recipe import MINI_DIR, english_tasks, minis_in_english, primaries, task_root
-from ..systems import system_of
 
 SOURCE, ADAPTED, CONTROL, MINI = "source", "adapted", "control", "mini"
 """MINI: a finetuned mini-model in the source language, as it is (Table 5)."""
@@ -92,8 +83,13 @@ def adapted_checkpoints(adapted: str | Path, curve: bool) -> list[Path]:
 
 def units_for(task: str, lang: str, systems: list[str], finetuned: list[str], split: str,
               adapted: str | None = None, curve: bool = False, control: bool = False,
-              limit: int | None = None) -> list[Unit]:
+              limit: int | None = None, mini: bool = False) -> list[Unit]:
+    """The units of one task, language and primary model (its finetuned models, one per seed): the source language
+    as it is, or a mini-model as it is (`mini`), or every checkpoint of the Step-2 run `adapted` (`curve`; else its
+    final weights) and, with `control`, the untrained embeddings."""
     common = dict(task=task, lang=lang, split=split, systems=tuple(systems), finetuned=tuple(finetuned), limit=limit)
+    if mini:
+        return [Unit(condition=MINI, **common)]
     if adapted is None:
         return [Unit(condition=SOURCE, **common)]
     ckpts = adapted_checkpoints(adapted, curve)
@@ -206,121 +202,13 @@ def run_unit(unit: Unit, data_root: str, device="cpu") -> list[dict]:
     return [{"system": system} | row for system in unit.systems]
 
 
-# ---------------------------------------------------------------- many units, many ranks
+# ---------------------------------------------------------------- how a unit is scored
 
 def scored_with(device) -> str:
     """How a unit scored on `device` is computed: its device type and precision, e.g. cuda/bf16 or cpu/fp32."""
     import torch
 
     return f"{torch.device(device).type}/{scoring_precision(device)}"
-
-
-def unit_fingerprint(unit: Unit, data_root: str, base: Path, how: str | None) -> str:
-    """Changes when any input of the unit changes: the manifests (sha256 of every weight file) of the
-    finetuned models and of the Step-2 checkpoint, the task file's size and time (the hub's dataset, config
-    and split for data root `hub`), and `how` it is scored (`scored_with`). Paths count relative to `base`
-    (the run tree), so a run tree moved elsewhere keeps its results."""
-    base = base.resolve()
-
-    def rel(p) -> str:
-        p = Path(p).resolve()
-        return str(p.relative_to(base)) if p.is_relative_to(base) else str(p)
-
-    fields = asdict(unit) | {"finetuned": [rel(r) for r in unit.finetuned],
-                             "adapted": rel(unit.adapted) if unit.adapted else None, "scored_with": how}
-    fields["kind"] = fields.pop("condition")  # its name when earlier results were hashed: they stay current
-    h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
-    for run in (*unit.finetuned, *([unit.adapted] if unit.adapted else [])):
-        man = checkpoint.manifest_of(run)
-        h.update(man.read_bytes() if man.is_file() else b"-")
-    spec = get_task(unit.task)
-    if is_hub(data_root):  # the hub's name for the split; its revision is the datasets cache's business
-        h.update(repr(hub_source(spec, unit.split, unit.lang)).encode())
-    else:
-        f = find_local(spec, unit.split, unit.lang, data_root)
-        h.update(f"{rel(f)}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
-    return h.hexdigest()
-
-
-def _result_path(results: Path, unit: Unit) -> Path:
-    return results / f"{unit.name}.json"
-
-
-def _saved(results: Path, unit: Unit, data_root: str) -> dict | None:
-    """The unit's result file ({fingerprint, scored_with, rows}) when its inputs are current."""
-    try:
-        saved = json.loads(_result_path(results, unit).read_text())
-        how = saved.get("scored_with")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return saved if saved.get("fingerprint") == unit_fingerprint(unit, data_root, results.parent, how) else None
-
-
-def cached(results: Path, unit: Unit, data_root: str, how: str) -> list[dict] | None:
-    """The unit's rows when its result is current and was scored `how` (`scored_with`); else None."""
-    saved = _saved(results, unit, data_root)
-    return saved["rows"] if saved is not None and saved["scored_with"] == how else None
-
-
-def eval_jobs(units: list[Unit]) -> list[list[int]]:
-    """What a rank takes at once (`run_units`): the units that swap in the same Step-2 checkpoint (one per task
-    covering its language, and the control) together, so that it is read and hashed once; the others alone."""
-    jobs: dict = {}
-    for i, unit in enumerate(units):
-        jobs.setdefault(unit.adapted or i, []).append(i)
-    return list(jobs.values())
-
-
-def run_units(units: list[Unit], data_root: str, results: Path, device="cpu", say=print) -> None:
-    """Every unit without a current result, written to results/, scored on this kind of device: under a launch,
-    this rank's share, taking jobs (`eval_jobs`) from the queue the ranks share until none is left (mm_ds/runtime/jobs.py;
-    a failure stops every rank from taking more and is raised here once all have stopped)."""
-    from ..runtime import dist
-    from ..runtime.jobs import Queue
-
-    jobs, how, error = eval_jobs(units), scored_with(device), None
-    queue, rank, world = Queue("eval", len(jobs)), dist.rank(), dist.world_size()
-    t0, last = time.monotonic(), 0.0
-    try:
-        results.mkdir(parents=True, exist_ok=True)
-        while (j := queue.claim()) is not None:
-            for unit in (units[i] for i in jobs[j]):
-                if cached(results, unit, data_root, how) is None:
-                    rows = run_unit(unit, data_root, device)
-                    checkpoint.write_json_atomic(_result_path(results, unit), {
-                        "fingerprint": unit_fingerprint(unit, data_root, results.parent, how), "scored_with": how,
-                        "rows": rows})
-            if rank == 0 and time.monotonic() - last > 10:  # progress from the shared files
-                last = time.monotonic()
-                done = sum(_result_path(results, u).is_file() for u in units)
-                say(f"[mm-ds] evaluation: {done}/{len(units)} units done ({world} rank(s)), {last - t0:.0f} s")
-    except Exception as e:  # noqa: BLE001  raised below, once no rank works on
-        error = e
-        queue.stop()
-    queue.drain()
-    if error is not None:
-        raise error
-    if rank == 0:
-        say(f"[mm-ds] evaluation: {len(units)} units done ({world} rank(s)), {time.monotonic() - t0:.0f} s")
-
-
-def collect(units: list[Unit], data_root: str, results: Path) -> list[dict]:
-    """Every unit's rows, in unit order; a unit without a current result, or results scored on different
-    kinds of device (`scored_with`), are an error naming them."""
-    rows, by_how = [], {}
-    for unit in units:
-        saved = _saved(results, unit, data_root)
-        if saved is None:
-            raise ConfigError(f"evaluation {unit.name} has no current result in {results}; re-run the same "
-                              f"command (finished units are kept)")
-        rows += saved["rows"]
-        by_how.setdefault(saved["scored_with"], []).append(unit.name)
-    if len(by_how) > 1:
-        mix = "; ".join(f"{how}: {len(names)} (e.g. {names[0]})" for how, names in by_how.items())
-        raise ConfigError(f"the results in {results} were scored on different kinds of device and precision ({mix}), "
-                          f"which one table must not mix; re-run the evaluation where the rest should be scored "
-                          f"(it scores again whatever another kind of device scored)")
-    return rows
 
 
 def transfer(task: str, lang: str, finetuned_runs: list[str], data_root: str, adapted: str | None = None,
@@ -358,73 +246,4 @@ def main(argv: list[str]) -> int:
     if a.out:
         with open(a.out, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
-    return 0
-
-
-def eval_units(recipe, out: Path) -> list[Unit]:
-    """Every Step-4 evaluation of the recipe, sorted by task and primary model: the languages each task
-    covers, every Step-2 checkpoint (curve) or the final one, a control per language, all seeds per unit."""
-    units = []
-    for task in recipe.tasks:
-        split, langs = recipe.split(task), recipe.evaluated(task)
-        for p in primaries(recipe):
-            ft = [str(out / "finetune" / p / task / f"seed{seed}") for seed in recipe.seeds]
-            systems = [s for s in recipe.systems if system_of(s).primary == p]
-            if recipe.source_lang in langs:  # one evaluation for every system sharing the primary model
-                units += units_for(task, recipe.source_lang, systems, ft, split, limit=recipe.eval_examples)
-            for s in systems:
-                for lang in (lang for lang in langs if lang != recipe.source_lang):
-                    units += units_for(task, lang, [s], ft, split, str(out / "adapt" / s / lang),
-                                       curve=recipe.curve, control=True, limit=recipe.eval_examples)
-        for s in minis_in_english(recipe) if task in english_tasks(recipe) else []:
-            ft = tuple(str(out / "finetune" / MINI_DIR / s / task / f"seed{seed}") for seed in recipe.seeds)
-            units.append(Unit(task, recipe.source_lang, split, MINI, (s,), ft, limit=recipe.eval_examples))
-    return units
-
-
-def write_eval_spec(recipe, out: Path) -> Path:
-    """OUT/logs/eval.json: the units and where their results go, for `mm-ds run-eval` on every rank."""
-    path = out / "logs" / "eval.json"
-    spec = {"data_root": str(task_root(recipe, out)), "results": str(out / "eval"),
-            "units": [asdict(u) for u in eval_units(recipe, out)]}
-    with checkpoint.writing(path, then="re-run the same command"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        checkpoint.write_json_atomic(path, spec)
-    return path
-
-
-def units_from_spec(spec: dict) -> list[Unit]:
-    """The units of an eval.json (`write_eval_spec`)."""
-    return [Unit(**{**u, "systems": tuple(u["systems"]), "finetuned": tuple(u["finetuned"])}) for u in spec["units"]]
-
-
-def results_written(spec: dict) -> int:
-    """How many units of an eval.json have a result file (current or not): progress, not correctness."""
-    return sum(_result_path(Path(spec["results"]), u).is_file() for u in units_from_spec(spec))
-
-
-def run_eval_main(argv: list[str]) -> int:
-    """`mm-ds run`'s evaluation on every rank of a launch (internal): EVAL.json lists the units. Given
-    RECIPE.json and OUT as well (a one-job run, whose Step 2 has only just finished), rank 0 lists them first."""
-    from ..runtime import dist
-
-    rank, _, world = dist.init()
-    if len(argv) == 3:
-        from ..config import from_dict
-        from ..recipe import Recipe
-        dist.on_rank0(lambda: write_eval_spec(from_dict(Recipe, json.loads(Path(argv[1]).read_text())),
-                                              Path(argv[2])), f"listing the evaluation units into {argv[0]}")
-    spec = dist.on_rank0(lambda: json.loads(Path(argv[0]).read_text()), f"reading {argv[0]}")  # rank 0's, for all
-    error = None
-    try:
-        units, device = units_from_spec(spec), dist.device()
-        if rank == 0:
-            print(f"[mm-ds] evaluation: {len(units)} units on {world} rank(s), {scored_with(device)}", flush=True)
-        run_units(units, spec["data_root"], Path(spec["results"]), device, say=lambda m: print(m, flush=True))
-    except Exception as e:  # noqa: BLE001  reported below, after every rank knows
-        error = f"rank {rank}: {type(e).__name__}: {e}"
-    if dist.any_rank(error is not None):  # every rank learns of a failure: none waits forever in a barrier
-        if error:
-            raise ConfigError(error)
-        raise dist.OtherRankFailed(f"rank {rank} stopped: another rank failed in the evaluation (its output says why)")
     return 0

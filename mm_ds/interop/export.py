@@ -34,6 +34,7 @@ from ..model.model import param_shapes
 from ..tokens import SPECIAL_IDS, SPECIAL_PIECES
 from . import hf, hf_tokenizer
 from .spm import InteropError
+from ..data.tasks import TASKS
 
 ARCHS = {None: "RobertaForMaskedLM", "pair_classification": "RobertaForSequenceClassification",
          "extractive_qa": "RobertaForQuestionAnswering"}
@@ -61,11 +62,10 @@ def _labels(meta: dict, task_type: str, n: int) -> list[str]:
     if task_type == "extractive_qa":
         return ["start", "end"]
     try:
-        from ..data.tasks import TASKS
         names = list(TASKS[meta["task"]].labels)
         if len(names) == n:
             return names
-    except (ImportError, KeyError):
+    except KeyError:  # not a task of the table: generic names
         pass
     return [f"LABEL_{i}" for i in range(n)]
 

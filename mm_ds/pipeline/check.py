@@ -17,10 +17,17 @@ from pathlib import Path
 
 from ..config import ConfigError, LaunchConfig, ModelConfig, RunConfig, from_dict
 from ..runtime import launch
-from ..runtime.phases import schedule_for
-from .stage_runs import PACKED
-from ..systems import MINI_SYSTEMS, system_of
+from ..stages.common import Parent
+from ..stages.resolve import stage_module
+from ..systems import system_of
 from .spread import check_spread
+from .stage_runs import PACKED
+from .stage_runs import stage_runs
+from ..recipe import english_tasks, minis_in_english, primaries
+from ..runtime.checkpoint import unwritable
+from ..data.tasks import HUB, TaskDataError, find_local, get_task, hub_source, is_hub
+from ..recipe import data_path, task_root, text_inputs
+from ..runtime import ds_config
 
 PREPARED = "meta.json"  # `mm-ds prepare` writes it last: a prepared corpus needs no text inputs
 
@@ -78,56 +85,52 @@ class Findings:
 def check(recipe, out: Path, strict: bool) -> Findings:
     """Every problem of running `recipe` into `out`. strict (`mm-ds run`): data must be present; otherwise
     (`--check`) data that is absent here is a note, data that is partly there a problem."""
-    from .stage_runs import stage_runs
-
-    report = Findings()
-    _check_out(out, report)
-    _check_coverage(recipe, report)
-    _check_data(recipe, out, strict, report)
+    findings = Findings()
+    _check_out(out, findings)
+    _check_coverage(recipe, findings)
+    _check_data(recipe, out, strict, findings)
     try:
-        nodes = stage_runs(recipe, out)
+        runs = stage_runs(recipe, out)
     except ConfigError as e:
-        report.add("recipe", str(e))
-        return report
-    configs = check_stages(nodes, report, strict=strict)
-    report.launch = launch.describe(from_dict(LaunchConfig, recipe.launch, prefix="launch."))
-    check_spread(recipe, nodes, configs, report)  # launch.spread: each group's world size
-    report.notes += protocol(recipe, nodes, configs)
+        findings.add("recipe", str(e))
+        return findings
+    configs = check_stages(runs, findings, strict=strict)
+    findings.launch = launch.describe(from_dict(LaunchConfig, recipe.launch, prefix="launch."))
+    check_spread(recipe, runs, configs, findings)  # launch.spread: each group's world size
+    findings.notes += protocol(recipe, runs, configs)
     vocab = int(recipe.prepare.get("vocab_size", 50_000))  # `mm-ds prepare`'s default
-    for node in nodes:
-        cfg = configs.get(node.out.resolve())
+    for run in runs:
+        cfg = configs.get(run.out.resolve())
         if cfg is not None and cfg.stage == "pretrain" and cfg.model.vocab_size not in (None, vocab):
-            report.add(node.name.split("/", 1)[1], f"model.vocab_size={cfg.model.vocab_size} but the recipe "
-                       f"prepares {vocab}-piece tokenizers (prepare.vocab_size); set model.vocab_size=null to "
-                       f"take it from the tokenizer")
-    return report
+            findings.add(run.name.split("/", 1)[1], f"model.vocab_size={cfg.model.vocab_size} but the recipe "
+                         f"prepares {vocab}-piece tokenizers (prepare.vocab_size); set model.vocab_size=null to "
+                         f"take it from the tokenizer")
+    return findings
 
 
-def check_stages(nodes, report: Findings, known: dict[Path, RunConfig] | None = None, strict: bool = False
+def check_stages(runs, findings: Findings, known: dict[Path, RunConfig] | None = None, strict: bool = False
                  ) -> dict[Path, RunConfig]:
     """Each stage run of a plan, in order, statically (`_stage`); returns their configs by resolved run
     directory. `known`: configs of parents that are no stage of the plan (an imported model), so that what a
     stage inherits is checked against them too. `strict`: the launch starts from here (its master address
     must resolve here)."""
-    report.stages += len(nodes)
+    findings.stages += len(runs)
     configs: dict[Path, RunConfig] = dict(known or {})
-    for node in nodes:
-        cfg = _stage(node, configs, report, strict)
+    for run in runs:
+        cfg = _stage(run, configs, findings, strict)
         if cfg is not None:
-            configs[node.out.resolve()] = cfg
+            configs[run.out.resolve()] = cfg
     return configs
 
 
 # ---------------------------------------------------------------- the protocol, as the stage configs have it
 
-def protocol(recipe, nodes, configs: dict[Path, RunConfig]) -> list[str]:
+def protocol(recipe, runs, configs: dict[Path, RunConfig]) -> list[str]:
     """What the paper's protocol is made of, read from the planned stage configs: each Step-2 run's checkpoint
     schedule (early_checkpoints), the tasks of Figure 1's headline speedup, and Table 5's models and tasks."""
-    from ..recipe import english_tasks, minis_in_english, primaries
-
     schedules: dict[str, dict[str, list[str]]] = {}  # schedule -> system -> languages
-    for node in nodes:
-        cfg = configs.get(node.out.resolve())
+    for run in runs:
+        cfg = configs.get(run.out.resolve())
         if cfg is not None and cfg.stage == "adapt":
             schedules.setdefault(_schedule(cfg.train), {}).setdefault(cfg.system, []).append(cfg.lang)
     which = ("every Step-2 run keeps its preset's early checkpoints (finer than the paper's protocol)"
@@ -159,66 +162,63 @@ def _schedule(train) -> str:
 
 # ---------------------------------------------------------------- the output directory
 
-def _check_out(out: Path, report: Findings) -> None:
-    from ..runtime.checkpoint import unwritable
-
+def _check_out(out: Path, findings: Findings) -> None:
     problem = unwritable(out)
     if problem:
-        report.add("--out", problem)
+        findings.add("--out", problem)
 
 
 # ---------------------------------------------------------------- tasks x languages
 
-def _check_coverage(recipe, report: Findings) -> None:
+def _check_coverage(recipe, findings: Findings) -> None:
     langs = [recipe.source_lang, *recipe.langs]
     for task in recipe.tasks:
         missing = [lang for lang in langs if lang not in recipe.evaluated(task)]
         if missing:
-            report.gaps[task] = missing
+            findings.gaps[task] = missing
     for lang in recipe.langs if recipe.tasks else []:  # no tasks: measured at the MLM level only
         if not any(lang in recipe.evaluated(t) for t in recipe.tasks):
-            report.add("recipe", f"no task of the recipe is evaluated in {lang!r} ({', '.join(recipe.tasks)}); "
-                                 f"add a task that covers it, or list it under coverage: if you have its files")
+            findings.add("recipe", f"no task of the recipe is evaluated in {lang!r} ({', '.join(recipe.tasks)}); "
+                                   f"add a task that covers it, or list it under coverage: if you have its files")
 
 
-def _check_data(recipe, out: Path, strict: bool, report: Findings) -> None:
-    from ..data.tasks import HUB, TaskDataError, find_local, get_task, hub_source, is_hub
-    from ..recipe import data_path, task_root, text_inputs
-
+def _check_data(recipe, out: Path, strict: bool, findings: Findings) -> None:
     for lang, file in recipe.heldout.items():  # read at the very end of a run: a missing one must fail now
         if not data_path(recipe, file).is_file():
             if strict:
-                report.add(f"align/{lang}", f"held-out text {data_path(recipe, file)} does not exist; fix heldout.{lang} "
-                                            f"in the recipe, or remove it (then {lang} gets no alignment check)")
+                findings.add(f"align/{lang}", f"held-out text {data_path(recipe, file)} does not exist; fix "
+                                              f"heldout.{lang} in the recipe, or remove it (then {lang} gets no "
+                                              f"alignment check)")
             else:
-                report.notes.append(f"held-out text {data_path(recipe, file)} is not here (`mm-ds run` checks it)")
+                findings.notes.append(f"held-out text {data_path(recipe, file)} is not here (`mm-ds run` checks it)")
     if recipe.world is not None:
-        report.notes.append("data is generated by the run (world:), so there are no files to check")
+        findings.notes.append("data is generated by the run (world:), so there are no files to check")
         return
     relative = [p for p in [*(i for v in recipe.text.values() for i in v), recipe.task_root, *recipe.heldout.values()]
                 if p and not p.startswith("hf:") and not is_hub(p) and not Path(p).is_absolute()]
     if relative:  # resolved here exactly as the run resolves them (recipe.data_path)
-        report.notes.append(f"relative paths of the recipe (text, task_root, heldout) start at data_root="
-                            f"{recipe.data_root or Path.cwd()}")
+        findings.notes.append(f"relative paths of the recipe (text, task_root, heldout) start at data_root="
+                              f"{recipe.data_root or Path.cwd()}")
     root = task_root(recipe, out)
     hub = is_hub(root)
     if hub:  # the dataset, config and split each (task, language) reads are known here; whether they download is not
         import importlib.util
         if importlib.util.find_spec("datasets") is None:
-            report.add("recipe", f"task_root: {HUB} loads the task data through the `datasets` package, which is "
-                                 f"not installed (pip install datasets), or point task_root at the task files")
-        report.notes.append(f"task_root: {HUB}: task data is read from the Hugging Face hub through datasets at run "
-                            f"time (needs a network or a populated datasets cache); the splits' names are checked, "
-                            f"not that they can be fetched")
+            findings.add("recipe", f"task_root: {HUB} loads the task data through the `datasets` package, which is "
+                                   f"not installed (pip install datasets), or point task_root at the task files")
+        findings.notes.append(f"task_root: {HUB}: task data is read from the Hugging Face hub through datasets at run "
+                              f"time (needs a network or a populated datasets cache); the splits' names are checked, "
+                              f"not that they can be fetched")
     if not hub and not root.is_dir() and not strict:
-        report.notes.append(f"task files not checked: {root} is not here (`mm-ds run` checks them before it starts)")
+        findings.notes.append(f"task files not checked: {root} is not here (`mm-ds run` checks them before it starts)")
     else:
         for task in recipe.tasks:
             spec = get_task(task)
             split = recipe.split(task)
             if split not in spec.eval_splits:
-                report.add(f"evaluate/{task}", f"{task} has no {split!r} split (it has {', '.join(spec.eval_splits)});"
-                                               f" set eval_splits: {{{task}: {spec.eval_splits[-1]}}}")
+                findings.add(f"evaluate/{task}", f"{task} has no {split!r} split (it has "
+                                                 f"{', '.join(spec.eval_splits)}); set eval_splits: "
+                                                 f"{{{task}: {spec.eval_splits[-1]}}}")
                 continue
             wanted = [("train", "en", f"finetune/{task}")]
             wanted += [(split, lang, f"evaluate/{task}/{lang}") for lang in recipe.evaluated(task)]
@@ -229,7 +229,7 @@ def _check_data(recipe, out: Path, strict: bool, report: Findings) -> None:
                     else:
                         find_local(spec, sp, lang, root)
                 except TaskDataError as e:
-                    report.add(where, f"{e}; or leave {lang} out of coverage.{task}" if sp != "train" else str(e))
+                    findings.add(where, f"{e}; or leave {lang} out of coverage.{task}" if sp != "train" else str(e))
     absent, inputs = [], 0
     for lang in [recipe.source_lang, *recipe.langs]:
         if (out / "data" / lang / PREPARED).is_file():
@@ -239,102 +239,78 @@ def _check_data(recipe, out: Path, strict: bool, report: Findings) -> None:
             if not pattern.startswith("hf:") and not glob.glob(pattern):
                 absent.append((lang, pattern))
     if absent and not strict and len(absent) == inputs:
-        report.notes.append(f"text inputs not checked: none of them is here (e.g. {absent[0][1]}); `mm-ds run` "
-                            f"refuses to start without them")
+        findings.notes.append(f"text inputs not checked: none of them is here (e.g. {absent[0][1]}); `mm-ds run` "
+                              f"refuses to start without them")
     else:
         for lang, pattern in absent:
-            report.add(f"prepare/{lang}", f"text input {pattern!r} matches no file; fix text.{lang} in the recipe"
-                                          f"{' (or data_root)' if recipe.data_root else ''}")
+            findings.add(f"prepare/{lang}", f"text input {pattern!r} matches no file; fix text.{lang} in the recipe"
+                                            f"{' (or data_root)' if recipe.data_root else ''}")
 
 
 # ---------------------------------------------------------------- one stage run, statically
 
-def _stage(node, configs: dict[Path, RunConfig], report: Findings, strict: bool) -> RunConfig | None:
-    where = node.name.split("/", 1)[1]  # the run directory under --out
+def _stage(run, configs: dict[Path, RunConfig], findings: Findings, strict: bool) -> RunConfig | None:
+    where = run.name.split("/", 1)[1]  # the run directory under --out
     try:
-        cfg = node.config()
+        cfg = run.config()
     except ConfigError as e:
-        report.add(where, str(e))
+        findings.add(where, str(e))
         return None
-    for fn in (lambda: _launcher(cfg, report, strict), lambda: _geometry(cfg, report), lambda: _inherited(cfg, configs)):
+    for fn in (lambda: _launcher(cfg, findings, strict), lambda: _geometry(cfg, findings),
+               lambda: _inherited(cfg, configs)):
         try:
             fn()
         except ConfigError as e:
-            report.add(where, str(e))
+            findings.add(where, str(e))
     return cfg
 
 
-def _geometry(cfg: RunConfig, report: Findings) -> None:
+def _geometry(cfg: RunConfig, findings: Findings) -> None:
     """The engine config at the launch's world size, through DeepSpeed's parser; its batch geometry noted."""
-    from ..runtime import ds_config
-
     if cfg.launch.nodes is None and cfg.launch.hostfile:
         return  # the hostfile could not be read: the launch's problem says why
     _, geo = ds_config.resolve(cfg, cfg.launch.world_size, on_this_machine=False)
     g = f"{geo.micro_batch} x {geo.grad_accum} x {geo.world_size} = {geo.global_batch}"
-    systems = report.geometries.setdefault(cfg.stage, {}).setdefault(g, [])
+    systems = findings.geometries.setdefault(cfg.stage, {}).setdefault(g, [])
     systems += [cfg.system] if cfg.system not in systems else []
 
 
-def _launcher(cfg: RunConfig, report: Findings, strict: bool) -> None:
+def _launcher(cfg: RunConfig, findings: Findings, strict: bool) -> None:
     """Launcher settings as `launch.preflight` checks them, but no port is bound, and unless `strict` an address that
     does not resolve here is a note: the check may run on a login node. Each distinct launch once."""
     lc = cfg.launch
     key = repr(lc)
-    if key not in report.launches:
+    if key not in findings.launches:
         try:
             if lc.launcher == "none" and lc.ranks != 1:
                 raise ConfigError("launch.launcher=none runs a single process; set launch.ranks=1")
             if lc.launcher != "none":  # as launch.preflight, but its notes kept when a tool is missing
                 notes = launch.check_addresses(lc, launch.check_hosts(lc), port=False, here=strict)
-                report.notes += [n for n in notes if n not in report.notes]
+                findings.notes += [n for n in notes if n not in findings.notes]
                 launch.check_tools(lc)
-            report.launches[key] = ""
+            findings.launches[key] = ""
         except ConfigError as e:
-            report.launches[key] = str(e)
-    if report.launches[key]:
-        raise ConfigError(report.launches[key])
+            findings.launches[key] = str(e)
+    if findings.launches[key]:
+        raise ConfigError(findings.launches[key])
     launch.resolve(lc)  # as the first of its kind was
 
 
 def _inherited(cfg: RunConfig, configs: dict[Path, RunConfig]) -> None:
-    """What a stage takes from its parent, from the parent stage's config in the same plan."""
+    """What a stage takes from its parent (the stage's own `inherit`), from the parent stage's config in the same
+    plan."""
     if cfg.stage == "pretrain" or not cfg.parent:
         return
     parent = configs.get(Path(cfg.parent).resolve())
     if parent is None:
         return  # an existing run given as parent: its checkpoint is checked at launch
-    pm = model_after(parent, configs)
-    if cfg.stage == "build_mini":
-        mini = system_of(cfg.system).mini
-        if mini is None:
-            raise ConfigError(f"build-mini is for {' or '.join(MINI_SYSTEMS)}, not system={cfg.system!r}")
-        if mini == "extract" and pm.secondary_head_layer is None:
-            raise ConfigError(f"the parent ({parent.system} pretraining) has no secondary head; MINIJOINT's mini-model "
-                              f"is cut from a model pretrained with model.secondary_head_layer=N")
-        if mini == "build" and not 0 < cfg.mini.layers < pm.num_layers:
-            raise ConfigError(f"mini.layers={cfg.mini.layers} must lie in [1, {pm.num_layers}) (the parent's layers)")
-    if cfg.stage in ("build_mini", "adapt") and cfg.data.seq_len > pm.max_positions:
-        raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the parent's model.max_positions="
-                          f"{pm.max_positions}")
-    if cfg.stage == "adapt":
-        want = system_of(cfg.system).adapts_over
-        if parent.stage != want:
-            raise ConfigError(f"{cfg.system} adapts over a {want} run, but its parent is a {parent.stage} run")
-        try:
-            schedule_for((*pm.secondary_depths, pm.num_layers), cfg.train.steps, cfg.mini)
-        except ValueError as e:
-            raise ConfigError(f"adapt/{cfg.system}: {e}") from None
+    stage_module(cfg.stage).inherit(cfg, Parent(parent.stage, parent.system, model_after(parent, configs),
+                                                f"parent={cfg.parent}"))
 
 
 def model_after(cfg: RunConfig, configs: dict[Path, RunConfig]) -> ModelConfig:
-    """The model a stage hands on (its final/), from the configs alone. Later stages take their architecture
-    from their parent, not from their own preset."""
+    """The model a stage hands on (its final/), from the configs alone (each stage's `hands_on`). Later stages take
+    their architecture from their parent, not from their own preset."""
     if cfg.stage == "pretrain" or Path(cfg.parent).resolve() not in configs:
         return cfg.model
-    m = model_after(configs[Path(cfg.parent).resolve()], configs)
-    if cfg.stage != "build_mini":
-        return m
-    depths = system_of(cfg.system).adapted_depths(m, cfg.mini) or (m.num_layers,)
-    # a multi-depth mini-model keeps a secondary head after each shallower depth (surgery.extract_minijoint)
-    return ModelConfig(**{**m.__dict__, "num_layers": depths[-1], "secondary_head_layer": list(depths[:-1]) or None})
+    return stage_module(cfg.stage).hands_on(cfg, model_after(configs[Path(cfg.parent).resolve()], configs))

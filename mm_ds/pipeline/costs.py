@@ -15,6 +15,13 @@ from pathlib import Path
 from ..model import flops
 from ..runtime.phases import DepthSchedule
 from ..systems import system_of
+from .stage_runs import stage_configs
+from .stage_runs import stage_runs
+from ..data.tasks import get_task
+from .check import model_after
+from ..runtime.ds_config import global_batch, micro_batch
+from ..recipe import load_recipe
+from ..data.world import DEFAULT_TASK_SIZES
 
 
 @dataclass(frozen=True)
@@ -68,8 +75,6 @@ def recipe_costs(recipe, systems: list[str] | None = None, cfgs: dict | None = N
     """Steps 1, 1b and 2 of each system (label or config name) of an `mm-ds run` recipe, from its stage configs
     (`stage_runs.stage_configs`, parsed here unless given; one target language's Step 2 stands for every language's:
     the one with most checkpoints), with `changes` applied to every stage."""
-    from .stage_runs import stage_configs
-
     bad = [k for k in changes if k not in CHANGES]
     if bad:
         raise ValueError(f"cannot change {', '.join(bad)}; only {', '.join(CHANGES)}")
@@ -92,8 +97,6 @@ def stage_run_costs(recipe, cfgs: dict, out: Path = Path("OUT")) -> list[tuple[s
     """Every stage run `mm-ds run` would launch (`stage_runs.stage_runs`: shared stages once, every language, every
     finetuning), with its cost rows: a multi-depth Step 2 has one per depth, MINIJOINT's Step 1b (an extraction)
     none. `cfgs`: `stage_configs(recipe, out)`."""
-    from .stage_runs import stage_runs
-
     price, step3 = _Prices(recipe, cfgs, {}), finetune_costs(recipe, cfgs, out)
     rows = []
     for run in stage_runs(recipe, out):
@@ -112,8 +115,6 @@ class _Prices:
         self.vocab = int(recipe.prepare.get("vocab_size", 50_000))
 
     def _row(self, label, primary, step, formula, cfg, layers, trainable=None) -> StageCost:
-        from ..runtime.ds_config import global_batch, micro_batch
-
         model = self.cfgs[f"pretrain/{primary}"].model
         row = StageCost(label, step, formula, layers, trainable, cfg.train.steps, global_batch(cfg), cfg.data.seq_len,
                         model.hidden_size, model.vocab_size or self.vocab, cfg.data.mask_prob, cfg.train.checkpoints(),
@@ -154,10 +155,7 @@ WORLD_TRAIN = {"xnli": "nli_train", "pawsx": "paws_train", "mlqa": "qa_train", "
 def train_examples(recipe, task: str) -> int:
     """English training examples of `task` in the recipe's data: the task table's official size, or the
     generated world's."""
-    from ..data.tasks import get_task
-
     if recipe.world is not None:
-        from ..data.world import DEFAULT_TASK_SIZES
         return {**DEFAULT_TASK_SIZES, **(recipe.world.get("task_sizes") or {})}[WORLD_TRAIN[task]]
     return get_task(task).train_size
 
@@ -169,11 +167,6 @@ def finetune_costs(recipe, cfgs: dict | None = None, out: Path = Path("OUT")) ->
     a lower bound of its windows), epochs and batch."""
     import dataclasses
     import math
-
-    from .check import model_after
-    from ..data.tasks import get_task
-    from ..runtime.ds_config import global_batch, micro_batch
-    from .stage_runs import stage_configs
 
     cfgs = stage_configs(recipe, out) if cfgs is None else cfgs
     by_dir = {(out / name).resolve(): cfg for name, cfg in cfgs.items()}
@@ -228,9 +221,6 @@ def add_recipe_args(ap: argparse.ArgumentParser) -> None:
 
 def costs_from_args(a: argparse.Namespace, **extra) -> tuple[object, dict, list[StageCost]]:
     """(the recipe, its stage configs, their costs) as `add_recipe_args`' arguments ask."""
-    from .stage_runs import stage_configs
-    from ..recipe import load_recipe
-
     changes = {k: v for k, v in dict(steps=a.steps, global_batch=a.batch, seq_len=a.seq, **extra).items()
                if v is not None}
     recipe = load_recipe(a.recipe, a.set)

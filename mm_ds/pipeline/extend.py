@@ -38,9 +38,20 @@ from ..runtime import checkpoint
 from .. import tokens
 from .check import Findings, check_stages
 from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict
-from ..stages.runner import StageRun
+from ..stages.resolve import StageRun
 from ..systems import SystemNameError, system_of
+from ..runtime.rundir import logs_dir
 from . import extend_card
+from ..data.inputs import chunks, resolve_inputs, split_lines
+from ..data.tokenizer import check_tokenizer
+from ..interop.importers import inspect_hf
+from ..interop.spm import InteropError
+from ..data.corpus import prepare
+from ..interop import export, import_hf
+from .run import complete, run_stages
+from .progress import say
+from .run import StageFailed
+from .progress import speaking_as
 
 SETTINGS = "extend.json"
 """OUT/extend.json: the arguments that made OUT; a re-run with other ones would mix two models' stages."""
@@ -128,8 +139,6 @@ def text_files(spec: str, flag: str) -> list[str]:
 
 def _has_text(files: list[str], where: str) -> bool:
     """Whether any line is text: read up to the first one (a chunk, for a normal text)."""
-    from ..data.inputs import chunks, resolve_inputs, split_lines
-
     try:
         return any(any(line.strip() for line in split_lines(block)[0]) for block, _, _ in chunks(resolve_inputs(files)))
     except ValueError as e:
@@ -143,10 +152,6 @@ def _final(run: Path) -> Path:
 def source_model(plan: Plan) -> tuple[ModelConfig, str]:
     """The source model's config and system, its tokenizer checked as the run will use it (the import's
     conversion included), without loading its weights; errors name SRC."""
-    from ..data.tokenizer import check_tokenizer
-    from ..interop.importers import inspect_hf
-    from ..interop.spm import InteropError
-
     src = plan.src
     if not src.exists():
         raise ConfigError(f"SRC {src} does not exist; pass a Hugging Face model directory or an mm-ds run")
@@ -217,54 +222,54 @@ def extend_runs(plan: Plan, model: ModelConfig) -> list[StageRun]:
 def check(plan: Plan) -> Findings:
     """Every problem knowable before any work: SRC, the texts, OUT and --hf-out, the settings of an earlier
     run into OUT, and each stage run's config, engine config and launcher (as `mm-ds run --check` does)."""
-    report = Findings()
+    findings = Findings()
     model = None
     try:
         model, system = source_model(plan)
     except ConfigError as e:
-        report.add("SRC", str(e))
+        findings.add("SRC", str(e))
     for flag, specs in (("--text", plan.text), ("--source-text", plan.source_text),
                         ("--heldout", [plan.heldout] if plan.heldout else [])):
         for spec in specs:
             try:
                 text_files(spec, flag)
             except ConfigError as e:
-                report.add(flag, str(e))
+                findings.add(flag, str(e))
     if plan.row.mini == "build" and not plan.source_text:
-        report.add("--source-text", f"{plan.row.label}'s Step 1b trains its bridge layers with MLM on "
-                   f"source-language text: pass --source-text FILE_OR_DIR ({plan.source_lang} text), or "
-                   f"--system bl_base (adapts over the whole source model and needs none)")
+        findings.add("--source-text", f"{plan.row.label}'s Step 1b trains its bridge layers with MLM on "
+                     f"source-language text: pass --source-text FILE_OR_DIR ({plan.source_lang} text), or "
+                     f"--system bl_base (adapts over the whole source model and needs none)")
     if plan.lang == plan.source_lang:
-        report.add("--lang", f"--lang {plan.lang} is the source language (--source-lang); name the new language")
+        findings.add("--lang", f"--lang {plan.lang} is the source language (--source-lang); name the new language")
     if plan.vocab_size is not None and plan.vocab_size <= len(tokens.SPECIAL_IDS):
-        report.add("--vocab-size", f"--vocab-size {plan.vocab_size} leaves no room beyond the "
-                   f"{len(tokens.SPECIAL_IDS)} special pieces; pass a larger one, or none for the default")
+        findings.add("--vocab-size", f"--vocab-size {plan.vocab_size} leaves no room beyond the "
+                     f"{len(tokens.SPECIAL_IDS)} special pieces; pass a larger one, or none for the default")
     for where, path in (("--out", plan.out), ("--hf-out", plan.hf_out)):
         if problem := checkpoint.unwritable(path):
-            report.add(where, problem)
+            findings.add(where, problem)
     if plan.hf_out.is_dir() and any(plan.hf_out.iterdir()) and _exported(plan) is None:
-        report.add("--hf-out", f"{plan.hf_out} exists, is not empty and was not written by this extend run "
-                   f"({plan.out}); choose another --hf-out or remove it")
-    _check_settings(plan, report)
+        findings.add("--hf-out", f"{plan.hf_out} exists, is not empty and was not written by this extend run "
+                     f"({plan.out}); choose another --hf-out or remove it")
+    _check_settings(plan, findings)
     bad = [k for k in plan.overrides if k and (k not in EXTEND_STAGES or k == "build_mini" and not plan.row.mini)]
     if bad:
         stages = [k for k in EXTEND_STAGES if k != "build_mini" or plan.row.mini]
-        report.add("overrides", f"{bad[0]}/... names no stage of this plan ({plan.system}: {', '.join(stages)})")
+        findings.add("overrides", f"{bad[0]}/... names no stage of this plan ({plan.system}: {', '.join(stages)})")
     if model is not None:
         known = {plan.primary.resolve(): RunConfig(stage="pretrain", system=system, model=model)}
-        check_stages(extend_runs(plan, model), report, known)
-    return report
+        check_stages(extend_runs(plan, model), findings, known)
+    return findings
 
 
-def _check_settings(plan: Plan, report: Findings) -> None:
+def _check_settings(plan: Plan, findings: Findings) -> None:
     path = plan.out / SETTINGS
     if not path.is_file():
         return
     old = json.loads(path.read_text())
     diff = "; ".join(f"{k}: {old.get(k)!r} -> {v!r}" for k, v in plan.settings().items() if old.get(k) != v)
     if diff:
-        report.add("--out", f"{plan.out} holds an extend run made with other arguments ({diff}); re-run with "
-                   f"the same ones to resume it, or choose a new --out")
+        findings.add("--out", f"{plan.out} holds an extend run made with other arguments ({diff}); re-run with "
+                     f"the same ones to resume it, or choose a new --out")
 
 
 # ---------------------------------------------------------------- running
@@ -283,14 +288,9 @@ def _exported(plan: Plan) -> dict | None:
 
 
 def run(plan: Plan) -> int:
-    from ..data.corpus import prepare
-    from ..interop import export, import_hf
-    from .run import complete, run_stages
-    from .progress import say
-
-    report = check(plan)
-    if report.problems:  # before any work: nothing is written
-        raise ConfigError(f"mm-ds extend cannot run:\n{report.format()}")
+    findings = check(plan)
+    if findings.problems:  # before any work: nothing is written
+        raise ConfigError(f"mm-ds extend cannot run:\n{findings.format()}")
     plan.out.mkdir(parents=True, exist_ok=True)
     checkpoint.write_json_atomic(plan.out / SETTINGS, plan.settings())
     if plan.is_run:
@@ -320,7 +320,7 @@ def run(plan: Plan) -> int:
     for n in runs:
         if n not in todo:
             say(f"skip {n.name.partition('/')[2]}: complete")  # its run dir under OUT
-    run_stages(todo, plan.out / "logs")
+    run_stages(todo, logs_dir(plan.out))
     adapted = runs[-1].out
     want = _digest(checkpoint.manifest_of(adapted))
     done = _exported(plan)
@@ -410,14 +410,11 @@ def plan_of(argv: list[str]) -> tuple[Plan, bool]:
 
 
 def main(argv: list[str]) -> int:
-    from .run import StageFailed
-    from .progress import speaking_as
-
     plan, check_only = plan_of(argv)
     if check_only:
-        report = check(plan)
-        print(f"mm-ds extend --check: {report.format()}")
-        return 1 if report.problems else 0
+        findings = check(plan)
+        print(f"mm-ds extend --check: {findings.format()}")
+        return 1 if findings.problems else 0
     try:
         with speaking_as("mm-ds extend"):
             return run(plan)

@@ -21,6 +21,9 @@ from ..runtime import checkpoint
 from ..model import surgery
 from ..config import model_config_from_dict
 from ..tokens import IGNORE_INDEX
+from ..data.inputs import chunks, resolve_inputs, split_lines
+from ..eval.align import Settings, eval_batches, heldout_corpus, mlm_metrics
+from ..eval.transfer import control_group
 
 HELDOUT_LINES = 2000
 """At most this many lines of --text are held out (a tenth of a shorter text)."""
@@ -31,8 +34,6 @@ CARD = "card.json"
 def split_heldout(files: list[str], where: Path, lang: str) -> tuple[Path, Path]:
     """(training text, held-out text) of `files`: the last tenth of their lines (at most HELDOUT_LINES) is
     held out, the rest copied in order, a blank line (a document break) between files. Written once."""
-    from ..data.inputs import chunks, resolve_inputs, split_lines
-
     train, held = where / f"{lang}.train.txt", where / f"{lang}.heldout.txt"
     if train.is_file() and held.is_file():
         return train, held
@@ -67,9 +68,6 @@ def _digest(*paths: Path) -> str:
 def heldout_metrics(primary: Path, adapted: Path, heldout: Path, out: Path) -> dict:
     """Held-out target MLM loss and accuracy of the result (`primary` with `adapted`'s language group) and of
     the control (with the group Step 2 started from); cached in OUT/card.json."""
-    from ..eval.align import Settings, eval_batches, heldout_corpus, mlm_metrics
-    from ..eval.transfer import control_group
-
     key = _digest(checkpoint.manifest_of(adapted), checkpoint.manifest_of(primary), heldout)
     try:
         saved = json.loads((out / CARD).read_text())

@@ -1,13 +1,13 @@
 """Many small independent runs packed onto a launch's devices: Step 3's finetunings (Step 4's units and the alignment
-check's checkpoints share its queue: mm_ds/runtime/jobs.py).
+check's Step-2 runs share its queue loop: mm_ds/runtime/jobs.py `serve`).
 
 Steps 1, 1b and 2 are a few long runs, each data-parallel over every device of the launch. Step 3 is many short
 ones (every primary model x task x seed: 60 in the paper recipe), each of which needs one device for the paper's
 batch of 32: they run as single-device runs, as many at once as the launch has devices.
 
-    queue      the launch's ranks take the runs one at a time, longest first, from a counter in rank 0's
-               rendezvous store (`dist.shared_add`): a rank that finishes early takes the next, and no rank waits
-               in a collective while another trains (NCCL's would time out after 30 minutes)
+    queue      the launch's ranks take the runs one at a time, longest first (`serve`): a rank that finishes early
+               takes the next, and no rank waits in a collective while another trains (NCCL's would time out after
+               30 minutes)
     a run      `mm-ds finetune ... launch.launcher=none`, a child process of its rank: a world of one, with the
                launcher's rank variables removed, on the rank's device: CUDA_VISIBLE_DEVICES names that one device
                (as clusters bind a device per task: under deepspeed the node's list has it at the rank's index,
@@ -21,9 +21,9 @@ batch of 32: they run as single-device runs, as many at once as the launch has d
     progress   OUT/logs/<pack>/<run>.json (running, done or failed: rank, device, exit code, log), which
                `mm-ds run` follows (`Watch`)
 
-Every launcher runs it the same way: `mm-ds run` starts `mm-ds run-pack OUT/logs/<pack>.json` under the recipe's
-launcher (deepspeed, mpirun, srun; `none`: one rank in a subprocess), and a one-job run's ranks run the same
-function in their process when they reach the pack.
+The pack is a work item (`Pack`, mm_ds/pipeline/jobs.py): `mm-ds run` launches it alone (`mm_ds/rank.py
+OUT/logs/step3.json` under the recipe's launcher; `none`: one rank in a subprocess), or a one-job run's ranks reach
+it in their job; either way every rank runs `run_pack`.
 """
 
 from __future__ import annotations
@@ -34,15 +34,17 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime import checkpoint, stop
-from ..runtime.jobs import Queue
-from .progress import INTERVAL_S, Follow, StageFailed, clock, run_logged, say
+from ..runtime import checkpoint, dist, stop
+from ..runtime.exits import WorkFailed
+from ..runtime.jobs import FAILED, serve
+from .progress import INTERVAL_S, StageFailed, clock, say
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
                "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS",
-               "MPI_LOCALNRANKS", "MM_DS_VALIDATED")
+               "MPI_LOCALNRANKS")
 LAUNCH_PREFIXES = ("OMPI_COMM_WORLD_", "MV2_COMM_WORLD_", "PMI_", "PMIX_RANK")
 """What makes a process a rank of the launch (mm_ds/runtime/launch.py under_launcher, mm_ds/runtime/dist.py adopt_env): a packed
 run is a world of one, so its environment has none of it."""
@@ -100,38 +102,40 @@ def _this_ranks_device(local_rank: int, local_world: int) -> tuple[dict[str, str
                  else f"CPU cores {share[0]}-{share[-1]}")
 
 
-# ---------------------------------------------------------------- the queue
-
 # ---------------------------------------------------------------- Step 3: runs as child processes
 
-def status_dir(spec_path: Path) -> Path:
-    return spec_path.with_suffix("")
+@dataclass(frozen=True)
+class Pack:
+    """The work item of single-device runs packed onto a launch's devices (mm_ds/pipeline/jobs.py)."""
+    name: str
+    runs: tuple[dict, ...]
+    """Each run: {name, out, argv (its stage command), log}, longest first."""
+    status: str
+    """OUT/logs/<name>/: each run's state, one file each (`Watch` follows them)."""
 
 
-def _status_file(spec_path: Path, name: str) -> Path:
-    return status_dir(spec_path) / f"{name.replace('/', '_')}.json"
+def _status_file(status: str | Path, name: str) -> Path:
+    return Path(status) / f"{name.replace('/', '_')}.json"
 
 
-def write_spec(path: Path, name: str, runs: list, logs: Path) -> Path:
-    """OUT/logs/<name>.json: the pack's runs (`recipe.StageRun`s, longest first) for `mm-ds run-pack`. Status files
-    of an earlier attempt are cleared: what they said is in the run directories and logs."""
-    jobs = [{"name": r.name.partition("/")[2], "out": str(r.out), "argv": r.argv,
-             "log": str(logs / f"{r.name.replace('/', '_')}.log")} for r in runs]
-    with checkpoint.writing(path, then="re-run the same command"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        checkpoint.write_json_atomic(path, {"name": name, "jobs": jobs})
-        status_dir(path).mkdir(exist_ok=True)
-        for old in status_dir(path).glob("*.json"):
+def pack(status: Path, name: str, runs: list, logs: Path) -> Pack:
+    """The pack of `runs` (`StageRun`s, longest first); status files of an earlier attempt are cleared: what they
+    said is in the run directories and logs."""
+    jobs = tuple({"name": r.name.partition("/")[2], "out": str(r.out), "argv": r.argv,
+                  "log": str(logs / f"{r.name.replace('/', '_')}.log")} for r in runs)
+    with checkpoint.writing(status, then="re-run the same command"):
+        status.mkdir(parents=True, exist_ok=True)
+        for old in status.glob("*.json"):
             old.unlink()
-    return path
+    return Pack(name, jobs, str(status))
 
 
-def _run_one(job: dict, env: dict, device: str, rank: int, spec_path: Path, halted=lambda: False) -> str:
+def _run_one(job: dict, env: dict, device: str, rank: int, status_dir: str, halted=lambda: False) -> str:
     """One packed run on this rank's device, resumed from its newest checkpoint when it has one: done, failed or
     stopped (a stop signal here or `halted()`: passed on to the run, which saves). Its output goes to its own log;
     its state to its status file."""
     out, log, started = Path(job["out"]), Path(job["log"]), time.time()
-    status = _status_file(spec_path, job["name"])
+    status = _status_file(status_dir, job["name"])
     if complete(out):
         return "done"
     resume = ["--resume"] if checkpoint.list_checkpoints(out) else []
@@ -174,63 +178,28 @@ def _wait(proc: subprocess.Popen, halted, every_s: float = 0.5) -> tuple[int, bo
     return proc.returncode, passed
 
 
-def run_pack(spec_path: Path) -> int:
-    """Every rank of a launch: take the pack's runs one at a time and run each on this rank's device; then, with
-    every rank, how many failed (collective at the start and the end only). Raises PackFailed when any did."""
-    from ..runtime import dist
-
+def run_pack(item: Pack) -> int:
+    """Every rank of a launch: take the pack's runs one at a time (mm_ds/runtime/jobs.py `serve`) and run each on
+    this rank's device. Raises PackFailed when any failed, `Stopped` when a stop reached any."""
     rank, local_rank, world = dist.init()
-    spec = dist.on_rank0(lambda: json.loads(Path(spec_path).read_text()), f"reading {spec_path}")
-    queue, count, error = Queue(spec["name"], len(spec["jobs"])), {"failed": 0, "stopped": 0}, None
-    halt = f"{queue.key}/stop-signal"  # a stop on some rank: every rank passes it to its run
-
-    def halted() -> bool:
-        return dist.is_initialized() and dist.shared_add(halt, 0) > 0
-
-    try:
-        env, device = _this_ranks_device(local_rank, dist.local_world_size() or world)
-        with stop.handling():  # a world of one started by `mm-ds run` (launcher none) has no handler of its own
-            while stop.requested() is None and not halted() and (i := queue.claim()) is not None:
-                state = _run_one(spec["jobs"][i], env, device, rank, Path(spec_path), halted)
-                count[state] = count.get(state, 0) + 1
-                if state == "stopped" and dist.is_initialized():
-                    dist.shared_add(halt)
-    except Exception as e:  # noqa: BLE001  this rank cannot go on (its runs' own failures are counted above)
-        queue.stop()
-        error = f"rank {rank}: {type(e).__name__}: {e}"
-        print(f"[mm-ds] {error}", file=sys.stderr, flush=True)
-    queue.drain()
-    failed, broken, stopped, signalled = (int(x) for x in dist.all_reduce(
-        [count["failed"], error is not None, count["stopped"], stop.requested() is not None]))
-    if stopped or signalled:  # the runs saved where they were; the same `mm-ds run` resumes them (and failed ones)
-        seen = stop.requested()
-        raise stop.Stopped(seen.name if seen else None, f"{spec['name']} stopped: {stopped} run(s) stopped, {failed} "
-                                                        f"failed; {status_dir(Path(spec_path))} says which")
-    if failed or broken:
-        raise PackFailed(f"{failed} of {len(spec['jobs'])} runs of {spec['name']} failed"
-                         f"{f', {broken} rank(s) stopped (their output says why)' if broken else ''}; "
-                         f"{status_dir(Path(spec_path))} says which, with their logs")
+    env, device = _this_ranks_device(local_rank, dist.local_world_size() or world)
+    count = serve(item.name, len(item.runs),
+                  lambda i, halted: _run_one(item.runs[i], env, device, rank, item.status, halted), what="run")
+    if count[FAILED]:
+        raise PackFailed(f"{count[FAILED]} of {len(item.runs)} runs of {item.name} failed; {item.status} says which, "
+                         f"with their logs")
     return 0
 
 
-class PackFailed(RuntimeError):
+class PackFailed(WorkFailed):
     """Some runs of a pack failed; the others finished. `failures` says which."""
-
-
-def main(argv: list[str]) -> int:
-    """`mm-ds run-pack SPEC.json` (internal): every rank of `mm-ds run`'s Step-3 launch."""
-    try:
-        return run_pack(Path(argv[0]))
-    except PackFailed as e:
-        print(f"mm-ds run-pack: {e}", file=sys.stderr, flush=True)
-        return 3
 
 
 # ---------------------------------------------------------------- what `mm-ds run` shows and reports
 
-def statuses(spec_path: Path) -> list[dict]:
-    out = []
-    for f in sorted(status_dir(spec_path).glob("*.json")) if status_dir(spec_path).is_dir() else []:
+def statuses(status: str | Path) -> list[dict]:
+    out, status = [], Path(status)
+    for f in sorted(status.glob("*.json")) if status.is_dir() else []:
         try:
             out.append(json.loads(f.read_text()))
         except (OSError, ValueError):
@@ -247,12 +216,11 @@ def _exit(rc: int) -> str:
     return f"exit code {rc}"
 
 
-def failures(spec_path: Path, tail: int = 8) -> str:
+def failures(item: Pack, tail: int = 8) -> str:
     """Each run of the pack that did not finish: how it ended, where, its log and the log's last lines."""
-    spec = json.loads(spec_path.read_text())
-    seen = {s["name"]: s for s in statuses(spec_path)}
+    seen = {s["name"]: s for s in statuses(item.status)}
     lines = []
-    for job in spec["jobs"]:
+    for job in item.runs:
         if complete(Path(job["out"])):
             continue
         s = seen.get(job["name"])
@@ -271,17 +239,13 @@ class Watch:
     """A pack as `mm-ds run` follows it (mm_ds/pipeline/progress.py Follow): a line when one of its runs starts, finishes or
     fails, and now and then how many are done, running and failed."""
 
-    def __init__(self, spec_path: Path, title: str, interval_s: float = INTERVAL_S):
-        self.spec_path, self.title, self.interval_s = spec_path, title, interval_s
+    def __init__(self, item: Pack, title: str, interval_s: float = INTERVAL_S):
+        self.item, self.title, self.interval_s = item, title, interval_s
         self.seen: dict[str, str] = {}
         self.shown = 0.0
 
     def poll(self, now: float) -> None:
-        try:
-            total = len(json.loads(self.spec_path.read_text())["jobs"])
-        except (OSError, ValueError, KeyError):
-            return  # not written yet
-        states = statuses(self.spec_path)
+        total, states = len(self.item.runs), statuses(self.item.status)
         for s in states:
             if self.seen.get(s["name"]) == s["state"]:
                 continue
@@ -304,44 +268,12 @@ class Watch:
 # ---------------------------------------------------------------- Step 3 in `mm-ds run`
 
 STEP3 = "step3"
-"""OUT/logs/step3.json: Step 3's runs; their status in OUT/logs/step3/."""
+"""Step 3's pack: its runs' status in OUT/logs/step3/, its launch's log OUT/logs/step3.log."""
 
 
-def step3_spec(runs: list, recipe, out: Path) -> Path:
-    """The pack file of Step 3's runs, longest first (their costs as `mm-ds plan` counts them): the last to start
-    are the shortest, so the devices finish close together."""
-    from .stage_runs import stage_configs
-    from .costs import finetune_costs
-
-    costs = finetune_costs(recipe, stage_configs(recipe, out), out)
-    order = sorted(runs, key=lambda r: -costs[r.name.split("/", 1)[1]].flops)
-    return write_spec(out / "logs" / f"{STEP3}.json", STEP3, order, out / "logs")
-
-
-def run_step3(runs: list, recipe, out: Path) -> None:
-    """Step 3: its runs on the recipe's launch, one per device, several at once (mm_ds/pipeline/pack.py); a run that
-    fails is named with its log once the others are done."""
-    from ..config import LaunchConfig, from_dict
-    from ..runtime.launch import command, launch_env, preflight
-
-    if not runs:
-        return
-    cfg = from_dict(LaunchConfig, recipe.launch)
-    spec = step3_spec(runs, recipe, out)
-    say(f"Step 3: {len(runs)} single-device runs, {min(cfg.world_size, len(runs))} at once on {cfg.world_size} "
-        f"device(s); each run's log: {out / 'logs'}/finetune_*.log, the launch's: {out / 'logs' / 'step3.log'}")
-    preflight(cfg)
-    argv = ["run-pack", str(spec)]
-    try:
-        run_logged(command(cfg, argv) if cfg.launcher != "none" else [sys.executable, "-m", "mm_ds.cli", *argv],
-                   out / "logs" / f"{STEP3}.log", Follow([], others=[Watch(spec, "Step 3")]), launch_env(cfg))
-    except StageFailed as e:
-        raise step3_failed(spec, e) from None
-
-
-def step3_failed(spec: Path, e: StageFailed) -> StageFailed:
+def step3_failed(item: Pack, e: StageFailed) -> StageFailed:
     """The failed launch `e` as what failed in Step 3's pack, when it says (else `e` itself)."""
-    named = failures(spec) if spec.is_file() and statuses(spec) else ""  # else it failed before the pack began
+    named = failures(item) if statuses(item.status) else ""  # else it failed before the pack began
     if not named:
         return e
     return StageFailed(f"Step 3 runs did not finish; the others finished and are kept:\n{named}\nFix the cause and "

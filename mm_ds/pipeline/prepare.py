@@ -21,9 +21,12 @@ from pathlib import Path
 
 from ..config import ConfigError
 from ..recipe import Recipe, prepare_options, text_inputs
+from ..runtime.rundir import logs_dir
 from .check import PREPARED, Findings
 from .progress import run_logged, say
 from .stage_runs import stage_configs
+from ..runtime.checkpoint import unwritable
+from ..data.world import generate_world
 
 
 def world_complete(world: Path) -> bool:
@@ -52,7 +55,6 @@ def prepare_data(recipe: Recipe, out: Path, only: list[str] | None = None) -> No
     """Every language of the recipe (or `only` those) that is not prepared yet, one after another; each `mm-ds
     prepare` uses every core of this machine. Its output goes to OUT/logs/prepare_LANG.log."""
     if recipe.world is not None and not world_complete(out / "world"):
-        from ..data.world import generate_world
         generate_world(out / "world", languages=tuple(recipe.langs), **recipe.world)
     opts = []
     for k, v in prepare_options(recipe).items():
@@ -68,7 +70,7 @@ def prepare_data(recipe: Recipe, out: Path, only: list[str] | None = None) -> No
         for i in inputs:
             args += ["--input", i]
         say(f"$ mm-ds {' '.join(args + opts)}")
-        run_logged([sys.executable, "-m", "mm_ds.cli", *args, *opts], out / "logs" / f"prepare_{lang}.log")
+        run_logged([sys.executable, "-m", "mm_ds.cli", *args, *opts], logs_dir(out) / f"prepare_{lang}.log")
 
 
 def block_lengths(recipe: Recipe, out: Path) -> dict[str, list[int]]:
@@ -84,8 +86,6 @@ def block_lengths(recipe: Recipe, out: Path) -> dict[str, list[int]]:
 def findings(recipe: Recipe, out: Path, only: list[str] | None = None) -> tuple[Findings, list[str], int]:
     """(what stops `--only prepare`, a line per language: complete, or its inputs and their size, how many of
     them are to prepare)."""
-    from ..runtime.checkpoint import unwritable
-
     report, lines, todo = Findings(), [], 0
     if problem := unwritable(out):
         report.add("--out", problem)

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime import checkpoint, stop
+from ..runtime.launch import process_env
+from ..runtime.rundir import train_log
+from .evaluation import results_written
 
 INTERVAL_S = 20.0
 """Seconds between two progress lines of one stage: enough to see it move, few enough for a CI log."""
@@ -130,10 +132,10 @@ class Follow:
 
     def finished(self, s: Watched, now: float) -> None:
         took = f" in {clock(now - s.started)}" if s.started is not None else ""
-        say(f"{s.name}: done{took}; training log: {s.run_dir / 'logs' / 'train.jsonl'}")
+        say(f"{s.name}: done{took}; training log: {train_log(s.run_dir)}")
 
     def train_progress(self, s: Watched, now: float) -> None:
-        row = last_row(s.run_dir / "logs" / "train.jsonl")
+        row = last_row(train_log(s.run_dir))
         if row is None or "total_steps" not in row or row["step"] == s.last_step or now - s.shown < self.interval_s:
             return
         s.last_step, s.shown = row["step"], now
@@ -146,7 +148,6 @@ class Follow:
             spec = json.loads(self.eval_spec.read_text())
         except (OSError, ValueError):
             return  # not listed yet (a one-job run lists its units once Step 2 is done)
-        from ..eval.transfer import results_written
         done = results_written(spec)
         if done != self.eval_done:
             self.eval_done, self.eval_shown = done, now
@@ -160,13 +161,13 @@ class StageFailed(RuntimeError):
 
 def run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: dict[str, str] | None = None,
                grace_s: float = stop.GRACE_S) -> None:
-    """Run `cmd` with all its output (the ranks' and DeepSpeed's) in `log`; `follow` shows progress meanwhile. It
+    """Run `cmd` with all its output (the ranks' and DeepSpeed's) in `log`, in `env` (a launcher's: `launch_env`; by
+    default `process_env`); `follow` shows progress meanwhile. It
     runs in a session of its own; a stop signal received here is passed on to it (mm_ds/runtime/stop.py), and once
     it has ended (its ranks saved, within `grace_s` and a margin) raised here as `stop.Stopped`, as is its own exit
     code stop.EXIT_CODE (a signal that reached the ranks only)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = os.environ | {"PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                        **(env or {})}
+    env = process_env() if env is None else env
     with open(log, "a") as f, stop.forwarding():
         start = f.tell()  # the log keeps earlier attempts: only this one's lines are shown
         proc = stop.start_child(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)

@@ -1,10 +1,12 @@
 """`mm-ds run RECIPE`: a whole experiment, stage by stage, with one results table at the end.
 
 A recipe (packaged `recipes/NAME.yaml` or a file) names the systems, target languages, tasks, seeds, the
-data, and a preset per stage (mm_ds/recipe.py). It makes a list of stage runs; each is launched as its own `mm-ds
-<stage>` process (which starts its ranks under the recipe's launcher), skipped when its `final/`
-verifies, and resumed from its newest complete checkpoint when it was interrupted. MINIPOST shares
-BL_BASE's pretrained model and its finetuned models (same primary model, paper §2.2).
+data, and a preset per stage (mm_ds/recipe.py). It makes a list of stage runs and work items (Step 3's pack, the
+evaluation, the alignment check: mm_ds/pipeline/items.py). A stage run is skipped when its `final/` verifies, else
+resolved here (mm_ds/stages/resolve.py) and its ranks started on its run directory under the recipe's launcher,
+resuming from its newest complete checkpoint when it was interrupted; `launch_items` decides whether the items run
+each in a launch of its own or all in one (mode: one_job; mm_ds/pipeline/jobs.py). MINIPOST shares BL_BASE's
+pretrained model and its finetuned models (same primary model, paper §2.2).
 
     OUT/world/                      generated data (tiny recipe)
     OUT/data/{lang}/                prepared corpora
@@ -13,55 +15,70 @@ BL_BASE's pretrained model and its finetuned models (same primary model, paper �
     OUT/adapt/{system}/{lang}/
     OUT/finetune/{primary}/{task}/seed{n}/
     OUT/results.jsonl, OUT/results.md
-    OUT/align/, OUT/align.jsonl     the alignment check of every system's Step 2 (mm_ds/eval/align.py)
+    OUT/align/, OUT/align.jsonl     the alignment check of every system's Step 2 (pipeline/alignment.py)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import shlex
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
+from ..config import ConfigError, LaunchConfig, from_dict, recipe_names
+from ..eval.align_spread import Alignment
+from .alignment import align_recipe, aligned_runs
+from ..recipe import Recipe, load_recipe, minis_in_english
 from ..runtime import checkpoint, stop
-from ..config import ConfigError, from_dict
-from .pack import complete
-from .progress import Follow, StageFailed, Watched, say
-from .progress import run_logged as _run_logged
-from ..config import recipe_names
-from ..recipe import Recipe, load_recipe, minis_in_english, task_root
+from ..runtime.launch import launch_env, preflight, rank_command
+from ..stages.command import published_as_built
+from ..stages.resolve import StageRun, resolve
+from ..systems import REFERENCE
+from . import jobs
+from ..eval.transfer import scored_with
+from ..runtime.rundir import logs_dir
+from .evaluation import Evaluation, cached, collect, default_device, expand, run_evaluation
+from .jobs import Training
+from .items import work_items
+from .pack import STEP3, Pack, Watch, complete, step3_failed
 from .prepare import languages, only_prepare, prepare_data, prepared
 from .prepare import world_complete  # noqa: F401 (run.world_complete, as it was)
+from .progress import Follow, StageFailed, Watched, say
+from .progress import run_logged as _run_logged
 from .spread import run_spread, spread_steps
 from .stage_runs import stage_runs
-from ..stages.runner import StageRun
-from ..systems import REFERENCE
+from ..report import report
+from ..report.records import clean_records, control_scores, recorded, source_scores
+from ..report.table2 import format_table2s
+from ..report.analyses import english_table
+from ..report.report import MLM_DIR
+from .check import check, protocol
 
 
 def _launch_stage(run: StageRun, resume: bool, log: Path, follow: Follow | None = None) -> None:
-    """One stage as `mm-ds STAGE ARGV` would run it, with its checks done here (one process fewer per stage:
-    start-up, not training, dominates small stages) and its ranks started by the launcher, output to `log`."""
-    import contextlib
-
-    from ..runtime.launch import command, launch_env
-    from ..stages.runner import preflight, validated_env
-
+    """One stage as `mm-ds STAGE ARGV` would run it: resolved here (one process fewer per stage: start-up, not
+    training, dominates small stages), its ranks started by the launcher on its run directory, output to `log`."""
     argv = run.argv + ["--no-progress"] + (["--resume"] if resume else [])
-    say(f"$ mm-ds {' '.join(argv)}")
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f, contextlib.redirect_stdout(f):
         try:
-            cfg, done = preflight(run, resume)
+            got = resolve(run, resume, resume_with=stop.resume_command(argv))  # a resume point's sums checked here
         except (ConfigError, checkpoint.CheckpointError, FileNotFoundError, ValueError) as e:
             raise ConfigError(f"stage {run.name}: {e}") from e
-    if not done:
-        _run_logged(command(cfg.launch, argv) if cfg.launch.launcher != "none"
-                    else [sys.executable, "-m", "mm_ds.cli", *argv], log, follow,
-                    launch_env(cfg.launch) | validated_env(argv), cfg.train.stop_grace_s)
+    if resume:
+        found = got.resume_from
+        say(f"resume {run.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}")
+    say(f"$ mm-ds {' '.join(argv)}")
+    with open(log, "a") as f, contextlib.redirect_stdout(f):
+        if published_as_built(got):
+            return
+    _run_logged(rank_command(got.cfg.launch, got.run_dir), log, follow, launch_env(got.cfg.launch),
+                got.cfg.train.stop_grace_s)
 
 
 def run_stages(todo: list[StageRun], logs: Path) -> None:
@@ -69,9 +86,6 @@ def run_stages(todo: list[StageRun], logs: Path) -> None:
     interrupted one resumes from its newest checkpoint. The caller has left out the complete ones."""
     for i, n in enumerate(todo):
         resume = bool(checkpoint.list_checkpoints(n.out))
-        if resume:
-            found = checkpoint.find_resume_point(n.out, checksums=False)  # its rank 0 hashes it
-            say(f"resume {n.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}")
         log = logs / f"{n.name.replace('/', '_')}.log"
         try:
             _launch_stage(n, resume, log, Follow([_watched(n, i, len(todo), log)]))
@@ -85,101 +99,72 @@ def _watched(run: StageRun, i: int, n: int, log: Path) -> Watched:
     return Watched(run.name.partition("/")[2], run.out, log, i, n)  # its run directory under OUT: adapt/minipost/t1
 
 
-def _state(run_dir: Path) -> tuple[bool, bool]:
-    """(complete, has checkpoints) of a stage's run directory."""
-    try:
-        return complete(run_dir), bool(checkpoint.list_checkpoints(run_dir))
-    except OSError as e:
-        raise checkpoint.CheckpointError(f"cannot read {run_dir} ({type(e).__name__}: {e}); make the run tree "
-                                         f"readable on rank 0's node, then re-run the same command") from e
-
-
-def job_main(argv: list[str]) -> int:
-    """Inside `mm-ds run`'s one job (every rank): run each listed stage that is not complete, in order."""
-    import gc
-
-    from ..runtime import dist
-    from ..stages.runner import run_stage
-
-    dist.init()
-    # The stage list decides every collective that follows: rank 0 reads it for all (no node's own look).
-    for stage_argv in dist.on_rank0(lambda: json.loads(Path(argv[0]).read_text()), f"reading {argv[0]}"):
-        if dist.any_rank(stop.requested() is not None):  # a stop while the last one published: start no other
-            name = stop.requested().name if stop.requested() else None
-            raise stop.Stopped(name, f"[mm-ds] stopped by {name or 'a stop signal on another rank'} between two "
-                                     f"steps; resume with: {stop.resume_command()}")
-        if stage_argv[0] == "run-eval":
-            from ..eval.transfer import run_eval_main
-            run_eval_main(stage_argv[1:])
-            continue
-        if stage_argv[0] == "run-pack":  # Step 3: every rank takes single-device runs until none is left
-            from .pack import run_pack
-            run_pack(Path(stage_argv[1]))
-            continue
-        if stage_argv[0] == "run-align":  # the alignment check, after Step 4, the same way
-            from ..eval.align_spread import run_align_main
-            run_align_main(stage_argv[1:])
-            continue
-        run_dir = Path(stage_argv[stage_argv.index("--out") + 1])
-        # Rank 0 decides for all: a rank that looked for itself could see a stage that rank 0 has just
-        # finished alone (an extraction) as complete, skip its barrier, and deadlock the job.
-        done, has_checkpoints = dist.on_rank0(lambda: _state(run_dir), f"looking at {run_dir}")
-        if done:
-            continue
-        resume = ["--resume"] if has_checkpoints else []
-        print(f"[mm-ds run] stage: mm-ds {' '.join(stage_argv + resume)}", flush=True)
-        run_stage(stage_argv[0], stage_argv[1:] + resume)
-        gc.collect()
-    return 0
-
-
-def evaluate(recipe: Recipe, out: Path, job_ran_it: bool = False) -> list[dict]:
-    """Step 4 for the whole recipe: the units without a current result run on the recipe's launcher (every
-    rank takes its share, on its device), or in this process when it has one rank; then every row."""
-    import torch
-
-    from ..config import LaunchConfig
-    from ..runtime.launch import command, launch_env
-    from ..eval.transfer import cached, collect, eval_units, run_units, scored_with, write_eval_spec
-
-    units, root, results = eval_units(recipe, out), str(task_root(recipe, out)), out / "eval"
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # the ranks' kind of device: this machine's
-    todo = [u for u in units if cached(results, u, root, scored_with(device)) is None]
-    if todo and not job_ran_it:
-        cfg = from_dict(LaunchConfig, recipe.launch)
-        say(f"evaluation: {len(todo)} of {len(units)} units to run on {cfg.world_size} rank(s); its log: "
-            f"{out / 'logs' / 'eval.log'}")
-        if cfg.world_size == 1 or cfg.launcher == "none":
-            run_units(units, root, results, device=device, say=lambda m: say(m.removeprefix("[mm-ds] ")))
-        else:
-            spec = write_eval_spec(recipe, out)
-            _run_logged(command(cfg, ["run-eval", str(spec)]), out / "logs" / "eval.log", Follow([], spec),
-                        launch_env(cfg))
-    return collect(units, root, results)
-
-
-def spread_alignment(recipe: Recipe, out: Path, job_ran_it: bool) -> None:
-    """The alignment check's scoring on the recipe's launch, every rank taking Step-2 runs (mm_ds/eval/align_spread.py),
-    before `align_recipe` writes its report here; a one-job run's ranks did it, and one rank leaves it to here."""
-    from ..eval.align_spread import write_spec
-    from ..config import LaunchConfig
-    from ..runtime.launch import command, launch_env
-
-    cfg = from_dict(LaunchConfig, recipe.launch)
-    if job_ran_it or cfg.world_size == 1 or cfg.launcher == "none" or (spec := write_spec(recipe, out)) is None:
+def launch_items(recipe: Recipe, out: Path, items: list) -> None:
+    """The one place that decides how work items run: all in one launch (`mode: one_job`, while a stage or Step 3
+    is left to run), else each alone: stage runs one after another (or side by side, launch.spread), each resolved
+    here and launched on its run directory; Step 3's pack, the evaluation and the alignment check each on the
+    recipe's launch, the last two in this process when it has one rank."""
+    launch = from_dict(LaunchConfig, recipe.launch, prefix="launch.")
+    trainings = [i.run for i in items if isinstance(i, Training)]
+    packs = [i for i in items if isinstance(i, Pack)]
+    if recipe.mode == "one_job" and (trainings or packs):
+        say(f"{len(trainings)} stage runs, {sum(len(p.runs) for p in packs)} single-device Step-3 runs and the "
+            f"evaluation in one job of {launch.world_size} ranks; its log: {logs_dir(out) / 'job.log'}")
+        stages = [_watched(n, i, len(trainings), logs_dir(out) / "job.log") for i, n in enumerate(trainings)]
+        _launch_job(launch, out, "job", items, Follow(stages, _progress(items), others=_watches(packs)))
         return
-    say(f"alignment check: {len(json.loads(spec.read_text())['jobs'])} language(s) on {cfg.world_size} rank(s); "
-        f"its log: {out / 'logs' / 'align.log'}")
-    _run_logged(command(cfg, ["run-align", str(spec)]), out / "logs" / "align.log", None, launch_env(cfg))
+    if launch.spread > 1:  # side by side on groups of nodes (its --check passed before)
+        run_spread(trainings, recipe, out, lambda runs: run_stages(runs, logs_dir(out)))
+    else:
+        run_stages(trainings, logs_dir(out))
+    for item in (i for i in items if not isinstance(i, Training)):
+        if isinstance(item, Pack):
+            say(f"Step 3: {len(item.runs)} single-device runs, {min(launch.world_size, len(item.runs))} at once on "
+                f"{launch.world_size} device(s); each run's log: {logs_dir(out)}/finetune_*.log, the launch's: "
+                f"{logs_dir(out) / f'{STEP3}.log'}")
+            preflight(launch)
+            _launch_job(launch, out, STEP3, [item], Follow([], others=_watches([item])))
+        elif isinstance(item, Evaluation) and (left := _evaluation_left(item))[0]:
+            say(f"evaluation: {left[0]} of {left[1]} units to run on {launch.world_size} rank(s); its log: "
+                f"{logs_dir(out) / 'eval.log'}")
+            if launch.world_size == 1 or launch.launcher == "none":  # one rank: here
+                run_evaluation(item, say=lambda m: say(m.removeprefix("[mm-ds] ")))
+            else:
+                _launch_job(launch, out, "eval", [item], Follow([], _progress([item])))
+        elif isinstance(item, Alignment) and launch.world_size > 1 and launch.launcher != "none":  # else: at the end
+            say(f"alignment check: {len(item.runs)} language(s) on {launch.world_size} rank(s); its log: "
+                f"{logs_dir(out) / 'align.log'}")
+            _launch_job(launch, out, "align", [item], None)
+
+
+def _launch_job(launch: LaunchConfig, out: Path, name: str, items: list, follow: Follow | None) -> None:
+    """`items` in one launch: OUT/logs/NAME.json, run by `mm_ds/rank.py` on every rank, output to OUT/logs/NAME.log."""
+    job = jobs.write(logs_dir(out) / f"{name}.json", items)
+    packs = [i for i in items if isinstance(i, Pack)]
+    try:
+        _run_logged(rank_command(launch, job), logs_dir(out) / f"{name}.log", follow, launch_env(launch))
+    except StageFailed as e:
+        raise step3_failed(packs[0], e) if packs else e from None
+
+
+def _watches(packs: list) -> list:
+    return [Watch(p, "Step 3") for p in packs]
+
+
+def _progress(items: list) -> Path | None:
+    """Where the evaluation among `items` lists its units once it has them, for `Follow`."""
+    return next((Path(i.progress) for i in items if isinstance(i, Evaluation) and i.progress), None)
+
+
+def _evaluation_left(item: Evaluation) -> tuple[int, int]:
+    """(units without a current result scored on this machine's kind of device, units) of the evaluation."""
+    units, how = expand(item.groups), scored_with(default_device())
+    return sum(cached(Path(item.results), u, item.data_root, how) is None for u in units), len(units)
 
 
 def results_table(recipe: Recipe, rows: list[dict], out: Path):
     """Table 2 per task, captioned, into OUT/results.md, and the report it comes from: the same renderer
     (mm_ds/report/table2.py) writes report/tables.md's Table 2."""
-    from ..report import report
-    from ..report.records import clean_records, control_scores, recorded, source_scores
-    from ..report.table2 import format_table2s
-
     results, warnings = clean_records(rows, str(out / "results.jsonl"))
     rep = report.build_report(results, warnings=warnings, controls=control_scores(rows), sources=source_scores(rows),
                               seeds=recorded(rows, "seeds"), world=recipe.world is not None,
@@ -196,9 +181,6 @@ STEP_NAMES = {"pretrain": "Step 1 (pretrain)", "build_mini": "Step 1b (build-min
 def stage_runs_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, bool], out: Path) -> str:
     """`mm-ds run --list-stage-runs`'s head: the stage runs per step, how they run, and what is already done; Step 4
     and the alignment check."""
-    from ..config import LaunchConfig
-    from ..eval.align import aligned_runs
-
     launch = from_dict(LaunchConfig, recipe.launch)
     world, spread = launch.world_size, launch.spread
     side = spread_steps(runs, spread) if recipe.mode == "per_stage" else {}
@@ -220,36 +202,6 @@ def stage_runs_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, boo
     return "\n".join(lines + ["# the stage commands, in order:"])
 
 
-def _one_job(recipe: Recipe, out: Path, todo: list[StageRun], packed: list[StageRun]) -> None:
-    """One launch for every stage: the ranks walk the data-parallel stage runs in-process (a new engine per
-    stage), take Step 3's single-device runs from a queue, then share the evaluation (its units are listed by
-    rank 0 once Step 2 has written its checkpoints)."""
-    from ..config import LaunchConfig
-    from ..runtime.launch import command, launch_env
-    from .pack import Watch, step3_failed, step3_spec
-    job_file = out / "logs" / "job.json"
-    job_file.parent.mkdir(parents=True, exist_ok=True)
-    (out / "logs" / "recipe.json").write_text(json.dumps(asdict(recipe), indent=1))
-    entries = [n.argv + ["--no-progress"] for n in todo]
-    spec = step3_spec(packed, recipe, out) if packed else None
-    entries += [["run-pack", str(spec)]] if spec else []
-    entries.append(["run-eval", str(out / "logs" / "eval.json"), str(out / "logs" / "recipe.json"), str(out)])
-    from ..eval.align_spread import write_spec as align_spec
-    entries += [["run-align", str(a)]] if (a := align_spec(recipe, out)) else []  # after Step 4, on every rank
-    job_file.write_text(json.dumps(entries, indent=1))
-    cfg = from_dict(LaunchConfig, recipe.launch)
-    say(f"{len(todo)} stage runs, {len(packed)} single-device Step-3 runs and the evaluation in one job of "
-        f"{cfg.world_size} ranks; its log: {out / 'logs' / 'job.log'}")
-    try:
-        _run_logged(command(cfg, ["run-job", str(job_file)]) if cfg.launcher != "none"
-                    else [sys.executable, "-m", "mm_ds.cli", "run-job", str(job_file)], out / "logs" / "job.log",
-                    Follow([_watched(n, i, len(todo), out / "logs" / "job.log") for i, n in enumerate(todo)],
-                           out / "logs" / "eval.json", others=[Watch(spec, "Step 3")] if spec else []),
-                    launch_env(cfg))
-    except StageFailed as e:
-        raise step3_failed(spec, e) if spec else e from None
-
-
 def _write_results(recipe: Recipe, out: Path, rows: list[dict]) -> None:
     """results.jsonl, results.md and Table 5, the report, and the alignment check's MLM-level tables."""
     with open(out / "results.jsonl", "w") as f:
@@ -259,20 +211,14 @@ def _write_results(recipe: Recipe, out: Path, rows: list[dict]) -> None:
         table, rep = results_table(recipe, rows, out)
         print(table)
     if minis_in_english(recipe):  # Table 5: the mini-models' own English scores beside the primary models'
-        from ..report.analyses import english_table
         english = english_table(recipe, rows)
         (out / "english.md").write_text(english + "\n")
         print("\nEnglish performance of the primary models and their mini-models (Table 5):\n" + english)
     if REFERENCE in recipe.systems and recipe.tasks:  # near-maximal performance is defined against BL_BASE (§4.2)
-        from ..report import report
         written = report.write_report(rep, out / "report")
         print("\n" + report.format_tables(rep, table2s=False))  # Table 2 is results.md, printed above
         say("report: " + ", ".join(str(p) for p in written if p.suffix in (".md", ".png")))
-    from ..report.report import MLM_DIR
     if recipe.align_sequences:  # the alignment check and the MLM level: no task data needed
-        import torch
-
-        from ..eval.align import align_recipe
         written = align_recipe(recipe, out, "cuda" if torch.cuda.is_available() else "cpu",
                                say=lambda m: say(m.removeprefix("[mm-ds] ")))
         if (out / "report" / MLM_DIR / "tables.md").is_file():
@@ -288,7 +234,6 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         print(stage_runs_summary(recipe, runs, done, out))
         for n in runs:
             print(f"{'done' if done[n.name] else 'todo'}  mm-ds {' '.join(n.argv)}")
-        from .check import protocol
         try:
             configs = {n.out.resolve(): n.config() for n in runs}
         except ConfigError:  # `--check` names the stage; the plan is still listed
@@ -296,14 +241,12 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
         print("\n".join(f"# {line}" for note in protocol(recipe, runs, configs) for line in note.splitlines()),
               file=sys.stderr)  # stdout stays one stage command a line, for scripts
         return 0
-    from .check import check
-    report = check(recipe, out, strict=True)
-    if report.problems:  # before any data work: nothing is written
-        raise ConfigError(f"the recipe cannot run:\n{report.format()}\n(`mm-ds run RECIPE --check --out DIR` "
+    findings = check(recipe, out, strict=True)
+    if findings.problems:  # before any data work: nothing is written
+        raise ConfigError(f"the recipe cannot run:\n{findings.format()}\n(`mm-ds run RECIPE --check --out DIR` "
                           f"finds the same without running, but takes data that is absent altogether for data still "
                           f"to come: a note there)")
     t0 = time.time()
-    os.environ.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # stage ranks exit if this process dies
     out.mkdir(parents=True, exist_ok=True)
     if recipe.world is None and (left := [lang for lang in languages(recipe) if not prepared(out, lang)]):
         say(f"preparing {' '.join(left)} here before any stage; on a cluster `mm-ds run RECIPE --only prepare` does "
@@ -313,21 +256,11 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     for n in runs:
         if n not in todo:
             print(f"[mm-ds run] skip {n.name.partition('/')[2]}: complete", flush=True)  # its run dir under OUT
-    packed, todo = [n for n in todo if n.packed], [n for n in todo if not n.packed]
-    job_ran_eval = recipe.mode == "one_job" and bool(todo or packed)
-    if job_ran_eval:
-        _one_job(recipe, out, todo, packed)
-        todo, packed = [], []
-    if recipe.launch.get("spread", 1) > 1:  # side by side on groups of nodes (its --check passed above)
-        run_spread(todo, recipe, out, lambda runs: run_stages(runs, out / "logs"))
-    else:
-        run_stages(todo, out / "logs")
-    from .pack import run_step3
-    run_step3(packed, recipe, out)
-    rows = evaluate(recipe, out, job_ran_it=job_ran_eval)
-    spread_alignment(recipe, out, job_ran_it=job_ran_eval)
+    items = work_items(recipe, out, todo)
+    launch_items(recipe, out, items)
+    ev = next(i for i in items if isinstance(i, Evaluation))
+    rows = collect(expand(ev.groups), ev.data_root, Path(ev.results))
     _write_results(recipe, out, rows)
-    from ..report.report import MLM_DIR
     say(f"{len(runs)} stage runs, {time.time() - t0:.0f} s; "
         + (f"results: {out / 'results.md'} (rows: {out / 'results.jsonl'})" if recipe.tasks
            else f"MLM-level results: {out / 'report' / MLM_DIR / 'tables.md'} (rows: {out / 'align.jsonl'})"))
@@ -371,10 +304,9 @@ def main(argv: list[str]) -> int:
             print(f"mm-ds run: error: {e}", file=sys.stderr)
             return 1
     if a.check:
-        from .check import check
-        report = check(recipe, Path(a.out), strict=False)
-        print(f"mm-ds run {a.recipe} --check: {report.format()}")
-        return 1 if report.problems else 0
+        findings = check(recipe, Path(a.out), strict=False)
+        print(f"mm-ds run {a.recipe} --check: {findings.format()}")
+        return 1 if findings.problems else 0
     try:
         with stop.forwarding(raise_when_idle=True):  # a stop signal: its launcher saves, then this ends
             return run(recipe, Path(a.out), a.list_stage_runs)

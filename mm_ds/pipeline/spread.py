@@ -35,15 +35,17 @@ from collections import deque
 from pathlib import Path
 
 from ..config import ConfigError, LaunchConfig, from_dict
-from ..runtime import checkpoint, hostfile
+from ..runtime import checkpoint, hostfile, stop
 from ..runtime.ds_config import geometry
-from ..runtime.launch import command, is_loopback, launch_env
-from ..stages.runner import StageRun, preflight, validated_env
+from ..runtime.launch import is_loopback, launch_env, rank_command
+from ..stages.resolve import StageRun, resolve
+from ..stages.command import published_as_built
+from ..runtime.rundir import LOGS, logs_dir
 from .progress import Follow, StageFailed, Watched, say
 
 STEPS = ("pretrain", "build_mini", "adapt")
 """The data-parallel steps whose runs may go side by side (Step 3's runs are single-device: mm_ds/pipeline/pack.py)."""
-GROUP_DIR = Path("logs") / "spread"
+GROUP_DIR = Path(LOGS) / "spread"
 
 
 def launch_of(recipe) -> LaunchConfig:
@@ -190,7 +192,7 @@ def run_spread(todo: list[StageRun], recipe, out: Path, sequential, start_run=No
         mine = [r for r in todo if r.stage == stage]
         if stage in STEPS and len(mine) >= len(groups_):
             say(f"{stage}: {len(mine)} runs side by side on {len(groups_)} groups of {len(groups_[0].hosts)} node(s)")
-            side_by_side(mine, groups_, out / "logs", start_run or start)
+            side_by_side(mine, groups_, logs_dir(out), start_run or start)
         else:
             if stage in STEPS:
                 say(f"{stage}: {len(mine)} run(s) left, fewer than the {len(groups_)} groups: one after another on "
@@ -240,29 +242,28 @@ def side_by_side(runs: list[StageRun], groups_: list[Group], logs: Path, start_r
 
 
 def start(run: StageRun, group: Group, log: Path) -> tuple[subprocess.Popen, int] | None:
-    """`run` on `group`'s nodes: checked here as run._launch_stage checks a stage, its ranks started by the launcher
-    in the background, output to `log`."""
+    """`run` on `group`'s nodes: resolved here as run._launch_stage resolves a stage, its ranks started by the
+    launcher in the background on its run directory, output to `log`."""
     resume = bool(checkpoint.list_checkpoints(run.out))
-    if resume:
-        found = checkpoint.find_resume_point(run.out, checksums=False)  # its rank 0 hashes it
-        say(f"resume {run.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}")
     run = dataclasses.replace(run, overrides=(*run.overrides, *group.overrides))
     argv = run.argv + ["--no-progress"] + (["--resume"] if resume else [])
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f, contextlib.redirect_stdout(f):
         try:
-            cfg, done = preflight(run, resume)
+            got = resolve(run, resume, resume_with=stop.resume_command(argv))
         except (ConfigError, checkpoint.CheckpointError, FileNotFoundError, ValueError) as e:
             raise ConfigError(f"stage {run.name}: {e}") from e
-    if done:
-        return None
-    cmd = command(cfg.launch, argv)
+        if published_as_built(got):
+            return None
+    if resume:
+        found = got.resume_from
+        say(f"resume {run.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}")
+    cmd = rank_command(got.cfg.launch, got.run_dir)
     say(f"$ {' '.join(cmd)}")
-    env = launch_env(cfg.launch) | validated_env(argv)
     f = open(log, "a")  # noqa: SIM115 (the child holds it; closed below once started)
     offset = f.tell()
     try:
-        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env), offset
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=launch_env(got.cfg.launch)), offset
     finally:
         f.close()
 

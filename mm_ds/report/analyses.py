@@ -19,6 +19,8 @@ from . import captions
 from .mdtable import cost, days_cell, fmt, md
 from .records import condition
 from ..systems import SystemNameError, system_of
+from .plots import chance_line, mean_curve, target_line
+from ..recipe import english_tasks, minis_in_english, primaries
 
 if TYPE_CHECKING:  # report.py calls this module when it writes its files
     from .report import Report
@@ -73,8 +75,6 @@ def write_sweep_plots(report: Report, out: Path) -> list[Path]:
     """Figure 4: per depth sweep, score vs Step-2 V100-days averaged over languages, one panel per task."""
     from matplotlib.figure import Figure
 
-    from .plots import chance_line, mean_curve, target_line
-
     written = []
     for base, labels in sweeps(report).items():
         n = len(report.tasks)
@@ -113,8 +113,6 @@ def write_sweeps(report: Report, out: Path, t2: dict, t3: dict, plots: bool = Tr
 
 def english_table(recipe, rows: list[dict]) -> str:
     """Table 5: English scores (mean over finetuning seeds) of each primary model and each mini-model."""
-    from ..recipe import english_tasks, minis_in_english, primaries
-
     def score(cond: str, systems: set[str], task: str):
         got = [r for r in rows if condition(r) == cond and r["system"] in systems and r["task"] == task
                and r["lang"] == recipe.source_lang]

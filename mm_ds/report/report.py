@@ -37,6 +37,7 @@ from .records import Result, load_results, mlm_results, read_records, recorded, 
 from .significance import TEST, Margin, margin_of, margin_table
 from ..systems import REFERENCE, SYSTEMS, SystemNameError, sort_key
 from .table2 import format_table2, table2
+from .align_report import write_align
 
 
 # --- The report ------------------------------------------------------------------------------------------------
@@ -335,7 +336,7 @@ def write_report(report: Report, out_dir: str | Path, plots: bool = True, xmax_d
                speedup_summary=report.speedup_summary, curves=curve_rows)
     if plots:
         try:
-            from .plots import write_plots
+            from .plots import write_plots  # matplotlib only for plots, and failing to import it costs no numbers
             written += write_plots(report, out, xmax_days)
         except Exception as e:  # a plot failure must not cost the numbers
             report.warnings.append(f"plots not written: {type(e).__name__}: {e}")
@@ -404,7 +405,6 @@ def main(argv: list[str] | None = None) -> int:
         for w in report.warnings:
             print(f"warning: {w}", file=sys.stderr)
     if align:  # the alignment check (mm_ds/eval/align.py) and the MLM level, beside the tables
-        from .align_report import write_align
         rows, problems = read_records(align)
         if problems:
             print(f"mm-ds report: {'; '.join(problems)}", file=sys.stderr)

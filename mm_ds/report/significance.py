@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from statistics import NormalDist, variance
 
 from .records import Result
+from .mdtable import fmt, md
 
 ALPHA = 0.05
 TEST = "one-sided z-test at 5% (binomial variance of n examples + between-seed variance of the paired differences)"
@@ -96,8 +97,6 @@ def margin_of(reference: Result, control: Result, alpha: float = ALPHA) -> Margi
 def margin_table(langs: list[str], margins: dict[str, Margin], targets: dict[str, float]) -> str:
     """Markdown: per language, the reference's final score, its control (ctrl), the difference, the margin the test
     needs, n, seeds, and the target it got (or why none). Its caption: captions.margins."""
-    from .mdtable import fmt, md
-
     body = []
     for lang in langs:
         m = margins.get(lang)

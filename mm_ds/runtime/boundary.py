@@ -187,4 +187,4 @@ def stop_line(signame: str, done: int, plan: StopPlan | None, saved: str | None,
                 f"not saved: the last save took {plan.last_save_s:.1f} s, more than the {plan.grace_left_s:.1f} s "
                 f"of train.stop_grace_s left; updates after {last or 'the start'} are lost")
     more = f" ({stop.ignored()} later signal(s) ignored)" if stop.ignored() else ""
-    return f"{head}; {what}{more}; resume with: {stop.resume_command()}"
+    return f"{head}; {what}{more}; resume with: {stop.resume_line()}"

@@ -27,9 +27,10 @@ from pathlib import Path
 import torch
 
 from . import dist, faults
-from .rundir import (FINAL, FORMAT, FROZEN, MANIFEST, META, WEIGHTS, CheckpointError, describe_write_error,  # noqa: F401
-                     manifest_of, now, read_meta, unwritable, verify, weights_dir, write_final, write_frozen,
-                     write_json_atomic, write_manifest, write_meta, write_text_atomic, writing)
+from .rundir import (DS_CONFIG, FINAL, FORMAT, FROZEN, MANIFEST, META, RESOLVED, RUN_CONFIG, WEIGHTS,  # noqa: F401
+                     CheckpointError, checkpoints_dir, describe_write_error, manifest_of, now, read_meta,
+                     unwritable, verify, weights_dir, write_final, write_frozen, write_json_atomic, write_manifest,
+                     write_meta, write_text_atomic, writing)
 
 LATEST = "latest"
 MODEL_STATES = "mp_rank_00_model_states.pt"
@@ -41,10 +42,6 @@ UNIVERSAL = ".universal"
 
 def tag_for(step: int) -> str:
     return f"step_{step:08d}"
-
-
-def checkpoints_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
 
 
 # ---------------------------------------------------------------- saving and finding engine checkpoints
@@ -176,7 +173,7 @@ def list_checkpoints(run_dir: str | Path, of_kind: str | None = None) -> list[Pa
 def find_resume_point(run_dir: str | Path, checksums: bool = True) -> Path | None:
     """Newest checkpoint that verifies; a corrupt newest one is reported and the one before is used.
     Half-written ones (`*.tmp`, or published without a manifest) are reported and never used; the next
-    save removes the `*.tmp` ones. Rank-0 work under a launcher (stages/common.py `verify_inputs`)."""
+    save removes the `*.tmp` ones. The launching side's work (mm_ds/stages/resolve.py): the ranks take its verdict."""
     root = checkpoints_dir(run_dir)
     for p in sorted(root.glob("step_*")) if root.is_dir() else []:
         if p.is_dir() and (p.name.endswith(".tmp") or not (p / MANIFEST).is_file()):

@@ -20,7 +20,7 @@ from datetime import timedelta
 import torch
 
 from ..config import ConfigError, LaunchConfig
-from . import bringup, stop
+from . import bringup, stop, watchdog
 from .bringup import (free_port, keep_freed_memory, local_world_size, set_threads, skip_shm_comm_build,  # noqa: F401
                       slurm_first_host)
 
@@ -184,8 +184,7 @@ def init(launch: LaunchConfig | None = None) -> tuple[int, int, int]:
         _start_group(store, here, launch)
         deepspeed.init_distributed(verbose=False)  # adopts the process group
     r, world = rank(), world_size()
-    from .watchdog import start as watch_launcher
-    watch_launcher(r)  # a SIGKILLed launcher must not leave this rank running (mm_ds/runtime/watchdog.py)
+    watchdog.start(r)  # a SIGKILLed launcher must not leave this rank running (mm_ds/runtime/watchdog.py)
     if not torch.cuda.is_available():
         keep_freed_memory()
     return r, int(os.environ.get("LOCAL_RANK", 0)), world

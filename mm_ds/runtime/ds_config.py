@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ConfigError, RunConfig
+from .rundir import logs_dir
+from . import dist
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,7 @@ def resolve(cfg: RunConfig, world_size: int, run_dir: Path | None = None, on_thi
         _monitors(ds, cfg)
         for k in FILE_MONITORS:
             if ds.get(k, {}).get("enabled"):
-                ds[k].setdefault("output_path", str(Path(run_dir) / "logs"))
+                ds[k].setdefault("output_path", str(logs_dir(run_dir)))
                 ds[k].setdefault("job_name", cfg.stage)
     ds["steps_per_print"] = ds.get("steps_per_print", 10 ** 9)
     ds.setdefault("timers", {}).setdefault("throughput", {}).setdefault("enabled", False)  # SYNCING says why
@@ -314,8 +316,6 @@ def validate(ds: dict, geo: Geometry, path: Path | str) -> None:
     silently ignores (unknown top-level keys) and the optimizer's and scheduler's parameter names."""
     import pydantic
     from deepspeed.runtime.config import DeepSpeedConfig
-
-    from . import dist
 
     # The parser takes the world size from the process group, or 1 before any rank starts: hand it the
     # geometry for that world size (resolve() has checked it against the real one).

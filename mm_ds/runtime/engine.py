@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from . import checkpoint as ckpt_io
-from . import dist, faults, handoff, stop
+from . import dist, faults, handoff, rundir, stop
 from . import ds_config as dsc
 from ..config import RunConfig, dump_yaml
 from .ds_config import Geometry
@@ -34,7 +34,10 @@ from .boundary import Boundary
 from .peaks import device_peak_flops
 from .phases import DepthSchedule
 from .prefetch import Prefetcher
+from . import resharding as universal
+from .resolved import Resolved
 from .train_log import LogWindow, RowWriter, nonfinite_skips
+from ..model.model import param_groups, set_trainable
 
 
 @dataclass
@@ -75,12 +78,6 @@ class Engine:
     """What to load for `found`: it, or its universal conversion when the world size changed."""
 
 
-# ---------------------------------------------------------------- checkpoint schedule
-
-def is_checkpoint_step(step: int, cfg: RunConfig) -> bool:
-    return cfg.train.is_checkpoint_step(step)
-
-
 def _dropout_seed(seed: int, step: int, micro: int, rank: int) -> int:
     # Dropout masks become a function of position in training, not of history: resume is bitwise exact.
     return (seed * 1_000_003 + step * 10_007 + micro * 101 + rank) % (2 ** 63 - 1)
@@ -98,24 +95,27 @@ def dropout_generator(device: torch.device) -> torch.Generator:
 # ---------------------------------------------------------------- the engine
 
 def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: bool = False,
-                 reshard: bool = False) -> Engine:
+                 reshard: bool = False, given: Resolved | None = None) -> Engine:
     """The DeepSpeed engine of `stage` on `world` ranks: the effective DeepSpeed config, the stage's frozen
     parameters frozen before `deepspeed.initialize` (which then sees only the trainable parameter groups),
-    and with `run_dir` the run's files (its configs, the frozen fp32 weights) and, with `resume`, the
-    checkpoint to load. Collective when `run_dir` is given. `train` and `mm-ds bench` build theirs here."""
+    and with `run_dir` the run's files (the frozen fp32 weights) and, with `resume`, the checkpoint to load.
+    `given`: the stage run as its launching side resolved it (mm_ds/runtime/resolved.py), whose engine config and
+    resume point it takes; without it (mm-ds bench, tests) they are resolved here and the configs written into
+    `run_dir`. Collective when `run_dir` is given. `train` and `mm-ds bench` build theirs here."""
     import deepspeed
-
-    from ..model.model import param_groups, set_trainable
 
     cfg, model = stage.cfg, stage.model
     rank = dist.rank()
-    ds_cfg, geo = dsc.resolve(cfg, world, run_dir)
+    ds_cfg, geo = (given.ds_cfg, given.geo) if given is not None else dsc.resolve(cfg, world, run_dir)
+    if geo.world_size != world:
+        raise ValueError(f"{run_dir} was resolved for {geo.world_size} ranks, but {world} started; resolve it again")
     n_train, n_total = set_trainable(model, stage.trainable)
     if run_dir is not None:
-        dist.on_rank0(lambda: _write_run_files(run_dir, cfg, ds_cfg, model), f"writing the run files of {run_dir}")
+        dist.on_rank0(lambda: _write_run_files(run_dir, cfg, ds_cfg, model, configs=given is None),
+                      f"writing the run files of {run_dir}")
         if ds_cfg.get("wandb", {}).get("enabled"):
-            os.environ.setdefault("WANDB_DIR", str(run_dir / "logs"))  # W&B's block has no output path
-            (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+            os.environ.setdefault("WANDB_DIR", str(rundir.logs_dir(run_dir)))  # W&B's block has no output path
+            rundir.logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
 
     use_tf32(cfg.train.tf32 and dsc.precision(ds_cfg) == "fp32")
     if not ds_cfg.get("compile", {}).get("enabled"):
@@ -128,23 +128,26 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
         for head in model.heads().values():  # the tied projection lives in another module
             deepspeed.zero.register_external_parameter(head, model.embed.tokens.weight)
     found = None
-    if resume and run_dir is not None:  # rank 0 looks for all: what it finds decides the collectives that load it
+    if given is not None:  # the launching side found it (and verified its sums)
+        found = given.resume_from
+    elif resume and run_dir is not None:  # rank 0 looks for all: what it finds decides the collectives that load it
         found = dist.on_rank0(lambda: ckpt_io.find_resume_point(run_dir), f"looking for a checkpoint in {run_dir}")
     load_from = None
     if found is not None:
-        from . import resharding as universal  # another world size: reshard through a universal checkpoint
-        load_from = universal.prepare(found, world, ds_cfg, rank, force=reshard)
+        load_from = universal.prepare(found, world, ds_cfg, rank, force=reshard)  # another world size: reshard
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model, wd),
                                            config=dsc.engine_config(ds_cfg))  # no monitors: RowWriter has them
     return Engine(engine, ds_cfg, geo, n_train, n_total, found, load_from)
 
 
-def _write_run_files(run_dir: Path, cfg: RunConfig, ds_cfg: dict, model: torch.nn.Module) -> None:
-    """Rank 0: the effective configs and the frozen fp32 weights, into `run_dir`."""
+def _write_run_files(run_dir: Path, cfg: RunConfig, ds_cfg: dict, model: torch.nn.Module, configs: bool) -> None:
+    """Rank 0: the frozen fp32 weights and, with `configs` (no launching side wrote them), the effective configs,
+    into `run_dir`."""
     with ckpt_io.writing(run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)
-        ckpt_io.write_text_atomic(run_dir / "run_config.yaml", dump_yaml(cfg))
-        ckpt_io.write_json_atomic(run_dir / "ds_config.json", ds_cfg)
+        if configs:
+            ckpt_io.write_text_atomic(run_dir / ckpt_io.RUN_CONFIG, dump_yaml(cfg))
+            ckpt_io.write_json_atomic(run_dir / ckpt_io.DS_CONFIG, ds_cfg)
     # Under bf16/fp16 DeepSpeed casts every parameter, frozen ones too, to the training dtype, and keeps fp32
     # masters only of what trains. The frozen fp32 weights (the parent's, after surgery) are kept once per run
     # and laid over every consolidation, so that final/ holds them bit for bit.
@@ -163,22 +166,26 @@ def use_tf32(on: bool) -> None:
 # ---------------------------------------------------------------- the loop
 
 def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: bool = True,
-          reshard: bool = False) -> Path:
-    """Train `stage` into `run_dir` (its checks, `stages.runner.validate`, are done before) and return final/. A stop
-    signal ends it after a checkpoint: `stop.Stopped` on every rank (mm_ds/runtime/stop.py)."""
+          reshard: bool = False, given: Resolved | None = None) -> Path:
+    """Train `stage` into `run_dir` and return final/. `given`: the run as its launching side resolved it
+    (mm_ds/stages/resolve.py, which checked it), whose resume point, --reshard and progress bar it takes over
+    `resume`, `reshard` and `progress`. A stop signal ends it after a checkpoint: `stop.Stopped` on every rank
+    (mm_ds/runtime/stop.py)."""
     cfg = stage.cfg
     run_dir = Path(run_dir)
     if cfg.train.steps == 0:
         return handoff.publish_as_built(stage, run_dir)
+    if given is not None:
+        resume, reshard, progress = given.resume, given.reshard, given.progress
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # deepspeed.utils.logger
     with stop.handling(cfg.train.stop_signals):  # a stop signal only sets a flag; the update boundaries read it
-        return _train(stage, run_dir, resume, progress, reshard)
+        return _train(stage, run_dir, resume, progress, reshard, given)
 
 
-def _train(stage: Stage, run_dir: Path, resume: bool, progress: bool, reshard: bool) -> Path:
+def _train(stage: Stage, run_dir: Path, resume: bool, progress: bool, reshard: bool, given: Resolved | None) -> Path:
     cfg = stage.cfg
     rank, local_rank, world = dist.init()
-    built = build_engine(stage, world, run_dir, resume, reshard)
+    built = build_engine(stage, world, run_dir, resume, reshard, given)
     engine, ds_cfg, geo = built.engine, built.ds_cfg, built.geo
     frozen_dir = str(run_dir / ckpt_io.FROZEN) if built.n_train < built.n_total else None
 
@@ -225,7 +232,7 @@ def _train(stage: Stage, run_dir: Path, resume: bool, progress: bool, reshard: b
                     schedule.observe(settled, done)
             saved = {}
             if checkpoint:  # the rows so far written (else every rank stops with rank 0's reason), then the save,
-                dist.on_rank0(writer.flush, f"writing {run_dir / 'logs'}")  # before the row that logs its cost
+                dist.on_rank0(writer.flush, f"writing {rundir.logs_dir(run_dir)}")  # before the row that logs its cost
                 client = _client(stage, done, tokens, nonfinite)
                 saved = edge.save(done, agreed, client, meta(done) | {"kind": checkpoint})
                 last_checkpoint = edge.last
@@ -240,7 +247,7 @@ def _train(stage: Stage, run_dir: Path, resume: bool, progress: bool, reshard: b
             if agreed.stop:
                 raise edge.stopped(done, agreed.stop)
             faults.after_step(done, rank, cfg.stage)  # a test's fault point (MM_DS_KILL_AT); inert otherwise
-        dist.on_rank0(writer.close, f"writing {run_dir / 'logs'}")
+        dist.on_rank0(writer.close, f"writing {rundir.logs_dir(run_dir)}")
     finally:
         edge.close()
         ahead.close()
@@ -260,8 +267,8 @@ def _row_writer(run_dir: Path, ds_cfg: dict) -> RowWriter:
     """Collective: rank 0's writer of log rows, its monitors opened (a failure there stops every rank); on the
     other ranks one that writes nothing."""
     made = [RowWriter(None, ds_cfg)]
-    dist.on_rank0(lambda: made.insert(0, RowWriter(run_dir / "logs" / "train.jsonl", ds_cfg)),
-                  f"opening the monitors under {run_dir / 'logs'}")
+    dist.on_rank0(lambda: made.insert(0, RowWriter(rundir.train_log(run_dir), ds_cfg)),
+                  f"opening the monitors under {rundir.logs_dir(run_dir)}")
     return made[0]
 
 
@@ -322,7 +329,6 @@ def _resume(built, stage: Stage, run_dir: Path, rank: int) -> tuple[int, int, in
         return 0, 0, 0, None
     client = ckpt_io.load_into_engine(built.engine, built.load_from)
     if built.load_from != built.found:
-        from . import resharding as universal
         universal.restore_frozen(built.engine, built.load_from)
     if stage.schedule is not None:
         stage.schedule.load_state_dict(client["schedule"])

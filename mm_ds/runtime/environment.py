@@ -8,7 +8,8 @@ set by the launcher on each rank reaches every rank; one set by the `mm-ds` proc
 the user, may be missing (or different) on another node.
 
 The rule: none that may differ between ranks decides which collectives a rank calls. Such a decision is
-taken on rank 0 and broadcast (`dist.broadcast_object`, as `stages.runner.run_stage` does with MM_DS_VALIDATED).
+taken on rank 0 and broadcast (`dist.broadcast_object`), or read from the run directory the launching side
+resolved (mm_ds/runtime/resolved.py), which every rank reads alike.
 tests/test_environment.py keeps this table complete and the rule kept.
 """
 
@@ -71,7 +72,6 @@ VARIABLES = {
     "CUDA_VISIBLE_DEVICES": Variable(LAUNCHER, "the GPUs a rank sees (deepspeed: the node's; srun --gpus-per-task: "
                                                "its one); a packed single-device run gets its rank's (mm_ds/pipeline/pack.py)"),
     # set by the mm-ds process that starts the launcher
-    "MM_DS_VALIDATED": Variable(MM_DS, "fingerprint of the command it validated; rank 0's copy tells every rank"),
     "MM_DS_LAUNCH_ROOT": Variable(MM_DS, "pid of that process: the watchdog ends a rank when it dies"),
     "MM_DS_MASTER_ADDR": Variable(MM_DS, "the MASTER_ADDR that process chose (launch.master_addr, the hostfile's first "
                                          "host): an srun task keeps a MASTER_ADDR equal to it, else uses the step's "

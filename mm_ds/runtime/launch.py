@@ -25,6 +25,7 @@ from . import hostfile, runners
 from .bringup import MARKED, RANK_VARS, SRUN_STEP_VARS, is_loopback, under_launcher  # noqa: F401
 from .environment import forwarded
 from .runners import bin_path as _bin
+from . import stop
 
 
 ENTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank.py")
@@ -70,6 +71,14 @@ def command(launch: LaunchConfig, argv: list[str]) -> list[str]:
              "srun": [sys.executable, ENTRY]}
     head = launcher_command(launch)
     return [*head, *ranks[launch.launcher], *argv]
+
+
+def rank_command(launch: LaunchConfig, what: str | os.PathLike) -> list[str]:
+    """The command that runs `mm_ds/rank.py WHAT` (a resolved run directory) on every rank of `launch`; under
+    launch.launcher=none, one process here."""
+    if launch.launcher == "none":
+        return [sys.executable, ENTRY, str(what)]
+    return command(launch, [str(what)])
 
 
 def launcher_command(launch: LaunchConfig) -> list[str]:
@@ -286,14 +295,22 @@ def runner_env(launch: LaunchConfig) -> dict[str, str]:
     return env
 
 
-def launch_env(launch: LaunchConfig) -> dict[str, str]:
-    """The launcher's environment over this process's (`runner_env`); the rest as each launcher forwards it:
-    nothing collective depends on it (mm_ds/runtime/environment.py)."""
+def process_env() -> dict[str, str]:
+    """The environment of every process mm-ds starts (a launcher, a rank of launcher none, `mm-ds prepare`): this
+    process's, with what mm-ds adds where the user set nothing (the user's value wins), and unbuffered output (a log
+    shows a rank's lines as they come). The one place that sets it: `launch_env` starts from it."""
     env = dict(os.environ)
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")  # mpirun as root (containers)
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # ranks exit when it dies (mm_ds/runtime/watchdog.py)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def launch_env(launch: LaunchConfig) -> dict[str, str]:
+    """The launcher's environment (`runner_env`) over this process's (`process_env`); the rest as each launcher
+    forwards it: nothing collective depends on it (mm_ds/runtime/environment.py)."""
+    env = process_env()
     env.pop(MARKED, None)  # an outer launch's mark is not this one's
     own = runner_env(resolve(launch))
     if "MASTER_ADDR" in own:
@@ -301,16 +318,13 @@ def launch_env(launch: LaunchConfig) -> dict[str, str]:
     return env | own
 
 
-def relaunch(launch: LaunchConfig, argv: list[str], env: dict[str, str] | None = None,
-             grace_s: float | None = None) -> int:
+def relaunch(launch: LaunchConfig, argv: list[str], grace_s: float | None = None) -> int:
     """Start the ranks of `mm-ds ARGV` under the launcher and wait for them. A stop signal received here is passed
     on to the launcher (mm_ds/runtime/stop.py: it runs in a session of its own); the ranks save and leave within
     `grace_s` (train.stop_grace_s) and this returns stop.EXIT_CODE."""
-    from . import stop
-
     cmd = command(launch, argv)
     print("[mm-ds] launching:", " ".join(cmd), flush=True)
-    return stop.run_child(cmd, grace_s or stop.GRACE_S, env=launch_env(launch) | (env or {}))
+    return stop.run_child(cmd, grace_s or stop.GRACE_S, env=launch_env(launch))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,11 @@
-"""The self-describing run directory: what mm-ds writes beside DeepSpeed's files, and how it is checked.
+"""The self-describing run directory: what mm-ds writes beside DeepSpeed's files, and how it is checked. The
+one owner of the run tree's names: everyone else asks for a part (`logs_dir`, `train_log`, FINAL, ...) rather
+than spelling it (tests/test_layout.py keeps it so).
 
     RUN/
       run_config.yaml  ds_config.json      effective configs of the stage
+      resolved.json                        the launch's record: world size, resume point, what was verified,
+                                           each file's sum (mm_ds/runtime/resolved.py); the ranks start from it
       logs/                                train.jsonl, and the monitors' output when enabled (CSV, TensorBoard, W&B)
       checkpoints/                         engine checkpoints (mm_ds/runtime/checkpoint.py: DeepSpeed's layout)
         step_00001000/
@@ -33,6 +37,15 @@ import torch
 
 from . import dist, sums
 
+LOGS = "logs"
+"""A stage run's logs (RUN/logs/train.jsonl, the monitors') and `mm-ds run`'s (OUT/logs/: each launch's job
+and log)."""
+TRAIN_LOG = "train.jsonl"
+CHECKPOINTS = "checkpoints"
+RUN_CONFIG = "run_config.yaml"
+DS_CONFIG = "ds_config.json"
+RESOLVED = "resolved.json"
+"""The stage run as its launching side resolved it (mm_ds/runtime/resolved.py): what every rank starts from."""
 META = "mm_ds.json"
 MANIFEST = sums.MANIFEST
 FINAL = "final"
@@ -45,6 +58,20 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, incomplete, corrupt, or not what the caller expects."""
 
 
+def logs_dir(root: str | Path) -> Path:
+    """RUN/logs/ of a stage run, or OUT/logs/ of `mm-ds run`'s run tree."""
+    return Path(root) / LOGS
+
+
+def train_log(run_dir: str | Path) -> Path:
+    """RUN/logs/train.jsonl: a stage run's log rows."""
+    return logs_dir(run_dir) / TRAIN_LOG
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
 # ---------------------------------------------------------------- small atomic-file helpers
 
 def write_json_atomic(path: Path, obj) -> None:
@@ -52,7 +79,9 @@ def write_json_atomic(path: Path, obj) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    # A name of this process's own: two writers of the same file (each node's command of a `--no_ssh` launch writes
+    # the same resolved record) never write into one temporary file.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()

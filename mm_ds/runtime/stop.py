@@ -27,7 +27,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 
@@ -135,11 +134,25 @@ def handling(names=SIGNALS):
         restore(before)
 
 
-def resume_command(argv: list[str] | None = None) -> str:
-    """The command that resumes this process's run: its own stage command with --resume; inside `mm-ds run`'s
-    one job (`run-job`), the same `mm-ds run` command."""
-    argv = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--local_rank")]
-    if not argv or argv[0].startswith("run-"):
+_resume_with: str | None = None
+
+
+def resume_with(command: str | None) -> None:
+    """The command that resumes this process's run, as its launching side named it (mm_ds/runtime/resolved.py): a
+    rank started from a run directory has no stage command line of its own."""
+    global _resume_with
+    _resume_with = command
+
+
+def resume_line() -> str:
+    """What resumes this process's run, for a stop's line: the command its launching side named (`resume_with`)."""
+    return _resume_with or "the same command with --resume"
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command that resumes `mm-ds ARGV`: the same stage command with --resume; `mm-ds run`'s, itself."""
+    argv = [a for a in argv if not a.startswith("--local_rank")]
+    if not argv or argv[0].startswith("run"):
         return "the same `mm-ds run` command"
     return shlex.join(["mm-ds", *argv, *([] if "--resume" in argv else ["--resume"])])
 

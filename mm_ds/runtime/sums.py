@@ -2,14 +2,13 @@
 
 A checkpoint is hashed before anything loads it (DeepSpeed unpickles its files). At the paper's BL_BASE size
 that reads 1.75 GB, so it is done once: a process remembers which checkpoints it has checked (their files
-unchanged since), and under a launcher rank 0 checks and broadcasts its verdict (stages/common.py
-`verify_inputs`): the other ranks `trust` it and check sizes only. The process that starts the ranks checks
-sizes only (`deferred`): rank 0 hashes what it loads.
+unchanged since), and the side that resolves a stage run (mm_ds/stages/resolve.py) checks the parent and the
+resume point and records their manifests (mm_ds/runtime/resolved.py): a rank whose record matches takes that
+verdict (`checked`) and checks sizes only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from pathlib import Path
 
@@ -17,8 +16,8 @@ from . import faults
 
 MANIFEST = "manifest.json"
 _checked: dict[str, tuple] = {}
-"""Resolved checkpoint directory -> its files' (name, mtime, size) when their sums were checked here or trusted."""
-_deferred = False
+"""Resolved checkpoint directory -> its files' (name, mtime, size) when their sums were checked here or recorded as
+checked by the launching side."""
 
 
 def sha256(path: Path, rank: int = 0) -> str:
@@ -37,28 +36,14 @@ def _stamp(ckpt: Path) -> tuple[str, tuple]:
 
 
 def needed(ckpt: Path) -> bool:
-    """Whether `verify` must hash `ckpt`'s files: not checked (or trusted) here since any of them last changed,
-    and not deferred."""
+    """Whether `verify` must hash `ckpt`'s files: not checked here (or by the launching side) since any of them
+    last changed."""
     key, stamp = _stamp(ckpt)
-    return not _deferred and _checked.get(key) != stamp
+    return _checked.get(key) != stamp
 
 
 def checked(ckpt: str | Path) -> None:
-    """`ckpt`'s files match its manifest's sums: checked here, or by another rank that said so (`trust`)."""
+    """`ckpt`'s files match its manifest's sums: checked here, or by the launching side, whose record says so."""
     if (Path(ckpt) / MANIFEST).is_file():
         key, stamp = _stamp(Path(ckpt))
         _checked[key] = stamp
-
-
-trust = checked
-
-
-@contextlib.contextmanager
-def deferred(defer: bool = True):
-    """Within it, `verify` checks sizes only: the side that starts a stage's ranks, whose rank 0 hashes."""
-    global _deferred
-    before, _deferred = _deferred, defer or _deferred
-    try:
-        yield
-    finally:
-        _deferred = before

@@ -24,6 +24,7 @@ import torch
 
 from . import dist
 from .rundir import writing
+from .ds_config import MONITORS
 
 
 @dataclass
@@ -147,8 +148,6 @@ class RowWriter:
         """`path`: logs/train.jsonl; None (the ranks other than 0): a writer that writes nothing."""
         from deepspeed.monitor.config import get_monitor_config
         from deepspeed.monitor.monitor import MonitorMaster
-
-        from .ds_config import MONITORS
 
         self.path, self.monitor, self.error = path, None, None
         self.rows: queue.Queue = queue.Queue()

@@ -16,21 +16,38 @@ from __future__ import annotations
 import torch
 
 from ..model import surgery
-from ..config import ConfigError, RunConfig
+from ..config import ConfigError, ModelConfig, RunConfig
 from ..data.tokenizer import pieces
 from ..runtime.engine import Stage
 from ..model.model import RobertaMLM, is_language_param
 from ..runtime.phases import DepthSchedule, schedule_for
 from ..systems import system_of
-from .common import load_parent, mlm_batches, open_corpus, pack_blocks, stage_flops
+from .common import Parent, load_parent, mlm_batches, open_corpus, pack_blocks, stage_flops
+
+
+def inherit(cfg: RunConfig, parent: Parent) -> None:
+    """What Step 2 needs of its parent: the run its system adapts over (a mini-model, or a baseline's pretraining),
+    whose positions hold data.seq_len and whose depths the schedule can walk (multi-depth MINIJOINT)."""
+    want = system_of(cfg.system).adapts_over
+    if parent.stage != want:
+        raise ConfigError(f"{cfg.system} adapts over a {want} run, but {parent.name} is a {parent.stage} run"
+                          + ("; run build-mini first" if want == "build_mini" else ""))
+    if cfg.data.seq_len > parent.model.max_positions:
+        raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the parent's model.max_positions="
+                          f"{parent.model.max_positions}")
+    try:
+        schedule_for((*parent.model.secondary_depths, parent.model.num_layers), cfg.train.steps, cfg.mini)
+    except ValueError as e:
+        raise ConfigError(f"{parent.name}: {e}") from None
+
+
+def hands_on(cfg: RunConfig, parent: ModelConfig) -> ModelConfig:
+    """The model Step 2 hands on: its parent's architecture (the vocabulary is the target tokenizer's)."""
+    return parent
 
 
 def _target_model(cfg: RunConfig):
-    meta, mcfg, sd = load_parent(cfg)
-    want = system_of(cfg.system).adapts_over
-    if meta.get("stage") != want:
-        raise ConfigError(f"{cfg.system} adapts over a {want} checkpoint, but parent={cfg.parent} is "
-                          f"{meta.get('stage')!r}" + ("; run build-mini first" if want == "build_mini" else ""))
+    meta, mcfg, sd = load_parent(cfg, inherit)
     if not meta.get("tokenizer"):
         raise ConfigError(f"parent={cfg.parent} records no source tokenizer; overlap initialisation needs the "
                           f"source pieces (re-import it with --tokenizer)")
@@ -43,13 +60,10 @@ def _target_model(cfg: RunConfig):
 
 
 def preflight(cfg: RunConfig) -> None:
-    """Checks the parent (the checkpoint this system adapts over, recording its tokenizer), the corpus's
-    vocabulary against it (overlap initialisation), and data.seq_len against its positions."""
+    """Checks the parent (`inherit`: the checkpoint this system adapts over, its positions and depths; and that it
+    records its tokenizer) and the corpus's vocabulary against it (overlap initialisation)."""
     _, new_cfg, _, _, report = _target_model(cfg)
     cfg.model = new_cfg  # as build() makes it: a resumed run's checkpoint is checked against it
-    depth_schedule(cfg)
-    if cfg.data.seq_len > new_cfg.max_positions:
-        raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the parent's max_positions={new_cfg.max_positions}")
     print(f"[mm-ds] {cfg.lang}: {report['overlap']} of {report['vocab_size']} pieces overlap the source "
           f"vocabulary ({100 * report['share']:.1f}%); their embeddings start from the source's")
 

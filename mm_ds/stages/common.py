@@ -1,7 +1,9 @@
-"""What several stages share: opening the parent checkpoint and the corpus, MLM batches and FLOPs."""
+"""What several stages share: the parent a stage inherits from and opening its checkpoint, the corpus, MLM batches and
+FLOPs."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime import checkpoint, dist
@@ -13,37 +15,29 @@ from ..data.shards import TokenCorpus
 from ..runtime.ds_config import Geometry
 
 
-def load_parent(cfg: RunConfig, want_stage: tuple[str, ...] | None = None) -> tuple[dict, ModelConfig, dict]:
-    """(meta, model config, fp32 state dict) of `cfg.parent`; errors name the parent and what is wrong."""
+@dataclass(frozen=True)
+class Parent:
+    """What a stage inherits from its parent, as each stage's `inherit` checks it: from the parent's checkpoint (the
+    stage's preflight, `load_parent`) or from the parent stage's config (`mm-ds run --check`: pipeline/check.py)."""
+    stage: str
+    system: str
+    model: ModelConfig
+    """The model the parent hands on (its final/)."""
+    name: str
+    """The parent in messages: `parent=PATH`, or the stage run of a plan."""
+
+
+def load_parent(cfg: RunConfig, inherit) -> tuple[dict, ModelConfig, dict]:
+    """(meta, model config, fp32 state dict) of `cfg.parent`, which the stage's `inherit(cfg, Parent)` accepts;
+    errors name the parent and what is wrong."""
     if not cfg.parent:
         raise ConfigError(f"stage {cfg.stage} needs parent=RUN_DIR (the run it starts from)")
     if not Path(cfg.parent).exists():
         raise ConfigError(f"parent={cfg.parent} does not exist; run the parent stage first")
     meta, sd = checkpoint.load_final(cfg.parent)
-    if want_stage and meta.get("stage") not in want_stage:
-        raise ConfigError(f"parent={cfg.parent} is a {meta.get('stage')!r} checkpoint; stage {cfg.stage} "
-                          f"starts from one of: {', '.join(want_stage)}")
-    return meta, model_config_from_dict(meta["model"]), sd
-
-
-def verify_inputs(parent: str | None, run_dir: Path | None) -> Path | None:
-    """Collective, at a stage start: rank 0 checks the sums of the parent's weights and finds the resume point in
-    `run_dir` (the newest checkpoint that verifies; None without `run_dir`), reading each once; every other
-    rank takes its verdict (mm_ds/runtime/sums.py `trust`) and reads neither to hash it. Returns the resume point."""
-    from ..runtime import dist, sums
-
-    weights = checkpoint.weights_dir(parent) if parent and Path(parent).exists() else None  # else `validate` says so
-
-    def look():
-        if weights is not None and (weights / checkpoint.MANIFEST).is_file():
-            checkpoint.verify(weights)
-        return checkpoint.find_resume_point(run_dir) if run_dir is not None else None
-
-    found = dist.on_rank0(look, "verifying the parent's weights and the resume point")
-    for ckpt in (weights, found):
-        if ckpt is not None:
-            sums.trust(ckpt)
-    return found
+    model = model_config_from_dict(meta["model"])
+    inherit(cfg, Parent(meta.get("stage"), meta.get("system"), model, f"parent={cfg.parent}"))
+    return meta, model, sd
 
 
 def open_corpus(cfg: RunConfig) -> TokenCorpus:

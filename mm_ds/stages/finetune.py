@@ -17,7 +17,7 @@ import torch
 
 from ..runtime import ds_config
 from ..model import flops
-from ..config import ConfigError, RunConfig
+from ..config import ConfigError, ModelConfig, RunConfig
 from ..data import features as feats
 from ..data.order import sample_ids
 from ..data.task_files import load_split
@@ -26,16 +26,28 @@ from ..data.tokenizer import is_tokenizer_json
 from ..runtime.ds_config import Geometry
 from ..runtime.engine import Stage
 from ..model.heads import RobertaForTask
-from .common import load_parent
+from .common import Parent, load_parent
 
 FROZEN = ("embed.tokens.weight",)  # the language-specific input embeddings (there is no MLM head here)
+
+
+def inherit(cfg: RunConfig, parent: Parent) -> None:
+    """What Step 3 needs of its parent: a primary model (a pretraining), or a mini-model (Step 1b: Table 5)."""
+    if parent.stage not in ("pretrain", "build_mini"):
+        raise ConfigError(f"{parent.name} is a {parent.stage!r} run; stage finetune starts from a pretrain run (a "
+                          f"primary model) or a build_mini run (a mini-model)")
+
+
+def hands_on(cfg: RunConfig, parent: ModelConfig) -> ModelConfig:
+    """The model Step 3 hands on: its parent's body with a task head (no secondary MLM head downstream)."""
+    return ModelConfig(**{**parent.__dict__, "secondary_head_layer": None})
 
 
 def _spec_and_parent(cfg: RunConfig):
     if not cfg.finetune.task:
         raise ConfigError("finetune.task is unset: choose xnli, pawsx, mlqa or xquad")
     spec = get_task(cfg.finetune.task)
-    meta, mcfg, sd = load_parent(cfg, ("pretrain", "build_mini"))  # a primary model, or a mini-model (Table 5)
+    meta, mcfg, sd = load_parent(cfg, inherit)  # a primary model, or a mini-model (Table 5)
     if not meta.get("tokenizer"):
         raise ConfigError(f"parent={cfg.parent} records no tokenizer to encode the English task data with")
     if Path(meta["tokenizer"]).is_file() and is_tokenizer_json(meta["tokenizer"]):

@@ -40,6 +40,7 @@ import contextlib
 import importlib
 import io
 import json
+import logging
 import os
 import platform
 import statistics
@@ -62,6 +63,11 @@ from .bench_data import host_corpus, pair_batches, prepare_corpus, spread_corpus
 from . import bench_pairs
 from .bench_pairs import EngineSteps, alternate
 from .bench_peer import PeerSteps, RssPeak, maxrss_bytes, release_free_memory
+from ..config import from_dict
+from ..runtime import ds_config as dsc
+from ..data.mlm import MLMBatches
+from ..data.shards import TokenCorpus
+from ..runtime import dist
 
 STAGES = ("pretrain", "pretrain_secondary", "build_mini", "adapt_full", "adapt_mini", "finetune")
 PEER_STAGES = ("pretrain", "adapt_full", "adapt_mini")  # the peer has no secondary head, bridge or task loop here
@@ -117,8 +123,6 @@ def matmul_peak(n: int = 2048, reps: int = 5) -> dict:
 
 
 def base_model_cfg(preset: Preset) -> ModelConfig:
-    from ..config import from_dict
-
     mcfg = from_dict(ModelConfig, read_preset(preset.model)["model"], prefix="model.")
     if mcfg.vocab_size is None:
         mcfg.vocab_size = preset.vocab
@@ -178,8 +182,6 @@ class Stages:
 
 def run_engine_stage(stage: eng.Stage, warmup: int, steps: int, rank: int, world: int) -> dict:
     """The engine as `engine.train` builds it (`engine.build_engine`), and `engine.train_step` timed."""
-    from ..runtime import ds_config as dsc
-
     steps_of = EngineSteps(stage, world, rank)
     raw = alternate({"stage": steps_of}, warmup, steps)["stage"]
     built = steps_of.built
@@ -265,8 +267,6 @@ def _bench_stage(name, builder, o, rank, world, peer_ok, results, peer, probes, 
 
 def _settings(args) -> argparse.Namespace:
     """The run's shape, device and engine JSON from the arguments, the bench preset and the device's defaults."""
-    from ..runtime import ds_config as dsc
-
     device = bench_device.choose(args.device)
     preset = PRESETS[args.preset]
     stages = args.stages or list(STAGES)
@@ -291,9 +291,6 @@ def _settings(args) -> argparse.Namespace:
 
 def _measure(args, o, rank: int, world: int, peer_ok: bool, probes: list) -> dict:
     """Every stage, the ratio pairs, and on CPU prepare's encoding and the host side, over a synthetic corpus."""
-    from ..data.mlm import MLMBatches
-    from ..data.shards import TokenCorpus
-
     log, preset, mcfg = o.log, o.preset, o.mcfg
     with tempfile.TemporaryDirectory(prefix="mm-ds-bench-") as tmp:
         work = Path(tmp)
@@ -324,15 +321,10 @@ def _measure(args, o, rank: int, world: int, peer_ok: bool, probes: list) -> dic
 
 
 def run(args) -> dict:
-    from ..runtime import dist
-
     o = _settings(args)
     log = o.log
     peer_ok, peer_note = _peer_available(args.peer, o.device, log)
-
-    import logging
-
-    from deepspeed.utils import logger as ds_logger
+    from deepspeed.utils import logger as ds_logger  # deepspeed only once a bench runs: `--help` stays quick
     ds_logger.setLevel(logging.ERROR)  # e.g. "get_lr before the scheduler started", once per engine
     rank, _, world = dist.init()  # one in-process rank; sets this process's thread count
     if world != 1:

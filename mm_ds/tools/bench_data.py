@@ -13,6 +13,9 @@ import numpy as np
 import torch
 
 from ..tokens import PAD, SPECIAL_IDS
+from ..data.corpus import prepare
+from ..data.inputs import chunks, resolve_inputs, split_lines
+from ..data.tokenizer import encoder
 
 
 def synthetic_text(path: Path, megabytes: float, seed: int = 0) -> int:
@@ -70,8 +73,6 @@ def spread_corpus(work: Path, megabytes: float, vocab: int, workers: int, log) -
     """The synthetic corpus prepared with a `vocab`-piece tokenizer (`spread_tokenizer`): (corpus dir, text file,
     the tokenizer, the first prepare's figures). `mm-ds bench` on a GPU and the GPU suite's paper-shape update
     (tests/gpu) use it alone; on CPU `prepare_corpus` also times the encoding."""
-    from ..data.corpus import prepare
-
     text = work / "corpus.txt"
     nbytes = synthetic_text(text, megabytes)
     trained = 2000 if megabytes < 4 else 8000
@@ -98,10 +99,6 @@ def prepare_corpus(work: Path, megabytes: float, encode_mb: float, vocab: int, w
     writing. The two are timed in turn, three times each (A B B A A B, as bench_pairs does), and their medians
     compared, so that a drift of the machine hits both and one slow spell (a side 50% slower than its others,
     seen on these vCPUs) decides nothing; then prepare with one worker (its own overhead, apart from scaling)."""
-    from ..data.corpus import prepare
-    from ..data.inputs import chunks, resolve_inputs, split_lines
-    from ..data.tokenizer import encoder
-
     corpus, text, model, first = spread_corpus(work, megabytes, vocab, workers, log)
     nbytes = first["text_bytes"]
     timed = work / "encode.txt"
@@ -141,8 +138,6 @@ def prepare_corpus(work: Path, megabytes: float, encode_mb: float, vocab: int, w
 def host_corpus(work: Path, text: Path, vocab: int) -> Path:
     """The bench's text prepared with a `vocab`-piece tokenizer: the corpus of the host-side loop
     (bench_host.py), whose model keeps the kernels of the vocabulary and sheds their size."""
-    from ..data.corpus import prepare
-
     prepare("xx", [str(text)], str(work / "host_corpus"), vocab_size=vocab, sample_sentences=5000, seed=0,
             progress=False)
     return work / "host_corpus"

@@ -50,6 +50,12 @@ from ..model import flops
 from ..runtime.ds_config import Geometry, geometry
 from ..runtime.prefetch import Prefetcher
 from .plan import Cluster
+from ..pipeline.stage_runs import stage_configs
+from ..recipe import load_recipe
+from ..model import model
+from ..data.mlm import MLMBatches
+from ..data.shards import TokenCorpus
+from ..runtime import engine as eng
 
 SHAPES = {  # bench stage -> (what, FLOPs kind, the paper recipe's stage run (its first language's), device layers)
     "pretrain": ("Step 1, BL_BASE", "pretrain", "pretrain/bl_base", None),
@@ -69,9 +75,6 @@ class Shape:
 
 def paper_shapes() -> dict[str, Shape]:
     """Each shape's batch geometry and sequence length in the paper recipe's stage config, on its launch's ranks."""
-    from ..pipeline.stage_runs import stage_configs
-    from ..recipe import load_recipe
-
     cfgs = stage_configs(load_recipe("paper"))
     out = {}
     for name, (_, _, run, _) in SHAPES.items():
@@ -90,8 +93,6 @@ def device_seconds(kind: str, hidden: int, vocab: int, layers: int, shape: Shape
 @contextlib.contextmanager
 def gpu_op_path():
     """mm_ds.model.model issues the calls its GPU path issues (see the module docstring), then its own again."""
-    from ..model import model
-
     saved = model.dropout, model._attention_with_dropout
     model.dropout = lambda x, p, training: torch.native_dropout(x, p, True)[0] if training and p > 0.0 else x
     model._attention_with_dropout = lambda q, k, v, mask, p: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -125,8 +126,6 @@ class _Loop:
     """One bench stage's engine and prefetched batches; `update()` times the next update per micro-step."""
 
     def __init__(self, builder, name: str, accum: int, updates: int, rank: int, stack: contextlib.ExitStack):
-        from ..runtime import engine as eng
-
         self.eng, self.rank = eng, rank
         self.stage = builder.timed(name, updates)
         self.stage.cfg.train = replace(self.stage.cfg.train, global_batch=accum * builder.micro_batch)
@@ -148,9 +147,6 @@ class _Loop:
 
 def builder_seconds(corpus_dir, vocab: int, shape: Shape, reps: int = 5) -> float:
     """Median seconds to build one micro-batch of `shape` (packing, masking, masked positions)."""
-    from ..data.mlm import MLMBatches
-    from ..data.shards import TokenCorpus
-
     mlm = MLMBatches(TokenCorpus(corpus_dir), shape.seq, seed=0, vocab_size=vocab)
     g = shape.geo
     times = []
@@ -168,8 +164,6 @@ def measure(stages_for, corpus_dir, host_corpus, paper_cfg, mini_layers: int, ra
     `bench.Stages` over a corpus: the loop runs over `host_corpus` (`HOST_VOCAB` pieces), the batch builder over
     `corpus_dir` (the model's vocabulary); `paper_cfg` is the paper's primary model (models/base). The loop
     figure is the median over `rounds` rounds of `updates` updates, the shapes in turn (`loop_seconds`)."""
-    from ..data.shards import TokenCorpus
-
     cluster, shapes = Cluster(), paper_shapes()
     tiny = replace(paper_cfg, hidden_size=12, num_heads=12, ffn_size=12,
                    vocab_size=TokenCorpus(host_corpus).vocab_size)

@@ -35,6 +35,7 @@ import re
 from dataclasses import dataclass, replace
 
 from .plan_totals import plan_evaluation, recipe_phases
+from ..recipe import text_inputs
 
 STARTUP_S = 30.0
 JOB_START_S = 10.0
@@ -69,8 +70,6 @@ def prepare_seconds(text_bytes: float, workers: int = 16) -> float:
 
 def prepare_times(recipe) -> list[PrepareTime]:
     """Each language's text and preparation time (None: unknown, or a generated world's, seconds)."""
-    from ..recipe import text_inputs
-
     out = []
     for lang in [recipe.source_lang, *recipe.langs]:
         if recipe.world is not None:

@@ -26,6 +26,15 @@ from dataclasses import dataclass, replace
 
 from ..model import flops as F
 from .plan_model import BYTES, Cluster, plan_stages, stage_params
+from ..data.tasks import get_task
+from ..pipeline.stage_runs import stage_configs
+from ..recipe import english_tasks, minis_in_english, primaries
+from ..systems import system_of
+from ..pipeline.costs import stage_run_costs
+from ..pipeline.alignment import aligned_runs
+from ..config import ConfigError
+from ..runtime.ds_config import geometry
+from ..pipeline.stage_runs import PACKED
 
 STEPS = {"pretrain": "Step 1", "build_mini": "Step 1b", "adapt": "Step 2", "finetune": "Step 3"}
 
@@ -91,11 +100,6 @@ def plan_evaluation(recipe, cluster: Cluster, cfgs: dict | None = None) -> EvalP
     checkpoint schedule) plus a control, and the source language once per primary model, each scored by every
     seed's finetuned model on the official test set's size (mm_ds/data/tasks.py) at the task's full sequence
     length (an upper bound: evaluation batches by length). Forward passes only, at the plan's MFU."""
-    from ..data.tasks import get_task
-    from ..pipeline.stage_runs import stage_configs
-    from ..recipe import english_tasks, minis_in_english, primaries
-    from ..systems import system_of
-
     cfgs = stage_configs(recipe) if cfgs is None else cfgs
     units = runs = sequences = 0
     flops = 0.0
@@ -164,8 +168,6 @@ def recipe_phases(recipe, cfgs: dict, cluster, evaluation, spread: int = 1, runs
     """Steps 1-4 and the alignment check of `recipe` on `cluster`: `cfgs` are `stage_configs(recipe)`, `evaluation`
     its `plan_evaluation`, `spread` the groups of `launch.spread` (the cluster's nodes must split evenly), `runs`
     its `stage_run_costs` (computed unless given)."""
-    from ..pipeline.costs import stage_run_costs
-
     runs = stage_run_costs(recipe, cfgs) if runs is None else runs
     out, n = [], cluster.gpus
     for stage, step in STEPS.items():
@@ -213,17 +215,13 @@ def recipe_totals(recipe, cfgs: dict, cluster, evaluation, spread: int = 1) -> l
 
 
 def plan_alignment(recipe, cfgs: dict, cluster, runs: list | None = None) -> StepTotal | None:
-    """The alignment check `mm-ds run` ends with (mm_ds/eval/align.py), as it runs: the Step-2 runs of
-    `align.aligned_runs` (the rule the run follows; every system, BL_BASE's too), their checkpoints and step 0 each
+    """The alignment check `mm-ds run` ends with (mm_ds/pipeline/alignment.py), as it runs: the Step-2 runs of
+    `alignment.aligned_runs` (the rule the run follows; every system, BL_BASE's too), their checkpoints and step 0 each
     scored over `align_sequences` held-out sequences by `row_for`'s forward passes: the primary model with the
     checkpoint's embeddings, and with the untrained ones beside its output bias ("bias only"; the same model at step
     0), and the mini-model at the depth Step 2 was training (mini-model systems). A target language's runs are one
     job on one GPU (align_spread.py), the languages taken longest first by every GPU. `runs`: `stage_run_costs`.
     Left out: a pass per primary model and mini-model on source-language text (align.source_rows)."""
-    from ..eval.align import aligned_runs
-    from ..pipeline.costs import stage_run_costs
-    from ..systems import system_of
-
     pairs = aligned_runs(recipe)
     if not pairs:
         return None
@@ -251,10 +249,6 @@ def plan_alignment(recipe, cfgs: dict, cluster, runs: list | None = None) -> Ste
 def refusals(recipe, cfgs: dict, gpus: int) -> list[str]:
     """What `mm-ds run --check` would refuse about the cluster's size: each stage run's batch geometry on `gpus`
     ranks (one for the single-device runs of Step 3), grouped by message."""
-    from ..config import ConfigError
-    from ..runtime.ds_config import geometry
-    from ..pipeline.stage_runs import PACKED
-
     grouped: dict[str, list[str]] = {}
     for name, cfg in cfgs.items():
         try:

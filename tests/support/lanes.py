@@ -1,0 +1,63 @@
+"""The fast lane: `make test-fast` runs every test but those marked `ranks` (they start ranks or a pipeline, seconds
+to minutes each). The mark is kept honest here: an unmarked test that starts a launcher, a rank or a launching
+`mm-ds` command fails at once, naming what it started, instead of slowing the fast lane down unnoticed.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mm_ds.stages.resolve import STAGES
+
+MARKS = ("ranks", "rehearsal", "gpu")
+"""Tests with one of these marks may start ranks (the last two are kept out of `make test-fast` too)."""
+LAUNCHERS = {"deepspeed", "mpirun", "mpiexec", "srun", "sbatch", "torchrun", "pdsh", "rank.py"}
+"""Programs whose start is a rank's, or a launch of ranks."""
+LAUNCHING = {"run", "run-job", "extend", "probe", "bench", *STAGES}
+"""`mm-ds` commands that train or launch (a stage command trains in the process it starts, or launches ranks)."""
+NOT_LAUNCHING = {"--check", "--dry-run", "--list-stage-runs", "-h", "--help"}
+"""Options with which those commands stop before anything starts."""
+
+
+def starts_ranks(argv) -> str | None:
+    """What `argv` (a process's command line) starts that makes a test a `ranks` one, or None."""
+    args = shlex.split(argv) if isinstance(argv, str) else [str(a) for a in argv]
+    for i, a in enumerate(args):
+        name = Path(a).name
+        if name in LAUNCHERS or Path(a).parent.name == "launchers":
+            return name if name in LAUNCHERS else f"launchers/{name}"
+        if (a == "mm_ds.cli" or name == "mm-ds") and i + 1 < len(args) and args[i + 1] in LAUNCHING \
+                and not NOT_LAUNCHING & set(args):
+            return f"mm-ds {args[i + 1]}"
+    return None
+
+
+_running: list = []
+"""The test being set up, run or torn down (module fixtures start within the first test that uses them)."""
+_popen_init = subprocess.Popen.__init__
+
+
+def _guarded_init(self, args, *rest, **kwargs):
+    item = _running[-1] if _running else None
+    if item is not None and not any(item.get_closest_marker(m) for m in MARKS) and (what := starts_ranks(args)):
+        pytest.fail(f"{item.nodeid} starts {what} but is not marked: add @pytest.mark.ranks (make test-fast leaves "
+                    f"such tests out)", pytrace=False)
+    _popen_init(self, args, *rest, **kwargs)
+
+
+def guard() -> None:
+    """From conftest's pytest_configure: every process a test starts passes `starts_ranks`."""
+    subprocess.Popen.__init__ = _guarded_init
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running.append(item)
+    try:
+        yield
+    finally:
+        _running.pop()
