@@ -124,6 +124,13 @@ class TrainConfig:
     """fp32 engine configs on NVIDIA GPUs (fp32_zero1_gpu): matmuls in TF32 (10-bit mantissa, fp32 range; Ampere
     and newer, ~8x the fp32 rate), the rate mm_ds/runtime/peaks.py's fp32 MFU column assumes. false: full fp32.
     No effect in bf16/fp16 or on CPU."""
+    compile: bool = False
+    """torch.compile the model after deepspeed.initialize (mm_ds/runtime/compiled.py): one graph per shape, compiled
+    at the first updates (its time reported, left out of tokens_per_s). ZeRO 0-2 only. Off until a GPU has measured
+    it (`make test-gpu` records compiled against eager)."""
+    compile_backend: str = "inductor"
+    """With train.compile: inductor (generated kernels), or aot_eager (the same graphs run by eager kernels:
+    compiles in seconds; tests, and telling a compiler fault from a model's)."""
 
     def is_checkpoint_step(self, step: int) -> bool:
         """The checkpoint schedule: `checkpoint_steps`, every `checkpoint_every` updates, and the last one."""

@@ -18,6 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests build every HF model local
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs CUDA GPUs (tests/gpu; `make test-gpu`)")
     config.addinivalue_line("markers", "rehearsal: the real-data rehearsal (`make rehearsal`), minutes of per-stage runs")
+    config.addinivalue_line("markers", "compile_full: train.compile's full matrix, every stage kind x engine config "
+                                       "with inductor (`make test-compile`, ~20 minutes)")
 
 
 @pytest.fixture(scope="session")  # module fixtures (the rehearsal) use it

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ConfigError, RunConfig
+from . import compiled
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,7 @@ def resolve(cfg: RunConfig, world_size: int, run_dir: Path | None = None, on_thi
     ds.setdefault("timers", {}).setdefault("throughput", {}).setdefault("enabled", False)  # SYNCING says why
     validate(ds, geo, path)
     _precision(ds, path, on_this_machine)
+    compiled.check(t.compile, t.compile_backend, ds, zero_stage(ds), path)
     return ds, geo
 
 
