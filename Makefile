@@ -13,7 +13,7 @@ PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
 STAMP   := $(VENV)/.mm-ds-installed
 
-.PHONY: venv demo test test-gpu gpu-python wheels rehearsal real
+.PHONY: venv demo test test-compile test-gpu gpu-python wheels rehearsal real
 venv: $(STAMP)
 
 $(STAMP): setup.py Makefile constraints.txt
@@ -32,7 +32,12 @@ demo: $(STAMP)
 
 # Two workers, each test file on one (module fixtures are built once): most tests wait on process start-ups.
 test: $(STAMP)
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m "not rehearsal" -n 2 --dist loadfile
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m "not rehearsal and not compile_full" -n 2 --dist loadfile
+
+# train.compile's full matrix (tests/test_compile.py): every stage kind under fp32 ZeRO 0-2 and bf16 ZeRO 1 with
+# inductor on 2 ranks, 20 updates each, and every kind resumed (`make test` runs a subset: see the test's docstring).
+test-compile: $(STAMP)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests/test_compile.py -m compile_full
 
 # On a machine with CUDA GPUs: what CPU machines cannot run (tests/gpu), under 8 minutes on one GPU (LONG=1 adds the
 # per-stage pipeline cases), ending with a summary to paste (also written to gpu-summary.txt). Stops first, saying

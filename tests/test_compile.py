@@ -6,8 +6,8 @@ ZeRO 0, 1, 2 and bf16 ZeRO 1 (every config by some kind), 3 updates each side, a
 and backward, run by eager kernels: they compile in seconds, and equal the eager losses bit for bit); MINIJOINT's
 pretraining with inductor too (the generated kernels: losses within `FP32_TOLERANCE`); and two compiled runs resumed
 from their first checkpoint (MINIJOINT pretraining with dropout, multi-depth Step 2 across its depth switch). Behind
-the `compile_full` marker (`make test-compile`, ~20 minutes on 2 quiet cores): every stage kind under every one of the
-four configs with inductor, 20 updates, and every kind resumed.
+the `compile_full` marker (`make test-compile`: 17 minutes on 2 cores shared at load 11, a fresh inductor cache):
+every stage kind under every one of the four configs with inductor, 20 updates, and every kind resumed.
 """
 
 import json
@@ -32,10 +32,10 @@ from mm_ds.runtime.train_log import LogWindow
 HERE = Path(__file__).resolve().parent
 FP32_TOLERANCE = 1e-5
 """Relative difference of a compiled (inductor) loss from the eager one, per update, in fp32 at dropout 0: inductor
-fuses and reorders sums (measured: 6e-8 over 3 updates, 2e-7 over 20)."""
+fuses and reorders sums (measured, every stage kind and fp32 config: at most 1.2e-7 over 20 updates)."""
 BF16_TOLERANCE = 2e-3
-"""The same in bf16: inductor keeps fused intermediates in fp32 where eager rounds each op to bf16 (measured: 3e-5
-over 4 updates)."""
+"""The same in bf16: inductor keeps fused intermediates in fp32 where eager rounds each op to bf16 (measured, every
+stage kind: at most 2.1e-4 over 20 updates)."""
 MLM = dict(vocab_size=64, hidden_size=16, num_layers=3, num_heads=2, ffn_size=32, max_positions=32)
 
 

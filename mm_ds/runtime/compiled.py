@@ -47,7 +47,7 @@ BACKENDS = ("inductor", "aot_eager")
 backward, run by eager kernels: compiles in seconds; for tests and for telling a compiler fault from a model's)."""
 DISABLE = "TORCHDYNAMO_DISABLE"
 
-_clock = {"seconds": 0.0, "started": None, "hooked": False, "frames": []}  # frames: dynamo's "frame/compile" ids
+_clock = {"seconds": 0.0, "started": None, "hooked": False, "current": None, "counters": (0, 0)}
 _state = {"disabled_by_us": False}
 _live: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its Compiled
 
@@ -91,16 +91,32 @@ def seconds() -> float:
     return _clock["seconds"] + (time.perf_counter() - started if started is not None else 0.0)
 
 
+def _counters() -> tuple[int, int]:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+def graph_break_reasons() -> list[str]:
+    """Why dynamo broke graphs in this process (the first line of each reason)."""
+    from torch._dynamo.utils import counters
+
+    return [reason.splitlines()[0] for reason in counters["graph_break"]]
+
+
 def _hook_clock() -> None:
-    """Count compile seconds from torch's callbacks (dynamo tracing a frame, a lazy backward compile): once."""
+    """Count compiles from torch's callbacks (dynamo tracing a frame, a lazy backward compile), once per process:
+    the seconds, and per `Compiled` (the one whose forward ran last: a backward compiles after its forward) its
+    graphs, graph breaks and traced frames. Nothing runs per call of a compiled forward but the attribution."""
     if _clock["hooked"]:
         return
     from torch._dynamo.callback import CallbackTrigger, callback_handler
 
     def start(args) -> None:
-        _clock["started"] = time.perf_counter()
-        if args.callback_trigger == CallbackTrigger.DYNAMO:  # a frame traced: its first compile or a recompile
-            _clock["frames"].append(str(args.compile_id))
+        _clock["started"], _clock["counters"] = time.perf_counter(), _counters()
+        made = _clock["current"]
+        if made is not None and args.callback_trigger == CallbackTrigger.DYNAMO:  # a first compile or a recompile
+            made.frames.append(str(args.compile_id))
 
     def end(_args) -> None:
         # A compile leaves a heap of long-lived objects: Python's next full collection would walk them all inside
@@ -108,28 +124,19 @@ def _hook_clock() -> None:
         # once here, as compile time, then kept out of later collections (`release` lets them go).
         gc.collect()
         gc.freeze()
-        if _clock["started"] is not None:
-            _clock["seconds"] += time.perf_counter() - _clock["started"]
+        spent = time.perf_counter() - _clock["started"] if _clock["started"] is not None else 0.0
+        _clock["seconds"] += spent
         _clock["started"] = None
+        made = _clock["current"]
+        if made is not None:
+            (g0, b0), (g1, b1) = _clock["counters"], _counters()
+            made.compile_s += spent
+            made.graphs += g1 - g0
+            made.graph_breaks += b1 - b0
 
     callback_handler.register_start_callback(start)
     callback_handler.register_end_callback(end)
     _clock["hooked"] = True
-
-
-def counts() -> dict[str, float]:
-    """This process's compiles so far: graphs, graph breaks (dynamo's counters), frames traced, compile seconds.
-    `Compiled.stats` reports their change since it was made."""
-    from torch._dynamo.utils import counters
-
-    return {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values()),
-            "traced": len(_clock["frames"]), "compile_s": seconds()}
-
-
-def graph_break_reasons() -> list[str]:
-    from torch._dynamo.utils import counters
-
-    return [reason.splitlines()[0] for reason in counters["graph_break"]]
 
 
 @dataclass
@@ -137,24 +144,24 @@ class Compiled:
     """How a module's forward is compiled, and what compiling it has cost so far."""
     backend: str
     max_graphs: int
-    start: dict = field(default_factory=counts)
+    compile_s: float = 0.0
+    graphs: int = 0
+    graph_breaks: int = 0
+    frames: list[str] = field(default_factory=list)
+    """dynamo's "frame/compile" id of each trace: a frame traced again is a recompile (a new mask, depth, shape)."""
     said: float = 0.0
     """Compile seconds already reported by `news`."""
 
     def stats(self) -> dict[str, float]:
-        """Graphs, graph breaks, recompiles and compile seconds since this module was compiled. A recompile is a
-        frame traced again (a new mask, depth or shape): traces less the frames traced."""
-        now = counts()
-        frames = _clock["frames"][int(self.start["traced"]):]
-        out = {k: now[k] - self.start[k] for k in ("graphs", "graph_breaks", "compile_s")}
-        return out | {"recompiles": len(frames) - len({f.split("/")[0] for f in frames})}
+        """Graphs, graph breaks, recompiles and compile seconds of this module so far."""
+        return {"graphs": self.graphs, "graph_breaks": self.graph_breaks, "compile_s": self.compile_s,
+                "recompiles": len(self.frames) - len({f.split("/")[0] for f in self.frames})}
 
     def news(self) -> str | None:
         """A line on compiles since the last call (None: nothing compiled since)."""
-        s = self.stats()
-        if s["compile_s"] <= self.said:
+        if self.compile_s <= self.said:
             return None
-        new, self.said = s["compile_s"] - self.said, s["compile_s"]
+        s, new, self.said = self.stats(), self.compile_s - self.said, self.compile_s
         return (f"[mm-ds] compiled in {new:.1f} s ({self.backend}; so far {s['graphs']:.0f} graph(s) of at most "
                 f"{self.max_graphs}, {s['graph_breaks']:.0f} graph break(s), {s['recompiles']:.0f} recompile(s), "
                 f"{s['compile_s']:.1f} s); compile time is left out of tokens_per_s")
@@ -164,8 +171,14 @@ def compile_forward(module: torch.nn.Module, backend: str, max_graphs: int) -> C
     """Compile `module.forward` in place (the engine's module: state-dict keys unchanged); `release` undoes it."""
     _hook_clock()
     made = _live[module] = Compiled(backend, max_graphs)
-    module.forward = torch.compile(type(module).forward.__get__(module), backend=backend, dynamic=False,
-                                   recompile_limit=max_graphs, isolate_recompiles=True)
+    fn = torch.compile(type(module).forward.__get__(module), backend=backend, dynamic=False,
+                       recompile_limit=max_graphs, isolate_recompiles=True)
+
+    def forward(*args, **kwargs):
+        _clock["current"] = made  # whose compiles the callbacks count
+        return fn(*args, **kwargs)
+
+    module.forward = forward
     return made
 
 
@@ -177,5 +190,7 @@ def of(module: torch.nn.Module) -> Compiled | None:
 def release(module: torch.nn.Module) -> None:
     """The module's own forward again (its compiled one, and what it holds, can go)."""
     module.__dict__.pop("forward", None)
-    if _live.pop(module, None) is not None:
+    if (made := _live.pop(module, None)) is not None:
+        if _clock["current"] is made:
+            _clock["current"] = None
         gc.unfreeze()  # what was frozen after its compiles may be collected with the engine
