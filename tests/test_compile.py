@@ -7,7 +7,8 @@ and backward, run by eager kernels: they compile in seconds, and equal the eager
 pretraining with inductor too (the generated kernels: losses within `FP32_TOLERANCE`); and two compiled runs resumed
 from their first checkpoint (MINIJOINT pretraining with dropout, multi-depth Step 2 across its depth switch). Behind
 the `compile_full` marker (`make test-compile`: 17 minutes on 2 cores shared at load 11, a fresh inductor cache):
-every stage kind under every one of the four configs with inductor, 20 updates, and every kind resumed.
+every stage kind under every one of the four configs with inductor, 20 updates, and every kind resumed; and
+tests/fault_harness.py's subset with train.compile on (real processes killed, resumed bitwise).
 """
 
 import json
@@ -277,6 +278,18 @@ def test_a_compiled_run_resumes_to_the_uninterrupted_runs_weights(two_ranks):
         assert first["compile_s"] > first["step_time_s"] > 0, first
     depths = [row.get("depth") for row in ranks[0]["resumes"][1]["rows"]]
     assert depths == [1, 1, 2, 2], depths  # the multi-depth run recompiled across its switch, and resumed past it
+
+
+@pytest.mark.compile_full
+def test_compiled_runs_killed_at_random_points_resume_bitwise(tmp_path):
+    """tests/fault_harness.py's CI subset with train.compile (inductor) on every run: real processes killed (a rank,
+    the launcher, a save), resumed with the same command, final weights bitwise those of an uninterrupted compiled
+    run."""
+    import fault_harness
+
+    reports = fault_harness.sweep(tmp_path, full=False, extra=("train.compile=true",))
+    bad = [r for r in reports if not r["ok"]]
+    assert {r["stage"] for r in reports} == set(fault_harness.STAGE_KINDS) and not bad, json.dumps(bad, indent=1)
 
 
 @pytest.mark.compile_full

@@ -3,8 +3,9 @@
 What is compiled. The model's `forward`, set on the engine's module (`compile_forward`), not DeepSpeed's
 `engine.compile()`. In DeepSpeed 0.19.8 that call, without its DeepCompile (CUDA only, ZeRO 1-3 passes of its own),
 is `module.compile()`: it compiles the module's `__call__`, with the forward hooks the engine put on the module (its
-timers and, under ZeRO 3, the flags it sets on every submodule), which dynamo would trace or break on at every call.
-A compiled `forward` leaves those hooks eager around one graph. The backward of each graph is one autograd node
+timers and, under ZeRO 3, the flags it sets on every submodule), so the engine JSON decides what dynamo traces
+(`wall_clock_breakdown`: 4 graph breaks per forward, measured). A compiled `forward` leaves those hooks eager around
+one graph. The backward of each graph is one autograd node
 (AOTAutograd): every parameter's gradient lands after it, and DeepSpeed's hooks on the gradients (ZeRO 1-2's
 reduction buckets, BF16_Optimizer's fp32 accumulation) run as they do after an eager backward, only with less
 overlap of reduction and backward. ZeRO 3 is refused (`check`): its hooks gather and release each submodule's
@@ -23,8 +24,8 @@ seeded from torch's, which the loop seeds per micro-step (a resumed compiled run
 they are not the masks of eager CPU dropout: compiled and eager runs agree within rounding only at dropout 0.
 
 Compile time. Graphs compile at their first call (the backward at its first backward), inside updates; torch's
-compile callbacks count the seconds (`seconds()`), which the log rows take out of the throughput
-(mm_ds/runtime/train_log.py) and `engine.train_step` reports on rank 0 as they happen (`Compiled.news`).
+compile callbacks count the seconds (`seconds()`; per compiled module, `Compiled`), which the log rows take out of
+the throughput (mm_ds/runtime/train_log.py) and `engine.train_step` reports on rank 0 as they happen (`news`).
 
 Importing this module imports nothing of torch's compiler stack: with train.compile off, the ranks keep
 TORCHDYNAMO_DISABLE=1 (`dynamo_switch`), which saves DeepSpeed's optimizer set-up ~1.3-2.5 s of every rank's start.
