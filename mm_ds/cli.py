@@ -18,6 +18,7 @@ import traceback
 from .config import ConfigError, DataConfig, did_you_mean
 from .runtime.checkpoint import CheckpointError
 from .runtime.dist import OtherRankFailed
+from .runtime.stop import EXIT_CODE, Stopped
 from .stages.runner import STAGES, run_stage
 
 # command -> (module with build()/preflight(), help): the stage runner's table (mm_ds/stages/runner.py)
@@ -45,6 +46,8 @@ TOOL_COMMANDS = {
                 "--show NAME prints one"),
     "verify": ("mm_ds.tools.verify:main", "check checkpoints or final weights against their manifests"),
     "bench": ("mm_ds.tools.bench:main", "time every stage vs. a matmul peak and transformers; CPU speed targets"),
+    "probe": ("mm_ds.runtime.probe:main", "start the ranks as a stage would (launch.KEY=VALUE): each names its "
+              "host, local rank, device and threads; one all-reduce"),
 }
 
 # Started by `mm-ds run` for its ranks, not by users: they work but `mm-ds --help` does not list them.
@@ -138,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         if name in tools:
             module_name, func = tools[name][0].split(":")
             return _finish(int(getattr(importlib.import_module(module_name), func)(rest) or 0))
+    except Stopped as e:  # a stop signal: every rank saved (or had nothing to save); rank 0 says how to resume
+        dist = sys.modules.get("mm_ds.runtime.dist")
+        if dist is None or dist.rank() == 0:
+            print(e, flush=True)
+        return _finish(EXIT_CODE)
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError, OtherRankFailed) as e:
         # The rank that failed says why; of the ranks it stopped (OtherRankFailed), one per node says so.
         if not isinstance(e, OtherRankFailed) or os.environ.get("LOCAL_RANK", "0") == "0":

@@ -7,17 +7,15 @@ directory. Unknown keys and wrong types fail here, before any process group or e
 
 from __future__ import annotations
 
-import json
+import signal
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
-
-import yaml
 
 from .data.tasks import TASKS
 from . import systems
 from .systems import STAGES
 from .coerce import ConfigError, check_numbers, did_you_mean, from_dict, numbers, to_dict  # noqa: F401  (re-exported)
+from .config_files import (apply_overrides, deep_merge, dump_yaml, parse_override, preset_names,  # noqa: F401
+                           read_file, read_preset, recipe_names)
 
 
 @dataclass
@@ -124,6 +122,17 @@ class TrainConfig:
     """fp32 engine configs on NVIDIA GPUs (fp32_zero1_gpu): matmuls in TF32 (10-bit mantissa, fp32 range; Ampere
     and newer, ~8x the fp32 rate), the rate mm_ds/runtime/peaks.py's fp32 MFU column assumes. false: full fp32.
     No effect in bf16/fp16 or on CPU."""
+    resume_every_minutes: float = 0.0
+    """Minutes between `resume` checkpoints, apart from the curve ones above (rank 0's clock decides; 0: off)."""
+    resume_every: int = 0
+    """Updates between `resume` checkpoints (0: off). Of these and stops' checkpoints the newest `keep_resume` stay."""
+    keep_resume: int = 1
+    """Resume checkpoints kept; an older one is removed once a newer one verified. Curve checkpoints always stay."""
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1"])
+    """Signals that stop training after a checkpoint, exit code 75 (docs/reliability.md)."""
+    stop_grace_s: float = 20.0
+    """Seconds from a stop signal to exit (below DeepSpeed's and SLURM's 30 s): the save is skipped if the last one
+    took longer than what is left."""
     compile: bool = False
     """torch.compile the model after deepspeed.initialize (mm_ds/runtime/compiled.py): one graph per shape, compiled
     at the first updates (its time reported, left out of tokens_per_s). ZeRO 0-2 only. Off until a GPU has measured
@@ -219,9 +228,21 @@ class LaunchConfig:
     node_rank: int | None = None
     """deepspeed without ssh: start only this node's ranks (`--no_ssh --node_rank`); run the same
     command on every node with its own node_rank."""
+    spread: int = 1
+    """`mm-ds run` only: split the hostfile's nodes into this many groups, each running one of a step's independent
+    stage runs at a time (Step 2's languages and systems), side by side (mm_ds/pipeline/spread.py). 1: every run on
+    every node, one after another. Stage commands ignore it."""
     run_here: bool = False
     """deepspeed with a hostfile on one node runs the ranks on the machine it is started on, not on the hostfile's
     host: refused unless this machine is that host, or this is true."""
+    force_multi: bool = False
+    """deepspeed starts even one node through its runner (pdsh, ...; DeepSpeed's --force_multi), on the hostfile's
+    host: what `mm-ds run` gives a side-by-side group of one node that is not this machine (launch.spread)."""
+    rendezvous_timeout_s: int = 300
+    """Seconds the ranks wait for one another at start (rank 0's store, then every rank in it): when a node's
+    ranks never start (its environment missing, an import error), the others stop then, naming them."""
+    collective_timeout_s: int = 1800
+    """Seconds a collective may wait for the other ranks before the process group gives up (torch's default)."""
 
     @property
     def world_size(self) -> int:
@@ -306,6 +327,9 @@ class RunConfig:
         t, d = self.train, self.data
         if not 0 <= t.warmup_steps <= t.steps:
             raise ConfigError(f"train.warmup_steps={t.warmup_steps} must lie in [0, train.steps={t.steps}]")
+        if bad := [n for n in t.stop_signals if not str(n).startswith("SIG") or n in ("SIGKILL", "SIGSTOP")
+                   or not isinstance(getattr(signal, n, None), signal.Signals)]:
+            raise ConfigError(f"train.stop_signals: {bad} are not signals a process can handle; e.g. [SIGTERM, SIGUSR1]")
         if d.seq_len > self.model.max_positions:
             raise ConfigError(f"data.seq_len={d.seq_len} exceeds model.max_positions="
                               f"{self.model.max_positions}; lower data.seq_len or raise model.max_positions")
@@ -327,95 +351,17 @@ RANGES = {
     "train.steps": "[1, inf)", "train.lr": "(0, inf)", "train.warmup_steps": "[0, inf)",
     "train.global_batch": "[1, inf)", "train.micro_batch": "[1, inf)", "train.seed": "[0, inf)",
     "train.checkpoint_steps": "[1, inf)", "train.checkpoint_every": "[1, inf)", "train.log_every": "[1, inf)",
-    "train.max_nonfinite_steps": "[0, inf)",
+    "train.max_nonfinite_steps": "[0, inf)", "train.resume_every_minutes": "[0, inf)", "train.resume_every": "[0, inf)",
+    "train.keep_resume": "[1, inf)", "train.stop_grace_s": "(0, inf)",
     "mini.layers": "[1, inf)", "mini.new_layers": "[0, inf)", "mini.depth_shares": "[0, inf)",
     "mini.plateau_window": "[0, inf)", "mini.plateau_delta": "[0, inf)",
     "finetune.epochs": "(0, inf)", "finetune.lr": "(0, inf)", "finetune.warmup_ratio": "[0, 1]",
     "finetune.max_length": "[1, inf)", "finetune.max_train_examples": "[1, inf)",
     "launch.ranks": "[1, inf)", "launch.master_port": "[1, 65535]", "launch.nodes": "[1, inf)",
-    "launch.node_rank": "[0, inf)",
+    "launch.node_rank": "[0, inf)", "launch.spread": "[1, inf)", "launch.rendezvous_timeout_s": "[1, inf)",
+    "launch.collective_timeout_s": "[1, inf)",
     "peak_tflops": "(0, inf)",
 }
-
-
-def _deep_merge(base: dict, top: dict) -> dict:
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-# ---------------------------------------------------------------- files, presets, overrides
-
-def read_file(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    text = path.read_text()
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"config file {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from e
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of keys, got {type(data).__name__}")
-    return _resolve_bases(data, path.parent)
-
-
-def _resolve_bases(data: dict, here: Path) -> dict:
-    """A preset may start from others: `base: [tiny/model]` merges those first, its own keys win."""
-    bases = data.pop("base", [])
-    bases = [bases] if isinstance(bases, str) else bases
-    merged: dict = {}
-    for b in bases:
-        merged = _deep_merge(merged, read_preset(b))
-    return _deep_merge(merged, data)
-
-
-def preset_names() -> list[str]:
-    root = resources.files("mm_ds") / "presets"
-    out = []
-    for d in root.iterdir():
-        if d.is_dir() and d.name != "recipes":  # recipes are `mm-ds run` inputs, not stage presets
-            out += [f"{d.name}/{f.name[:-5]}" for f in d.iterdir() if f.name.endswith(".yaml")]
-    return sorted(out)
-
-
-def recipe_names() -> list[str]:
-    """The packaged recipes (`mm-ds run NAME`), as they ship: presets/recipes/NAME.yaml."""
-    root = resources.files("mm_ds") / "presets" / "recipes"
-    return sorted(f.name[:-5] for f in root.iterdir() if f.name.endswith(".yaml"))
-
-
-def read_preset(name: str) -> dict:
-    path = resources.files("mm_ds") / "presets" / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"unknown preset {name!r}{did_you_mean(name, preset_names())}; available: "
-                          f"{', '.join(preset_names())}")
-    data = yaml.safe_load(path.read_text()) or {}
-    return _resolve_bases(data, Path(str(path)).parent)
-
-
-def parse_override(item: str) -> tuple[list[str], object]:
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like key=value, e.g. train.lr=3e-4")
-    key, raw = item.split("=", 1)
-    value = yaml.safe_load(raw) if raw else ""
-    return key.strip().split("."), value
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    data = json.loads(json.dumps(data))
-    for item in overrides:
-        path, value = parse_override(item)
-        node = data
-        for p in path[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {p} is not a section")
-        node[path[-1]] = value
-    return data
 
 
 def load(preset: str | None = None, file: str | None = None, overrides: list[str] = (), check: bool = True
@@ -424,9 +370,9 @@ def load(preset: str | None = None, file: str | None = None, overrides: list[str
     keys and types only (`mm-ds config` shows a stage's keys before its parent is known)."""
     data: dict = {}
     if preset:
-        data = _deep_merge(data, read_preset(preset))
+        data = deep_merge(data, read_preset(preset))
     if file:
-        data = _deep_merge(data, read_file(file))
+        data = deep_merge(data, read_file(file))
     data = apply_overrides(data, list(overrides))
     cfg = from_dict(RunConfig, data)
     if check:
@@ -438,7 +384,3 @@ def model_config_from_dict(d: dict) -> ModelConfig:
     cfg = from_dict(ModelConfig, d, prefix="model.")
     cfg.check()
     return cfg
-
-
-def dump_yaml(cfg) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

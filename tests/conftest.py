@@ -5,10 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from paths import SHARED_DATA
 from textgen import write_corpus
-
-ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("MM_DS_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

@@ -6,6 +6,7 @@ same seed (CPU, fp32):
 
     python tests/fault_harness.py --full     # every stage kind x every fault kind, 2 ranks (~15 min, 2 cores)
     python tests/fault_harness.py            # the CI subset (also run by tests/test_faults.py)
+    python tests/fault_harness.py --stops 10 # 10 seeded graceful stops of a 2-rank run: the updates each lost
 """
 
 from __future__ import annotations
@@ -299,6 +300,60 @@ def sweep(root: Path, full: bool, seed: int = 0, ranks: int | None = None,
     return reports
 
 
+# ---------------------------------------------------------------- stops at random times
+
+def _newest_update(run: Path) -> int:
+    path = run / "logs" / "train.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return max((json.loads(line)["step"] for line in lines if line.strip()), default=0)
+
+
+def stop_once(ws: Workspace, out: Path, rng: random.Random, slow: float = 0.2) -> dict:
+    """One 2-rank pretraining run, SIGTERM to `mm-ds` (which passes it to the launcher) at a random time of its
+    updates (each held `slow` s), then resumed to the end and compared bitwise with the uninterrupted run."""
+    argv = ws.argv("pretrain") + ["train.log_every=1"]
+    cmd = [sys.executable, "-m", "mm_ds.cli", argv[0], "--out", str(out), "--no-progress", *argv[1:],
+           *ws.launch(2)]
+    log = out.with_suffix(".log")
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ | {"MM_DS_SLOW": str(slow)})
+    target = rng.randint(1, STEPS - 3)
+    while _newest_update(out) < target and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(rng.uniform(0, slow))
+    newest, sent = _newest_update(out), time.monotonic()
+    proc.send_signal(15)
+    rc, took = proc.wait(), time.monotonic() - sent
+    line = next((x for x in log.read_text().splitlines() if x.startswith("[mm-ds] stopped by")), "")
+    at = int(line.split(" at update ")[1].split(" ")[0]) if line else None
+    seen = int(line.split("(seen in update ")[1].split(")")[0]) if "(seen in update " in line else None
+    resumed_at = int(ck.find_resume_point(out).name.split("_")[1]) if ck.find_resume_point(out) else 0
+    report = {"signal_after_update": newest, "seen_in_update": seen, "stopped_at": at, "resume_point": resumed_at,
+              "lost_updates": max(0, newest - resumed_at), "exit": rc, "seconds_to_exit": round(took, 1)}
+    finished = ws.run(ws.argv("pretrain"), out, resume=True, check=False)
+    report["resumed_bitwise"] = finished.returncode == 0 and not same_weights(ws.reference("pretrain"), out)
+    report["ok"] = (rc == 75 and at == resumed_at and seen is not None and at - seen in (0, 1)
+                    and report["resumed_bitwise"])
+    return report
+
+
+def stop_sweep(root: Path, n: int, seed: int = 0) -> list[dict]:
+    """`n` seeded stops (`stop_once`), printed one a line: the updates each lost (the ones done before the signal
+    that its resume point lacks)."""
+    ws = Workspace(root, ranks=2)
+    ws.setup()
+    reports = []
+    for i in range(n):
+        (root / "stops").mkdir(exist_ok=True)
+        r = stop_once(ws, root / "stops" / f"stop{i}", random.Random(seed * 1000 + i))
+        print(f"[stops] {'ok  ' if r['ok'] else 'FAIL'} {i}: signal after update {r['signal_after_update']}, seen in "
+              f"{r['seen_in_update']}, stopped and saved at {r['stopped_at']} (resume point {r['resume_point']}), "
+              f"lost {r['lost_updates']} update(s), exit {r['exit']} {r['seconds_to_exit']} s after the signal, "
+              f"resumed bitwise: {r['resumed_bitwise']}", flush=True)
+        reports.append(r)
+    return reports
+
+
 # ---------------------------------------------------------------- rank-0 work that fails
 
 def _tiny_stage(corpus: Path, steps: int):
@@ -406,10 +461,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the random fault points")
     p.add_argument("--ranks", type=int, help="ranks for every stage (default: 2; the subset runs 1 after Step 1)")
     p.add_argument("--stages", default=",".join(STAGE_KINDS), help="comma-separated stage kinds")
+    p.add_argument("--stops", type=int, metavar="N", help="instead: N seeded stops (SIGTERM at a random time) of a "
+                   "2-rank pretraining run, each resumed and compared bitwise; prints the updates each lost")
     a = p.parse_args(argv)
     if a.rank0_failures:
         rank0_failures(Path(a.out).resolve(), Path(a.rank0_failures))
         return 0
+    if a.stops:
+        reports = stop_sweep(Path(a.out).resolve(), a.stops, a.seed)
+        (Path(a.out) / "stops.json").write_text(json.dumps(reports, indent=1))
+        return 0 if all(r["ok"] for r in reports) else 1
     t0 = time.perf_counter()
     reports = sweep(Path(a.out).resolve(), a.full, a.seed, a.ranks, tuple(a.stages.split(",")))
     (Path(a.out) / "report.json").write_text(json.dumps(reports, indent=1))

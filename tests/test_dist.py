@@ -87,10 +87,13 @@ def test_every_collective_puts_its_tensors_on_the_accelerator_device(monkeypatch
     monkeypatch.setattr(torch.distributed, "all_reduce", fake)
     monkeypatch.setattr(torch.distributed, "broadcast_object_list", fake)
     for call in (lambda: dist.all_reduce([1.0, 2.0], "max"), lambda: dist.any_rank(True),
-                 lambda: dist.all_reduce([3.0]), lambda: dist.broadcast_object({"a": 1})):
+                 lambda: dist.all_reduce([3.0]), lambda: dist.broadcast_object({"a": 1}),
+                 lambda: dist.all_reduce_start(torch.zeros(2, device="meta"))):
         with pytest.raises(_Sent):
             call()
-    assert len(seen) == 4 and all(torch.device(d).type == "meta" for d in seen), seen
+    assert len(seen) == 5 and all(torch.device(d).type == "meta" for d in seen), seen
+    with pytest.raises(ValueError, match="takes a tensor on meta"):  # the lagged agreement's: refused off the device
+        dist.all_reduce_start(torch.zeros(2))
 
 
 def test_a_world_of_one_needs_no_process_group():

@@ -106,3 +106,78 @@ def test_relative_links_resolve(path):
         assert dest.exists(), f"{path.relative_to(ROOT)}: link to {target!r}: no file {dest}"
         if anchor:
             assert anchor in anchors(dest), f"{path.relative_to(ROOT)}: link to {target!r}: no such heading in {dest.name}"
+
+
+# ---------------------------------------------------------------- the README's cluster path, followed literally
+
+CLUSTER_SECTION = "## On a cluster: from a fresh clone to a 4 x 8 run"
+TASK_FILES = ["mnli/multinli_1.0_train.jsonl", "squad/train-v1.1.json", "paws-x/train.en.tsv",
+              *(f"xnli/xnli.test.{lang}.tsv" for lang in "en ar bg de el es fr hi ru sw th tr ur vi zh".split()),
+              *(f"paws-x/test.{lang}.tsv" for lang in "en de es fr zh".split()),
+              *(f"mlqa/test-context-{lang}-question-{lang}.json" for lang in "en ar de es hi vi zh".split()),
+              *(f"xquad/xquad.{lang}.json" for lang in "en ar de el es hi ru th tr vi zh".split())]
+"""The task files in the short layout docs/cluster.md lists (the README names some of them)."""
+
+
+def cluster_commands() -> list[list[str]]:
+    """The README cluster section's `mm-ds` lines that need no GPU and no data work: plans without a bench file and
+    the checks."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(CLUSTER_SECTION):]
+    section = section[:section.index("\n## ")]
+    block = section[section.index("```\n") + 4:]
+    lines = [line.split(" # ")[0].strip() for line in block[:block.index("```")].splitlines()]
+    return [shlex.split(line)[1:] for line in lines if line.startswith("mm-ds ") and
+            ("--check" in line or line.startswith("mm-ds plan") and "--bench" not in line)]
+
+
+def test_the_readmes_cluster_path_checks_out_with_fake_hosts(tmp_path, monkeypatch, capsys):
+    """Follow the README's cluster section on a machine with none of the cluster: four fake hosts in `hosts` (its
+    `gpu01 slots=8` lines; pdsh and ssh stand-ins on PATH), CC-100 files and the task files where the section and
+    docs/cluster.md put them. The plan prints the budget, `--check` passes every stage at 4 x 8 (the hostfile's 4
+    hosts) side by side with the data checked (not skipped), and `--only prepare --check` lists the 15 languages."""
+    import lzma
+    import os
+
+    from mm_ds.pipeline import run as pipeline
+    from mm_ds.tools import plan
+
+    commands = cluster_commands()
+    assert [argv[:2] for argv in commands] == [["plan", "paper"], ["run", "paper"], ["run", "paper"]]
+    cluster = (ROOT / "docs" / "cluster.md").read_text()
+    for name in ("mnli/multinli_1.0_train.jsonl", "xnli/xnli.test.LANG.tsv", "paws-x/test.LANG.tsv",
+                 "squad/train-v1.1.json", "mlqa/test-context-LANG-question-LANG.json", "xquad/xquad.LANG.json",
+                 "corpus/cc100/LANG.txt.xz"):
+        assert name in cluster, f"docs/cluster.md no longer lists {name}: update TASK_FILES"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hosts").write_text("".join(f"gpu0{i} slots=8\n" for i in range(1, 5)))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("pdsh", "ssh"):  # the runner's executables, as a login node with pdsh has them
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    (tmp_path / "corpus" / "cc100").mkdir(parents=True)
+    for lang in "en ar bg de el es fr hi ru sw th tr ur vi zh".split():
+        (tmp_path / "corpus" / "cc100" / f"{lang}.txt.xz").write_bytes(lzma.compress(b"one line of text\n"))
+    for name in TASK_FILES:
+        (tmp_path / "tasks" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tasks" / name).write_text("")
+
+    for argv in commands:
+        main = plan.main if argv[0] == "plan" else pipeline.main
+        code = main(argv[1:])
+        out = capsys.readouterr().out
+        assert code == 0, (argv, out[-3000:])
+        if argv[0] == "plan":
+            text = " ".join(out.split())
+            assert "in jobs of at most 48 h, at 2.5 USD per GPU-hour" in text and "data preparation" in text
+            assert max(map(len, out.splitlines())) <= 120
+        elif "--only" in argv:
+            assert out.startswith("mm-ds run paper --only prepare --check: ok: 15 language(s) to prepare\n")
+        else:
+            assert out.startswith("mm-ds run paper --check: ok: 126 stage runs can start\nlaunch: deepspeed through "
+                                  "DeepSpeed's pdsh runner: 4 node(s) x 8 rank(s) = world size 32 on gpu01, gpu02, "
+                                  "gpu03, gpu04; master gpu01:29500\n"), out[:3000]
+            assert "task files not checked" not in out and "text inputs not checked" not in out  # the data was
+            assert "launch.spread=4: 56 adapt runs side by side on 4 groups of 1 node(s) x 8 ranks" in out

@@ -10,9 +10,10 @@ import torch
 from mm_ds.runtime import faults
 
 PACKAGE = Path(faults.__file__).resolve().parents[1]  # mm_ds/
-PRODUCT_SETTINGS = {"MM_DS_LAUNCH_ROOT", "MM_DS_MALLOC", "MM_DS_VALIDATED"}
+PRODUCT_SETTINGS = {"MM_DS_LAUNCH_ROOT", "MM_DS_MALLOC", "MM_DS_VALIDATED", "MM_DS_MASTER_ADDR"}
 """MM_DS_* variables that configure the product itself (mm_ds/runtime/watchdog.py, mm_ds/runtime/dist.py; mm_ds/cli.py tells
-the ranks it started that their command was validated), not a test."""
+the ranks it started that their command was validated; mm_ds/runtime/bringup.py: the master address mm-ds chose, which
+srun's ranks prefer to an inherited MASTER_ADDR), not a test."""
 
 
 def env_names(path: Path) -> list[str]:

@@ -299,6 +299,7 @@ tiny = ("model.hidden_size=32", "model.num_layers=2", "model.secondary_head_laye
         "ds_config={tmp_path / 'timer_on.json'}")
 r = pu.update_on_one_gpu("minijoint", Path({str(corpus)!r}), Path({str(tmp_path / 'run')!r}), cpu, tiny, 4, 2)
 print(json.dumps(r | {{"modes": modes}}, default=float))
+pu.leave(0)
 """
     proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

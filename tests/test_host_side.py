@@ -191,7 +191,13 @@ DEEPSPEED_WAITS = {
 }
 # mm-ds's own, outside log and checkpoint updates: none. A new one is declared here with its reason, e.g. a read of
 # a host copy of an earlier update's result whose event was recorded then (that event's wait is a lagged one).
-MM_DS_WAITS: dict = {}
+MM_DS_WAITS = {
+    ("mm_ds", "runtime/boundary.py read", "tolist"):
+        "per update: the stop/resume agreement's result (LaggedMax), read one update after its all-reduce was "
+        "queued; on CUDA it is a pinned host copy behind a CUDA event recorded in the earlier update, so the read "
+        "waits for that update's work only, never for the queue the host has just filled (the counter cannot tell a "
+        "host tensor from a device one on this CPU: it sees the copy's `tolist`)",
+}
 ZERO3_TRACE = {(("deepspeed", f, None)): "ZeRO 3 records its parameter-fetch trace in the first update and checks "
                "it against every rank's" for f in ("zero/utils.py", "zero/partition_parameters.py",
                                                    "zero/partitioned_param_coordinator.py")}
@@ -327,7 +333,9 @@ HOOKS = textwrap.dedent("""
         ds.pop("scheduler")
         m = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)])
         engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=ds)
-        print("hooks", len(engine.optimizer._grad_acc_hooks))
+        print("hooks", len(engine.optimizer._grad_acc_hooks), flush=True)
+    import os
+    os._exit(0)  # past gloo's threads at finalization, as dist.finish leaves a rank
 """)
 
 

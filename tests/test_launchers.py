@@ -72,6 +72,7 @@ def assert_trained_and_resumed(run: Path, steps: int, world: int, output: str):
     rows = logged(run)
     assert [r["step"] for r in rows] == [5, 10, 15][: len(rows)] and rows[-1]["step"] == steps
     assert all(r["loss"] == r["loss"] for r in rows) and rows[-1]["loss"] < rows[0]["loss"], rows
+    assert all(0.05 < r["peak_mem_gib"] < 64 for r in rows), rows  # rank 0's resident set on a CPU, in GiB
 
 
 # ---------------------------------------------------------------- two nodes through a hostfile, on loopback

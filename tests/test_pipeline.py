@@ -311,3 +311,241 @@ def test_task_overrides_reach_only_that_tasks_finetuning(tmp_path):
         assert "finetune.lr=1e-4" in n.argv
         if qa:  # the task's override comes after the stage's, so it wins
             assert n.argv.index("finetune.epochs=20") > n.argv.index("finetune.lr=1e-4")
+
+
+# ---------------------------------------------------------------- side by side (launch.spread) and --only prepare
+
+def _two_nodes(tmp_path, spread=2, **launch):
+    from mm_ds.config import LaunchConfig
+    from mm_ds.pipeline import spread as sp
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=1  # node 0\n127.0.0.1 slots=1\n")  # two "nodes", both this machine
+    cfg = LaunchConfig(ranks=1, hostfile=str(hosts), nodes=2, spread=spread, master_port=_free_port(), **launch)
+    return cfg, sp.write_groups(cfg, tmp_path / "out")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_side_by_side_runs_two_stage_runs_at_once_on_two_local_nodes(corpus, tmp_path):
+    """launch.spread=2 on a hostfile of two loopback "nodes" of 1 rank: two independent pretrainings start together,
+    each a launch of its own group (its hostfile line, 1 node, master port base + K), each trained at world size 1
+    and finished; a run's log and progress are its own."""
+    import time
+
+    from mm_ds.pipeline import spread as sp
+    from mm_ds.stages.runner import StageRun
+
+    launch, groups = _two_nodes(tmp_path)
+    assert [g.hostfile.read_text() for g in groups] == ["localhost slots=1\n", "127.0.0.1 slots=1\n"]
+    assert not any("launch.force_multi=true" in g.overrides for g in groups)  # loopback: deepspeed runs it here
+    tiny = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=64", "data.seq_len=32",
+            "model.max_positions=32", "train.global_batch=8", "train.micro_batch=4", "train.steps=4",
+            "train.warmup_steps=1", "train.checkpoint_steps=[2]", "train.checkpoint_every=1000000",
+            f"data.corpus={corpus}", "launch.launcher=deepspeed", f"launch.hostfile={launch.hostfile}",
+            "launch.nodes=2", "launch.ranks=1", f"launch.master_port={launch.master_port}"]
+    runs = [StageRun("pretrain", tmp_path / "out" / "pretrain" / s, f"tiny/{s}", (f"system={s}", *tiny),
+                     f"pretrain/{s}") for s in ("bl_base", "bl_small")]
+    started = {}
+
+    def start(run, group, log):
+        started[run.name] = time.time()
+        return sp.start(run, group, log)
+
+    sp.side_by_side(runs, groups, tmp_path / "out" / "logs", start, poll_s=0.2)
+    for k, run in enumerate(runs):
+        meta = json.loads((run.out / "final" / "mm_ds.json").read_text())
+        assert meta["step"] == 4 and meta["world_size"] == 1
+        used = yaml.safe_load((run.out / "run_config.yaml").read_text())["launch"]
+        assert (used["hostfile"], used["nodes"], used["master_port"]) == (str(groups[k].hostfile), 1,
+                                                                          launch.master_port + k)
+        assert (tmp_path / "out" / "logs" / f"pretrain_{run.out.name}.log").is_file()
+    first_done = min((r.out / "final" / "mm_ds.json").stat().st_mtime for r in runs)
+    assert max(started.values()) < first_done  # the second started before the first ended
+
+
+def test_side_by_side_stops_starting_runs_after_a_failure(tmp_path):
+    """A failed run stops the scheduling: the run in flight finishes, the queued one never starts, then the failure
+    is raised naming the run and its log's last lines. An interruption terminates every run in flight."""
+    import subprocess
+
+    from mm_ds.pipeline import spread as sp
+    from mm_ds.pipeline.progress import StageFailed
+    from mm_ds.stages.runner import StageRun
+
+    groups = [sp.Group(k, [], tmp_path / f"g{k}", ()) for k in range(2)]
+    runs = [StageRun("adapt", tmp_path / name, None, (), f"adapt/{name}") for name in ("de", "fr", "sw")]
+    script = {"de": "echo boom; exit 3", "fr": "sleep 1.5; echo done", "sw": "true"}
+    procs = {}
+
+    def start(run, group, log):
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a") as f:
+            procs[run.out.name] = subprocess.Popen(["sh", "-c", script[run.out.name]], stdout=f)
+        return procs[run.out.name], 0
+
+    with pytest.raises(StageFailed, match=r"(?s)adapt/de failed with exit code 3; its output is in .*adapt_de.log:\nboom"):
+        sp.side_by_side(runs, groups, tmp_path / "logs", start, poll_s=0.1)
+    assert set(procs) == {"de", "fr"} and procs["fr"].returncode == 0  # fr finished; sw never started
+    assert (tmp_path / "logs" / "adapt_fr.log").read_text() == "done\n"
+
+    def interrupted(run, group, log):
+        if run.out.name == "fr":
+            raise KeyboardInterrupt
+        procs["long"] = subprocess.Popen(["sleep", "30"])
+        return procs["long"], 0
+
+    with pytest.raises(KeyboardInterrupt):
+        sp.side_by_side(runs, groups, tmp_path / "logs", interrupted, poll_s=0.1)
+    assert procs["long"].returncode is not None and procs["long"].returncode < 0  # terminated, not left running
+
+
+def test_spread_runs_a_step_side_by_side_only_with_a_run_per_group(tmp_path):
+    """Step 1's 2 runs and Step 2's 3 go side by side on 2 groups; Step 1b's single run goes one after another on
+    every node (run_stages)."""
+    from types import SimpleNamespace
+
+    from mm_ds.pipeline import spread as sp
+    from mm_ds.stages.runner import StageRun
+
+    launch, _ = _two_nodes(tmp_path)
+    recipe = SimpleNamespace(launch={k: getattr(launch, k) for k in ("ranks", "hostfile", "nodes", "spread",
+                                                                     "master_port")})
+    todo = [StageRun(stage, tmp_path / name, None, (), f"{stage}/{name}") for stage, name in
+            [("pretrain", "a"), ("pretrain", "b"), ("build_mini", "c"), ("adapt", "d"), ("adapt", "e"), ("adapt", "f")]]
+    calls = []
+
+    class Finished:  # a launch that has already exited 0
+        returncode = 0
+
+        def poll(self):
+            return 0
+
+    def start(run, group, log):
+        calls.append((group.index, run.name))
+        return Finished(), 0
+
+    sp.run_spread(todo, recipe, tmp_path / "out", lambda runs: calls.append(("every node", [r.name for r in runs])),
+                  start_run=start)
+    assert calls == [(0, "pretrain/a"), (1, "pretrain/b"), ("every node", ["build_mini/c"]),
+                     (0, "adapt/d"), (1, "adapt/e"), (0, "adapt/f")]
+
+
+def _runner_on_path(tmp_path, monkeypatch):
+    """pdsh and ssh stand-ins on PATH: what `--check` looks for on a login node that reaches the nodes."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("pdsh", "ssh"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_check_says_how_the_groups_run_and_refuses_what_cannot(tmp_path, monkeypatch):
+    """`mm-ds run --check` with launch.spread: the groups, ports and geometry in a note; refused with the reason: a
+    split that is not even, srun, DeepSpeed's slurm runner, one job; a group whose world size cannot keep a global
+    batch names the values of launch.spread that can."""
+    from mm_ds.pipeline.check import check
+
+    _runner_on_path(tmp_path, monkeypatch)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(f"gpu0{i} slots=8\n" for i in range(1, 5)))
+    base = [f"launch.hostfile={hosts}", "launch.nodes=4", "launch.ranks=8"]
+
+    def found(*sets):
+        return check(load_recipe("paper", [*base, *sets]), tmp_path / "out", strict=False)
+
+    ok = found("launch.spread=4")
+    assert not ok.problems, ok.format()
+    assert ("launch.spread=4: 56 adapt runs side by side on 4 groups of 1 node(s) x 8 ranks (gpu01 | gpu02 | gpu03 | "
+            "gpu04), master ports 29500-29503; global batch kept (adapt/bl_base/ar: 32 per rank x 8 micro-steps x 8 "
+            "ranks = 2048)") in ok.notes
+    for sets, why in [(["launch.spread=3"], "launch.spread=3: 4 nodes do not split into 3 groups of equal size; "
+                                            "choose launch.spread from 1, 2, 4"),
+                      (["launch.spread=2", "launch.ds_launcher=slurm"], "DeepSpeed's slurm runner lets srun choose"),
+                      (["launch.spread=2", "mode=one_job"], "side by side needs mode: per_stage")]:
+        assert any(why in msg for _, msg in found(*sets).problems), (sets, found(*sets).format())
+    srun = check(load_recipe("paper", ["launch.launcher=srun", "launch.nodes=4", "launch.ranks=8", "launch.spread=2"]),
+                 tmp_path / "out", strict=False)
+    assert any("use launch.launcher=deepspeed or mpirun with launch.hostfile" in m for _, m in srun.problems)
+    # 3 nodes of 1 rank, 96 sequences at most 64 a rank: 32 each on all 3, but 96 on one is no multiple of 64
+    hosts.write_text("a slots=1\nb slots=1\nc slots=1\n")
+    small = [f"overrides.{s}=[train.global_batch=96,train.micro_batch=64]" for s in ("pretrain", "build_mini", "adapt")]
+    bad = check(load_recipe("paper", [f"launch.hostfile={hosts}", "launch.nodes=3", "launch.ranks=1",
+                                      "launch.spread=3", *small]), tmp_path / "out", strict=False)
+    assert [m for _, m in bad.problems if "launch.spread" in m][0].startswith(
+        "launch.spread=3 runs it on 1 node(s) x 1 = 1 ranks: global batch 96 is not divisible by micro batch 64 x "
+        "world size 1") and bad.problems[0][1].endswith("keeps its global batch on these 3 nodes: 1")
+
+
+def test_only_prepare_prepares_the_data_apart(tmp_path, capsys):
+    """`--only prepare` prepares the recipe's languages and nothing else (`--lang`: some of them), is idempotent,
+    and with --check lists them; a missing input is named before any work; `mm-ds run` then finds the data ready."""
+    from textgen import write_corpus
+
+    from mm_ds.pipeline import run as pipeline
+    from mm_ds.pipeline.prepare import prepare_data
+
+    for lang in ("en", "de"):
+        write_corpus(tmp_path / f"{lang}.txt", n_docs=30, per_doc=5)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"systems": ["bl_base"], "langs": ["de"], "text": {"en": ["en.txt"],
+                                      "de": ["de.txt"]}, "prepare": {"vocab_size": 60}, "presets": {
+                                      "pretrain": "tiny/{system}", "adapt": "tiny/adapt"}}))
+    out = tmp_path / "out"
+
+    def run(*args):  # in this process; each language's `mm-ds prepare` is its own, as in `mm-ds run`
+        code = pipeline.main([str(recipe), "--out", str(out), *args])
+        return code, capsys.readouterr().out
+
+    code, listed = run("--only", "prepare", "--check")
+    assert code == 0 and listed.startswith(f"mm-ds run {recipe} --only prepare --check: ok: 2 language(s) to prepare\n"
+                                           f"  en: {tmp_path}/en.txt (") and not out.exists()
+    code, _ = run("--only", "prepare", "--lang", "de")
+    assert code == 0 and (out / "data" / "de" / "meta.json").is_file() and not (out / "data" / "en").exists()
+    assert not (out / "pretrain").exists()  # nothing but data
+    code, both = run("--only", "prepare")
+    assert code == 0 and "skip prepare de: complete" in both and "prepare --lang en" in both
+    assert "ok: 0 language(s) to prepare" in run("--only", "prepare", "--check")[1]
+    prepare_data(load_recipe(str(recipe)), out)  # what `mm-ds run` does first: nothing left, the GPU stages next
+    assert capsys.readouterr().out.splitlines() == ["[mm-ds run] skip prepare en: complete",
+                                                    "[mm-ds run] skip prepare de: complete"]
+    (tmp_path / "en.txt").unlink()
+    shutil.rmtree(out / "data" / "en")
+    code, missing = run("--only", "prepare")
+    assert code == 1 and f"prepare/en: text input '{tmp_path}/en.txt' matches no file" in missing
+    assert not (out / "data" / "en").exists()
+    with pytest.raises(ConfigError, match="--lang fr: the recipe prepares en, de"):
+        run("--only", "prepare", "--lang", "fr")
+
+
+def test_a_group_of_one_other_machine_goes_through_the_runner(tmp_path):
+    """launch.spread=4 on four hosts: each group is one node, which deepspeed would run on the machine it starts on;
+    a group that is another machine is started through the runner (pdsh, --force_multi) with its own hostfile line
+    and port, and rank 0's address is that machine's loopback; without force_multi the launch is refused."""
+    from mm_ds import config
+    from mm_ds.config import LaunchConfig
+    from mm_ds.pipeline import spread as sp
+    from mm_ds.runtime import launch
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(f"gpu0{i} slots=8\n" for i in range(1, 5)))
+    base = LaunchConfig(ranks=8, hostfile=str(hosts), spread=4, master_port=29600)
+    groups = sp.write_groups(base, tmp_path / "out")
+    stage = [f"launch.hostfile={hosts}", "launch.ranks=8"]
+    for g in groups:
+        cfg = config.load("paper/bl_base", None, [*stage, *g.overrides]).launch
+        assert (cfg.nodes, cfg.force_multi, cfg.master_port) == (1, True, 29600 + g.index)
+        launch.check_hosts(cfg)  # not refused as a one-node launch of another machine
+        cmd = launch.command(cfg, ["noop"])
+        assert cmd[cmd.index("--hostfile") + 1] == str(g.hostfile) and "--force_multi" in cmd
+        assert cmd[cmd.index("--launcher") + 1] == "pdsh" and cmd[cmd.index("--master_addr") + 1] == "127.0.0.1"
+    one = config.load("paper/bl_base", None, [*stage, *groups[1].overrides, "launch.force_multi=false"]).launch
+    with pytest.raises(ConfigError, match="runs a one-node launch's ranks on the machine it starts on"):
+        launch.check_hosts(one)

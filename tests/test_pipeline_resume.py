@@ -1,10 +1,14 @@
-"""`mm-ds run` killed in the middle of a stage: the same command skips what finished, resumes the stage
-from its newest complete checkpoint, and never trusts an incomplete output."""
+"""`mm-ds run` killed in the middle of a stage, then stopped by SIGTERM: the same command skips what finished, resumes
+the stage from its newest complete checkpoint, and never trusts an incomplete output."""
 
 import json
 import os
+import random
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import yaml
 
@@ -45,17 +49,35 @@ def test_killed_pipeline_resumes_where_it_stopped(tmp_path):
     assert checkpoint.latest_tag(adapt) == "step_00000004"
     pretrained = (out / "pretrain" / "bl_small" / "final" / "mm_ds.json").stat().st_mtime_ns
 
+    # SIGTERM to the `mm-ds run` parent at a random time of the resumed stage (updates held 0.4 s): it passes the
+    # signal to the stage, which saves where it is; the pipeline stops with exit code 75 and says how to resume.
+    stage_log = out / "logs" / "adapt_adapt_bl_small_t1.log"
+    proc = subprocess.Popen([sys.executable, "-m", "mm_ds.cli", "run", str(recipe), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "MM_DS_SLOW": "0.4", "MM_DS_KILL_STAGE": "adapt"})
+    deadline = time.monotonic() + 300
+    while "steps 4->8" not in (stage_log.read_text() if stage_log.is_file() else ""):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.05)
+    time.sleep(random.Random(int(os.environ.get("MM_DS_STOP_SEED", 0))).uniform(0.2, 1.0))
+    proc.send_signal(signal.SIGTERM)
+    stopped_out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75, stopped_out[-3000:]
+    at = int(re.search(r"\[mm-ds\] stopped by SIGTERM at update (\d+)", stage_log.read_text())[1])
+    assert 5 <= at <= 8 and checkpoint.latest_tag(adapt) == checkpoint.tag_for(at)
+    assert (f"[mm-ds run] stopped by SIGTERM: adapt/adapt/bl_small/t1 saved at {checkpoint.tag_for(at)}; its log: "
+            f"{stage_log}; resume with: mm-ds run {recipe} --out {out}") in stopped_out, stopped_out[-3000:]
+
     again = run(recipe, out)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     log = again.stdout
     assert "skip prepare en: complete" in log and "skip prepare t1: complete" in log
     assert "skip pretrain/bl_small: complete" in log
-    assert "resume adapt/adapt/bl_small/t1 from step_00000004" in log
+    assert f"resume adapt/adapt/bl_small/t1 from {checkpoint.tag_for(at)}" in log
     finetune_log = (out / "logs" / "finetune_finetune_bl_small_xnli_seed1.log").read_text()
     assert "mm-ds finetune" in finetune_log and "--resume" not in finetune_log  # Step 3 starts afresh, packed
     assert (out / "pretrain" / "bl_small" / "final" / "mm_ds.json").stat().st_mtime_ns == pretrained
-    stage_log = (out / "logs" / "adapt_adapt_bl_small_t1.log").read_text()
-    assert f"resumed from {adapt / 'checkpoints' / 'step_00000004'} at step 4" in stage_log
+    assert f"resumed from {adapt / 'checkpoints' / checkpoint.tag_for(at)} at step {at}" in stage_log.read_text()
     assert json.loads((adapt / "final" / "mm_ds.json").read_text())["step"] == 8
     assert (out / "results.md").is_file()
 

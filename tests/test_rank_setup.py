@@ -25,7 +25,8 @@ def rank_env(monkeypatch):
     monkeypatch.setattr(os, "environ", env)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     monkeypatch.setattr(torch, "set_num_threads", seen["threads"].append)
-    monkeypatch.setattr(dist, "_bind_rendezvous", lambda: None)
+    monkeypatch.setattr(dist, "_bind_rendezvous", lambda here, launch: None)
+    monkeypatch.setattr(dist, "_start_group", lambda store, here, launch: None)
     monkeypatch.setattr("deepspeed.init_distributed", lambda **kw: None)
     monkeypatch.setattr(dist, "keep_freed_memory", lambda: None)
     # The launcher chain of a rank under DeepSpeed's launcher; the watcher process is recorded, not started.
@@ -154,10 +155,11 @@ def test_a_failed_rank_leaves_at_once_with_its_error_code(monkeypatch, tmp_path,
 
 DS_RANK = {"RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "16", "LOCAL_SIZE": "8", "MASTER_ADDR": "n1",
            "MASTER_PORT": "29500"}  # DeepSpeed's launcher on each node
-MPI_RANK = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "8", "RANK": "3", "WORLD_SIZE": "16",
-            "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}  # mpirun (RANK: as DeepSpeed's MPI discovery sets it)
+MPI_RANK = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "8", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}  # mpirun, with -x MASTER_*
 SRUN_TASK = {"SLURM_PROCID": "3", "SLURM_LOCALID": "3", "SLURM_STEP_NUM_TASKS": "16",
-             "SLURM_STEP_TASKS_PER_NODE": "8(x2)", "SLURM_STEP_NUM_NODES": "2", "MASTER_ADDR": "n1"}
+             "SLURM_STEP_TASKS_PER_NODE": "8(x2)", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "n[1-2]",
+             "SLURM_NODEID": "0"}
 IN_A_JOB = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_CPUS_PER_TASK": "16", "SLURM_CPUS_ON_NODE": "16"}
 """The batch step of `sbatch -N 2 -c 16 --wrap "mm-ds ..."`: its one task has the node's 16 CPUs."""
 

@@ -190,12 +190,12 @@ def adapt_runs(path: Path) -> tuple[list[Path], Path | None]:
     if not path.is_dir():
         raise ConfigError(f"{path} is not a directory; {expected}")
     if (path / "adapt").is_dir():
-        runs = sorted(r for r in (path / "adapt").glob("*/*") if r.is_dir() and checkpoint.list_checkpoints(r))
+        runs = sorted(r for r in (path / "adapt").glob("*/*") if r.is_dir() and checkpoint.list_checkpoints(r, "curve"))
         runs = [r for r in runs if adapt_system(r)]
         if not runs:
             raise ConfigError(f"{path}/adapt holds no Step-2 run with complete checkpoints; {expected}")
         return runs, path
-    if not checkpoint.list_checkpoints(path):
+    if not checkpoint.list_checkpoints(path, "curve"):
         raise ConfigError(f"{path} has neither adapt/ nor complete checkpoints/step_*/; {expected}")
     if adapt_system(path) is None:
         raise ConfigError(f"{path} is not a Step-2 run (its checkpoints are not an adapt stage's); {expected}")
@@ -287,7 +287,7 @@ def align_run(run: Path, texts: dict[str, str], out: Path | None, settings: Sett
               say=print) -> list[dict]:
     """The rows of one adapt run, step 0 first; each checkpoint's row is computed once (cached under
     OUT/align/<system>/<lang>/ or RUN/align/)."""
-    ckpts = checkpoint.list_checkpoints(run)
+    ckpts = checkpoint.list_checkpoints(run, "curve")  # the curve's, not time-based resume checkpoints
     if not ckpts:
         raise ConfigError(f"{run} has no complete Step-2 checkpoint (checkpoints/step_*/ with a manifest); run or "
                           f"resume its adapt stage first")

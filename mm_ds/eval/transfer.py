@@ -79,12 +79,13 @@ def load_finetuned(run: str | Path, task: str):
 
 
 def adapted_checkpoints(adapted: str | Path, curve: bool) -> list[Path]:
-    """The final weights of an adapt run, or every complete checkpoint of it (for training curves)."""
+    """The final weights of an adapt run, or every complete curve checkpoint of it (for training curves: not the
+    time-based resume checkpoints, which fall wherever a clock or a stop put them)."""
     adapted = Path(adapted)
     if curve:
-        found = checkpoint.list_checkpoints(adapted)
+        found = checkpoint.list_checkpoints(adapted, of_kind="curve")
         if not found:
-            raise ConfigError(f"{adapted} has no complete checkpoints to draw a curve from")
+            raise ConfigError(f"{adapted} has no complete curve checkpoints to draw a curve from")
         return found
     return [adapted]
 

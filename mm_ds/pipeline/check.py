@@ -20,6 +20,7 @@ from ..runtime import launch
 from ..runtime.phases import schedule_for
 from .stage_runs import PACKED
 from ..systems import MINI_SYSTEMS, system_of
+from .spread import check_spread
 
 PREPARED = "meta.json"  # `mm-ds prepare` writes it last: a prepared corpus needs no text inputs
 
@@ -90,6 +91,7 @@ def check(recipe, out: Path, strict: bool) -> Findings:
         return report
     configs = check_stages(nodes, report, strict=strict)
     report.launch = launch.describe(from_dict(LaunchConfig, recipe.launch, prefix="launch."))
+    check_spread(recipe, nodes, configs, report)  # launch.spread: each group's world size
     report.notes += protocol(recipe, nodes, configs)
     vocab = int(recipe.prepare.get("vocab_size", 50_000))  # `mm-ds prepare`'s default
     for node in nodes:

@@ -15,6 +15,9 @@ batch of 32: they run as single-device runs, as many at once as the launch has d
     one failed its exit code and log are recorded, the rank takes the next run; the pack fails at the end, naming
                each failed run; the same `mm-ds run` again skips the finished ones and resumes each failed one
                alone from its newest checkpoint (its own --resume)
+    a stop     a stop signal on a rank (mm_ds/runtime/stop.py) is passed to its run, which saves and exits 75; no
+               rank takes another run, and the other ranks pass it to theirs (a key in the store they poll); each
+               stopped run is recorded `stopped`, and the pack ends with exit code 75: the same `mm-ds run` resumes
     progress   OUT/logs/<pack>/<run>.json (running, done or failed: rank, device, exit code, log), which
                `mm-ds run` follows (`Watch`)
 
@@ -33,14 +36,14 @@ import sys
 import time
 from pathlib import Path
 
-from ..runtime import checkpoint
+from ..runtime import checkpoint, stop
 from ..runtime.jobs import Queue
 from .progress import INTERVAL_S, Follow, StageFailed, clock, run_logged, say
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
                "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS",
                "MPI_LOCALNRANKS", "MM_DS_VALIDATED")
-LAUNCH_PREFIXES = ("OMPI_COMM_WORLD_", "PMI_", "PMIX_RANK")
+LAUNCH_PREFIXES = ("OMPI_COMM_WORLD_", "MV2_COMM_WORLD_", "PMI_", "PMIX_RANK")
 """What makes a process a rank of the launch (mm_ds/runtime/launch.py under_launcher, mm_ds/runtime/dist.py adopt_env): a packed
 run is a world of one, so its environment has none of it."""
 
@@ -123,13 +126,14 @@ def write_spec(path: Path, name: str, runs: list, logs: Path) -> Path:
     return path
 
 
-def _run_one(job: dict, env: dict, device: str, rank: int, spec_path: Path) -> bool:
-    """One packed run on this rank's device, resumed from its newest checkpoint when it has one; True when it
-    finished. Its output goes to its own log; its state to its status file."""
+def _run_one(job: dict, env: dict, device: str, rank: int, spec_path: Path, halted=lambda: False) -> str:
+    """One packed run on this rank's device, resumed from its newest checkpoint when it has one: done, failed or
+    stopped (a stop signal here or `halted()`: passed on to the run, which saves). Its output goes to its own log;
+    its state to its status file."""
     out, log, started = Path(job["out"]), Path(job["log"]), time.time()
     status = _status_file(spec_path, job["name"])
     if complete(out):
-        return True
+        return "done"
     resume = ["--resume"] if checkpoint.list_checkpoints(out) else []
     record = {"name": job["name"], "rank": rank, "device": device, "log": str(log), "resumed": bool(resume)}
     checkpoint.write_json_atomic(status, record | {"state": "running", "started": started})
@@ -140,15 +144,34 @@ def _run_one(job: dict, env: dict, device: str, rank: int, spec_path: Path) -> b
         f.flush()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
         try:
-            rc = proc.wait()
+            rc, passed = _wait(proc, halted)
         except BaseException:  # the rank is stopped: its run stops with it, and resumes next time
             proc.terminate()
             proc.wait()
             raise
-    ok = rc == 0 and complete(out)
-    checkpoint.write_json_atomic(status, record | {"state": "done" if ok else "failed", "exit_code": rc,
-                                                   "seconds": time.time() - started})
-    return ok
+    state = "done" if rc == 0 and complete(out) else "stopped" if rc == stop.EXIT_CODE or passed else "failed"
+    checkpoint.write_json_atomic(status, record | {"state": state, "exit_code": rc, "seconds": time.time() - started})
+    return state
+
+
+def _wait(proc: subprocess.Popen, halted, every_s: float = 0.5) -> tuple[int, bool]:
+    """(exit code of a packed run, whether a stop was passed to it): a stop signal to this rank, or `halted()` (one
+    to another rank; asked every 2 s), is passed on once; the grace and a margin later the run is killed."""
+    passed, asked = False, time.monotonic()
+    while proc.poll() is None:
+        now = time.monotonic()
+        if not passed:
+            stopping = stop.requested() is not None
+            if not stopping and now - asked > 2:
+                asked, stopping = now, halted()
+            if stopping:
+                seen = stop.requested()
+                proc.send_signal(getattr(signal, seen.name if seen else "SIGTERM"))
+                passed, asked = True, now
+        elif now - asked > stop.GRACE_S + stop.MARGIN_S:
+            proc.kill()
+        time.sleep(every_s)
+    return proc.returncode, passed
 
 
 def run_pack(spec_path: Path) -> int:
@@ -158,17 +181,31 @@ def run_pack(spec_path: Path) -> int:
 
     rank, local_rank, world = dist.init()
     spec = dist.on_rank0(lambda: json.loads(Path(spec_path).read_text()), f"reading {spec_path}")
-    queue, failed, error = Queue(spec["name"], len(spec["jobs"])), 0, None
+    queue, count, error = Queue(spec["name"], len(spec["jobs"])), {"failed": 0, "stopped": 0}, None
+    halt = f"{queue.key}/stop-signal"  # a stop on some rank: every rank passes it to its run
+
+    def halted() -> bool:
+        return dist.is_initialized() and dist.shared_add(halt, 0) > 0
+
     try:
         env, device = _this_ranks_device(local_rank, dist.local_world_size() or world)
-        while (i := queue.claim()) is not None:
-            failed += not _run_one(spec["jobs"][i], env, device, rank, Path(spec_path))
+        with stop.handling():  # a world of one started by `mm-ds run` (launcher none) has no handler of its own
+            while stop.requested() is None and not halted() and (i := queue.claim()) is not None:
+                state = _run_one(spec["jobs"][i], env, device, rank, Path(spec_path), halted)
+                count[state] = count.get(state, 0) + 1
+                if state == "stopped" and dist.is_initialized():
+                    dist.shared_add(halt)
     except Exception as e:  # noqa: BLE001  this rank cannot go on (its runs' own failures are counted above)
         queue.stop()
         error = f"rank {rank}: {type(e).__name__}: {e}"
         print(f"[mm-ds] {error}", file=sys.stderr, flush=True)
     queue.drain()
-    failed, broken = (int(x) for x in dist.all_reduce([failed, error is not None]))
+    failed, broken, stopped, signalled = (int(x) for x in dist.all_reduce(
+        [count["failed"], error is not None, count["stopped"], stop.requested() is not None]))
+    if stopped or signalled:  # the runs saved where they were; the same `mm-ds run` resumes them (and failed ones)
+        seen = stop.requested()
+        raise stop.Stopped(seen.name if seen else None, f"{spec['name']} stopped: {stopped} run(s) stopped, {failed} "
+                                                        f"failed; {status_dir(Path(spec_path))} says which")
     if failed or broken:
         raise PackFailed(f"{failed} of {len(spec['jobs'])} runs of {spec['name']} failed"
                          f"{f', {broken} rank(s) stopped (their output says why)' if broken else ''}; "
@@ -219,7 +256,8 @@ def failures(spec_path: Path, tail: int = 8) -> str:
         if complete(Path(job["out"])):
             continue
         s = seen.get(job["name"])
-        how = (f"{_exit(s['exit_code'])} on rank {s['rank']} ({s['device']})" if s and "exit_code" in s
+        how = (f"stopped on rank {s['rank']} ({s['device']}), resumes next time" if s and s["state"] == "stopped"
+               else f"{_exit(s['exit_code'])} on rank {s['rank']} ({s['device']})" if s and "exit_code" in s
                else "did not finish (its rank stopped)" if s else "not started")
         lines.append(f"  {job['name']}: {how}; its log: {job['log']}")
         try:
@@ -252,6 +290,8 @@ class Watch:
                 say(f"{s['name']}: started on rank {s['rank']}, {s['device']}{' (resumed)' if s['resumed'] else ''}")
             elif s["state"] == "done":
                 say(f"{s['name']}: done in {clock(s['seconds'])}")
+            elif s["state"] == "stopped":
+                say(f"{s['name']}: stopped after a checkpoint (resumes next time); its log: {s['log']}")
             else:
                 say(f"{s['name']}: FAILED ({_exit(s['exit_code'])}); its log: {s['log']}")
         count = {k: sum(s["state"] == k for s in states) for k in ("done", "running", "failed")}

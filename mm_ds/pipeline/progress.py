@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime import checkpoint
+from ..runtime import checkpoint, stop
 
 INTERVAL_S = 20.0
 """Seconds between two progress lines of one stage: enough to see it move, few enough for a CI log."""
@@ -152,32 +152,34 @@ class Follow:
             self.eval_done, self.eval_shown = done, now
             say(f"evaluation: {done}/{len(spec['units'])} units have results")
 
-    def wait(self, proc: subprocess.Popen, every_s: float = 1.0) -> int:
-        while proc.poll() is None:
-            self.poll()
-            time.sleep(every_s)
-        self.poll()
-        return proc.returncode
 
 
 class StageFailed(RuntimeError):
     """A process `mm-ds run` started failed; the message names its log and shows its last lines."""
 
 
-def run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: dict[str, str] | None = None) -> None:
-    """Run `cmd` with all its output (the ranks' and DeepSpeed's) in `log`; `follow` shows progress meanwhile."""
+def run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: dict[str, str] | None = None,
+               grace_s: float = stop.GRACE_S) -> None:
+    """Run `cmd` with all its output (the ranks' and DeepSpeed's) in `log`; `follow` shows progress meanwhile. It
+    runs in a session of its own; a stop signal received here is passed on to it (mm_ds/runtime/stop.py), and once
+    it has ended (its ranks saved, within `grace_s` and a margin) raised here as `stop.Stopped`, as is its own exit
+    code stop.EXIT_CODE (a signal that reached the ranks only)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = os.environ | {"PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                         **(env or {})}
-    with open(log, "a") as f:
+    with open(log, "a") as f, stop.forwarding():
         start = f.tell()  # the log keeps earlier attempts: only this one's lines are shown
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        proc = stop.start_child(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
         try:
-            (follow or Follow([])).wait(proc)
-        except BaseException:  # Ctrl-C: the launcher and its ranks stop with us
+            rc = stop.wait_child(proc, grace_s, (follow or Follow([])).poll, every_s=1.0)
+        except BaseException:  # an error of ours: the launcher and its ranks stop with us
             proc.terminate()
             proc.wait()
             raise
+    if rc == stop.EXIT_CODE:
+        seen = stop.requested()
+        raise stop.Stopped(seen.name if seen else None, f"stopped by {seen.name if seen else 'a signal to its ranks'}"
+                                                         f"; its output is in {log}")
     if proc.returncode != 0:
         with open(log, errors="replace") as f:
             f.seek(start)

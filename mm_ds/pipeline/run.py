@@ -21,26 +21,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..runtime import checkpoint
+from ..runtime import checkpoint, stop
 from ..config import ConfigError, from_dict
 from .pack import complete
 from .progress import Follow, StageFailed, Watched, say
 from .progress import run_logged as _run_logged
 from ..config import recipe_names
-from ..recipe import Recipe, load_recipe, minis_in_english, prepare_options, task_root, text_inputs
+from ..recipe import Recipe, load_recipe, minis_in_english, task_root
+from .prepare import languages, only_prepare, prepare_data, prepared
+from .prepare import world_complete  # noqa: F401 (run.world_complete, as it was)
+from .spread import run_spread, spread_steps
 from .stage_runs import stage_runs
 from ..stages.runner import StageRun
-from ..systems import REFERENCE, system_of
-
-
-def _mm_ds(argv: list[str], log: Path) -> None:
-    say(f"$ mm-ds {' '.join(argv)}")
-    _run_logged([sys.executable, "-m", "mm_ds.cli", *argv], log)
+from ..systems import REFERENCE
 
 
 def _launch_stage(run: StageRun, resume: bool, log: Path, follow: Follow | None = None) -> None:
@@ -62,7 +61,7 @@ def _launch_stage(run: StageRun, resume: bool, log: Path, follow: Follow | None 
     if not done:
         _run_logged(command(cfg.launch, argv) if cfg.launch.launcher != "none"
                     else [sys.executable, "-m", "mm_ds.cli", *argv], log, follow,
-                    launch_env(cfg.launch) | validated_env(argv))
+                    launch_env(cfg.launch) | validated_env(argv), cfg.train.stop_grace_s)
 
 
 def run_stages(todo: list[StageRun], logs: Path) -> None:
@@ -74,7 +73,12 @@ def run_stages(todo: list[StageRun], logs: Path) -> None:
             found = checkpoint.find_resume_point(n.out, checksums=False)  # its rank 0 hashes it
             say(f"resume {n.name} from {found.name if found else 'step 0 (no checkpoint verifies)'}")
         log = logs / f"{n.name.replace('/', '_')}.log"
-        _launch_stage(n, resume, log, Follow([_watched(n, i, len(todo), log)]))
+        try:
+            _launch_stage(n, resume, log, Follow([_watched(n, i, len(todo), log)]))
+        except stop.Stopped as e:  # its ranks saved: say where, for the line that ends `mm-ds run`
+            saved = checkpoint.latest_tag(n.out) or "no checkpoint"
+            raise stop.Stopped(e.signame, f"stopped by {e.signame or 'a stop signal'}: {n.name} saved at {saved}; "
+                                          f"its log: {log}") from None
 
 
 def _watched(run: StageRun, i: int, n: int, log: Path) -> Watched:
@@ -100,6 +104,10 @@ def job_main(argv: list[str]) -> int:
     dist.init()
     # The stage list decides every collective that follows: rank 0 reads it for all (no node's own look).
     for stage_argv in dist.on_rank0(lambda: json.loads(Path(argv[0]).read_text()), f"reading {argv[0]}"):
+        if dist.any_rank(stop.requested() is not None):  # a stop while the last one published: start no other
+            name = stop.requested().name if stop.requested() else None
+            raise stop.Stopped(name, f"[mm-ds] stopped by {name or 'a stop signal on another rank'} between two "
+                                     f"steps; resume with: {stop.resume_command()}")
         if stage_argv[0] == "run-eval":
             from ..eval.transfer import run_eval_main
             run_eval_main(stage_argv[1:])
@@ -123,33 +131,6 @@ def job_main(argv: list[str]) -> int:
         run_stage(stage_argv[0], stage_argv[1:] + resume)
         gc.collect()
     return 0
-
-
-def world_complete(world: Path) -> bool:
-    """world.json is written last and lists every file: trust a world only when it parses and they exist."""
-    try:
-        manifest = json.loads((world / "world.json").read_text())
-        return all((world / f).is_file() for f in manifest["files"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def prepare_data(recipe: Recipe, out: Path) -> None:
-    if recipe.world is not None and not world_complete(out / "world"):
-        from ..data.world import generate_world
-        generate_world(out / "world", languages=tuple(recipe.langs), **recipe.world)
-    opts = []
-    for k, v in prepare_options(recipe).items():
-        opts += [f"--{k.replace('_', '-')}", str(v)]
-    for lang in [recipe.source_lang, *recipe.langs]:
-        if (out / "data" / lang / "meta.json").is_file():  # prepare publishes the directory whole, meta.json last
-            print(f"[mm-ds run] skip prepare {lang}: complete", flush=True)
-            continue
-        inputs = [str(out / "world" / "text" / f"{lang}.txt")] if recipe.world is not None else text_inputs(recipe, lang)
-        args = ["prepare", "--lang", lang, "--out", str(out / "data" / lang)]
-        for i in inputs:
-            args += ["--input", i]
-        _mm_ds(args + opts, out / "logs" / f"prepare_{lang}.log")
 
 
 def evaluate(recipe: Recipe, out: Path, job_ran_it: bool = False) -> list[dict]:
@@ -218,12 +199,15 @@ def stage_runs_summary(recipe: Recipe, runs: list[StageRun], done: dict[str, boo
     from ..config import LaunchConfig
     from ..eval.align import aligned_runs
 
-    world = from_dict(LaunchConfig, recipe.launch).world_size
+    launch = from_dict(LaunchConfig, recipe.launch)
+    world, spread = launch.world_size, launch.spread
+    side = spread_steps(runs, spread) if recipe.mode == "per_stage" else {}
     lines = [f"# {len(runs)} stage runs into {out}, {sum(done.values())} done (final/ verifies):"]
     for stage, title in STEP_NAMES.items():
         mine = [n for n in runs if n.name.startswith(stage + "/")]
         if mine:
             how = (f"single-device runs, {min(world, len(mine))} at once" if mine[0].packed
+                   else f"side by side on {spread} groups of {world // spread} rank(s)" if stage in side
                    else f"each data-parallel on {world} rank(s), one after another")
             lines.append(f"#   {title:<21} {len(mine):>4} runs, {sum(done[n.name] for n in mine):>4} done; {how}")
     results = len(list((out / "eval").glob("*.json"))) if (out / "eval").is_dir() else 0
@@ -321,6 +305,9 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     t0 = time.time()
     os.environ.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # stage ranks exit if this process dies
     out.mkdir(parents=True, exist_ok=True)
+    if recipe.world is None and (left := [lang for lang in languages(recipe) if not prepared(out, lang)]):
+        say(f"preparing {' '.join(left)} here before any stage; on a cluster `mm-ds run RECIPE --only prepare` does "
+            f"it apart, as a CPU job before the GPU allocation")
     prepare_data(recipe, out)
     todo = [n for n in runs if not complete(n.out)]
     for n in runs:
@@ -331,7 +318,10 @@ def run(recipe: Recipe, out: Path, list_only: bool = False) -> int:
     if job_ran_eval:
         _one_job(recipe, out, todo, packed)
         todo, packed = [], []
-    run_stages(todo, out / "logs")
+    if recipe.launch.get("spread", 1) > 1:  # side by side on groups of nodes (its --check passed above)
+        run_spread(todo, recipe, out, lambda runs: run_stages(runs, out / "logs"))
+    else:
+        run_stages(todo, out / "logs")
     from .pack import run_step3
     run_step3(packed, recipe, out)
     rows = evaluate(recipe, out, job_ran_it=job_ran_eval)
@@ -360,20 +350,37 @@ def main(argv: list[str]) -> int:
                         "--launch launcher=mpirun --launch hostfile=hosts --launch nodes=2")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change a recipe key (repeatable), e.g. --set seeds=[1] --set task_root=/data/tasks")
+    p.add_argument("--only", choices=["prepare"], help="prepare: only every language's data (`mm-ds prepare` into "
+                   "OUT/data), on this machine's CPUs: a CPU job before the GPU allocation; then `mm-ds run` starts "
+                   "with the GPU stages. With --check: what it would prepare, and whether the text inputs are there")
+    p.add_argument("--lang", action="append", metavar="LANG", help="with --only prepare: only this language of the "
+                   "recipe (repeatable), e.g. one CPU job per language")
     a = p.parse_args(argv)
+    if a.lang and not a.only:
+        p.error("--lang goes with --only prepare")
     sets = list(a.set)
     for item in a.launch:
         if "=" not in item:
             raise ConfigError(f"--launch {item!r} must look like KEY=VALUE, e.g. --launch ranks=8")
         sets.append("launch." + item.removeprefix("launch."))
     recipe = load_recipe(a.recipe, sets)
+    if a.only == "prepare":
+        try:
+            return only_prepare(recipe, a.recipe, Path(a.out), a.lang, a.check)
+        except StageFailed as e:
+            print(f"mm-ds run: error: {e}", file=sys.stderr)
+            return 1
     if a.check:
         from .check import check
         report = check(recipe, Path(a.out), strict=False)
         print(f"mm-ds run {a.recipe} --check: {report.format()}")
         return 1 if report.problems else 0
     try:
-        return run(recipe, Path(a.out), a.list_stage_runs)
+        with stop.forwarding(raise_when_idle=True):  # a stop signal: its launcher saves, then this ends
+            return run(recipe, Path(a.out), a.list_stage_runs)
     except StageFailed as e:  # the stage's own traceback is in its log; ours would bury the message
         print(f"mm-ds run: error: {e}", file=sys.stderr)
         return 1
+    except stop.Stopped as e:
+        say(f"{e}; resume with: {shlex.join(['mm-ds', 'run', *argv])}")
+        return stop.EXIT_CODE

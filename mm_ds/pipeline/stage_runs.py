@@ -20,7 +20,8 @@ ONE_DEVICE = ["launch.launcher=none", "launch.ranks=1", "launch.nodes=1"]
 def stage_runs(recipe: Recipe, out: Path) -> list[StageRun]:
     """Every training stage in dependency order (each node's parents come before it)."""
     data = out / "data"
-    launch = [f"launch.{k}={v}" for k, v in recipe.launch.items()]
+    # launch.spread is `mm-ds run`'s own (mm_ds/pipeline/spread.py): it gives each side-by-side run its group's launch
+    launch = [f"launch.{k}={v}" for k, v in recipe.launch.items() if k != "spread"]
     runs: list[StageRun] = []
 
     def add(stage: str, run: Path, system: str, lang: str, parent: Path | None, extra: list[str]) -> None:

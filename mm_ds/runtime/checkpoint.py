@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -34,6 +35,8 @@ LATEST = "latest"
 MODEL_STATES = "mp_rank_00_model_states.pt"
 """The module's state dict, without ZeRO-3 (which partitions it into the optimizer shards)."""
 LATEST_UNIVERSAL = "latest_universal"
+UNIVERSAL = ".universal"
+"""A checkpoint's universal conversion sits beside it under its name + this (mm_ds/runtime/resharding.py)."""
 
 
 def tag_for(step: int) -> str:
@@ -46,8 +49,10 @@ def checkpoints_dir(run_dir: str | Path) -> Path:
 
 # ---------------------------------------------------------------- saving and finding engine checkpoints
 
-def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict) -> Path:
-    """Collective: every rank calls it. Writes, verifies, then publishes the checkpoint for `step`."""
+def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict, keep_resume: int = 1) -> Path:
+    """Collective: every rank calls it. Writes, verifies, then publishes the checkpoint for `step`. `meta["kind"]`
+    `resume` (default `curve`): of those, the newest `keep_resume` are kept, older ones removed after this one is
+    published."""
     root = checkpoints_dir(run_dir)
     tag = tag_for(step)
     tmp_tag = tag + ".tmp"
@@ -62,20 +67,23 @@ def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict)
     except (OSError, RuntimeError) as e:  # disk full, permissions: say so, keep the previous checkpoint
         error = describe_write_error(e, root)  # (torch.save reports a full disk as a RuntimeError)
     faults.in_save(step, rank, "after-engine-save", stage)
-    if dist.any_rank(error is not None):
+    # One collective: whether any rank failed, and how many wrote an optimizer shard (rank 0 then requires each)
+    failed, shards = dist.all_reduce([error is not None, bool(getattr(engine, "save_zero_checkpoint", False))])
+    if failed:
         dist.on_rank0(lambda: shutil.rmtree(root / tmp_tag, ignore_errors=True), f"removing {root / tmp_tag}")
         raise CheckpointError(f"saving checkpoint {root / tag} failed on at least one rank"
                               f"{': ' + error if error else ''}. The previous checkpoint "
                               f"({latest_tag(run_dir) or 'none'}) is intact; free disk space or fix "
                               f"permissions on {root}, then resume with --resume.")
+    required = optimizer_shards(int(shards), bool(engine.bfloat16_enabled()))
 
     def publish():
         try:
             write_meta(root / tmp_tag, meta | {"tag": tag}, at=root / tag)
             faults.in_save(step, rank, "after-meta", stage)
-            write_manifest(root / tmp_tag)
+            write_manifest(root / tmp_tag, required=await_files(root / tmp_tag, required))
             faults.in_save(step, rank, "after-manifest", stage)
-            verify(root / tmp_tag)
+            verify(root / tmp_tag)  # sizes against the manifest; its sums were computed just now, once
             faults.in_save(step, rank, "before-rename", stage)
             if (root / tag).exists():  # re-saving a step (e.g. resumed after a crash post-rename)
                 shutil.rmtree(root / tag)
@@ -88,8 +96,55 @@ def save(engine, run_dir: str | Path, step: int, client_state: dict, meta: dict)
                                   f"checkpoint is intact; free disk space or fix permissions, then resume with "
                                   f"--resume.") from e
 
-    dist.on_rank0(publish, f"publishing checkpoint {root / tag}")
+    def publish_and_rotate() -> None:
+        publish()
+        rotate_resume(run_dir, keep_resume)  # older resume checkpoints go once this one is published
+
+    dist.on_rank0(publish_and_rotate, f"publishing checkpoint {root / tag}")
     return root / tag
+
+
+def optimizer_shards(ranks: int, bf16: bool) -> list[str]:
+    """The optimizer shard files DeepSpeed writes, one per data-parallel rank that writes one (ZeRO 1-3 and its bf16
+    optimizer: `engine.save_zero_checkpoint`)."""
+    return [f"{'bf16_' if bf16 else ''}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(ranks)]
+
+
+def await_files(ckpt: Path, names: list[str], wait_s: float = 10.0) -> list[str]:
+    """`names` in `ckpt`, looked up one by one (a shared filesystem may list a directory from a stale cache while
+    other nodes' files are there): waits `wait_s` for late ones, then a CheckpointError naming what is missing."""
+    deadline = time.monotonic() + wait_s
+    while missing := [n for n in names if not (ckpt / n).is_file()]:
+        if time.monotonic() > deadline:
+            raise CheckpointError(f"{ckpt}: {len(missing)} optimizer shard(s) missing ({', '.join(missing[:3])}), one "
+                                  f"per data-parallel rank expected: a rank's save did not reach the shared filesystem "
+                                  f"(or its listing here is stale)")
+        time.sleep(0.5)
+        os.listdir(ckpt)  # a fresh listing: NFS revalidates the directory
+    return names
+
+
+def kind(ckpt: Path) -> str:
+    """`curve` or `resume` (engine.train's checkpoint kinds); `curve` when the meta does not say (older runs)."""
+    try:
+        return read_meta(ckpt).get("kind", "curve")
+    except (CheckpointError, OSError, ValueError):
+        return "curve"  # never removed, never hidden from the curves
+
+
+def rotate_resume(run_dir: str | Path, keep: int) -> list[Path]:
+    """Rank 0, after a checkpoint is published: remove the resume checkpoints (and their universal conversions) but
+    the newest `keep`. Curve checkpoints always stay. A failure to remove is said, not fatal."""
+    removed = []
+    try:
+        for old in [c for c in list_checkpoints(run_dir) if kind(c) == "resume"][:-keep]:
+            for p in (old.with_name(old.name + UNIVERSAL), old):
+                if p.is_dir():
+                    shutil.rmtree(p)
+            removed.append(old)
+    except OSError as e:
+        print(f"[mm-ds] could not remove an older resume checkpoint of {run_dir}: {e}", flush=True)
+    return removed
 
 
 def _make_room(root: Path) -> None:
@@ -107,13 +162,15 @@ def latest_tag(run_dir: str | Path) -> str | None:
     return tag if (checkpoints_dir(run_dir) / tag / MANIFEST).is_file() else None
 
 
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints (published and with a manifest), oldest first."""
+def list_checkpoints(run_dir: str | Path, of_kind: str | None = None) -> list[Path]:
+    """Complete checkpoints (published and with a manifest), oldest first; `of_kind="curve"`: those the paper's
+    curves are drawn from (not time-based resume checkpoints)."""
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step_*") if p.is_dir() and "." not in p.name  # not .tmp, .universal
-                  and (p / MANIFEST).is_file())
+    found = sorted(p for p in root.glob("step_*") if p.is_dir() and "." not in p.name  # not .tmp, .universal
+                   and (p / MANIFEST).is_file())
+    return [p for p in found if kind(p) == of_kind] if of_kind else found
 
 
 def find_resume_point(run_dir: str | Path, checksums: bool = True) -> Path | None:

@@ -9,15 +9,20 @@ device (`device()`), and tests/test_dist.py scans the package so that no other m
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
-import shutil
-import subprocess
+import socket
 import sys
+import time
+from datetime import timedelta
 
 import torch
 
-from ..config import ConfigError
-from .launch import SRUN_STEP_VARS, is_loopback
+from ..config import ConfigError, LaunchConfig
+from . import bringup, stop
+from .bringup import (free_port, keep_freed_memory, local_world_size, set_threads, skip_shm_comm_build,  # noqa: F401
+                      slurm_first_host)
 
 # ---------------------------------------------------------------- rank and device
 
@@ -71,6 +76,17 @@ def all_reduce_tensor(t: torch.Tensor, op: str = "sum") -> list[float]:
 def any_rank(flag: bool) -> bool:
     """True on every rank when `flag` is true on at least one."""
     return bool(all_reduce([1.0 if flag else 0.0], "max")[0])
+
+
+def all_reduce_start(t: torch.Tensor, op: str = "max"):
+    """Start an element-wise reduction of `t`, a tensor on this rank's device, in place over all ranks without
+    waiting; returns the work to `.wait()` for (None in a world of one). NCCL's wait makes the current stream wait,
+    not the host: mm_ds/runtime/boundary.py's lagged agreement reads the result an update later."""
+    if t.device != device():
+        raise ValueError(f"all_reduce_start takes a tensor on {device()} (NCCL takes device tensors), got {t.device}")
+    if not is_initialized():
+        return None
+    return torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, _OPS[op]), async_op=True)
 
 
 def broadcast_object(obj, src: int = 0):
@@ -144,37 +160,59 @@ def barrier() -> None:
 # ---------------------------------------------------------------- bring-up and tear-down
 
 
-def init() -> tuple[int, int, int]:
-    """(rank, local_rank, world_size). Outside any launcher, runs as a world of one."""
+class RendezvousFailed(ConfigError):
+    """The ranks did not all meet, or met in a way that cannot work (two on one GPU): every rank that came stops
+    with the reason, within launch.rendezvous_timeout_s."""
+
+
+def init(launch: LaunchConfig | None = None) -> tuple[int, int, int]:
+    """(rank, local_rank, world_size). Outside any launcher, runs as a world of one. `launch`: the command's launch
+    settings as every rank parses them (its timeouts); None: the defaults."""
     import deepspeed
 
-    adopt_env()  # srun / mpirun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_* from the launcher's own variables
-    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ and "PMI_RANK" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-    local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)))
-    if torch.cuda.is_available():
-        set_device(local_rank)  # before the process group: NCCL binds to the current device
+    launch = launch or LaunchConfig()
+    if bringup.under_launcher():  # a rank of a launch: a stop signal during start-up is kept for the loop (stop.py)
+        stop.install()
     if not is_initialized():
+        here = adopt_env()  # RANK, WORLD_SIZE, LOCAL_RANK, MASTER_* from the launcher's own variables
+        set_threads(here.local_world or here.world)
         if not torch.cuda.is_available():
             skip_shm_comm_build()
-        _bind_rendezvous()
-        deepspeed.init_distributed(verbose=False)
+        store = _bind_rendezvous(here, launch)  # every rank in rank 0's store, or every rank stops saying why
+        if torch.cuda.is_available():
+            set_device(here.local_rank)  # before the process group: NCCL binds to the current device
+        _start_group(store, here, launch)
+        deepspeed.init_distributed(verbose=False)  # adopts the process group
     r, world = rank(), world_size()
     from .watchdog import start as watch_launcher
     watch_launcher(r)  # a SIGKILLed launcher must not leave this rank running (mm_ds/runtime/watchdog.py)
-    set_threads(local_world_size() or world)
     if not torch.cuda.is_available():
         keep_freed_memory()
-    return r, local_rank, world
+    return r, int(os.environ.get("LOCAL_RANK", 0)), world
+
+
+def adopt_env() -> bringup.Place:
+    """This rank's place (mm_ds/runtime/bringup.py) as torch.distributed's env:// variables: RANK, WORLD_SIZE,
+    LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT. Outside any launcher, a world of one on 127.0.0.1."""
+    here = bringup.place(bringup.given_env())
+    if here is None:
+        here = bringup.Place("none", 0, 1, 0, 1, "127.0.0.1", int(os.environ.get("MASTER_PORT") or free_port()))
+    if here.note and here.rank == 0:
+        print(f"[mm-ds] {here.note}", flush=True)
+    if here.master_addr is None:
+        here = dataclasses.replace(here, master_addr=bringup.told_through_mpi(here))
+    os.environ.update(RANK=str(here.rank), WORLD_SIZE=str(here.world), LOCAL_RANK=str(here.local_rank),
+                      MASTER_ADDR=here.master_addr, MASTER_PORT=str(here.master_port))
+    if here.local_world:
+        os.environ["LOCAL_WORLD_SIZE"] = str(here.local_world)
+    return here
 
 
 def set_device(local_rank: int) -> int:
     """Make this rank's GPU current: its local rank among the devices it can see. Under `srun --gpus-per-task=1`
     (or `--gpu-bind`) a task sees one device while SLURM_LOCALID counts the node's tasks; LOCAL_RANK is then
     made that index too, since DeepSpeed's engine takes LOCAL_RANK as its device (and checks it against
-    OMPI_COMM_WORLD_LOCAL_RANK)."""
+    OMPI_COMM_WORLD_LOCAL_RANK). Two ranks of a node on one device stopped the launch before (`_join`)."""
     index = local_rank % max(1, torch.cuda.device_count())
     if index != local_rank:
         os.environ["LOCAL_RANK"] = str(index)
@@ -184,29 +222,133 @@ def set_device(local_rank: int) -> int:
     return index
 
 
-def set_threads(local_world: int) -> int:
-    """Size torch's thread pools to this rank's share of the node: the CPUs it may run on (its affinity: what the
-    launcher gave it, `srun --cpus-per-task`'s count when given) over the ranks sharing them. One rank's BLAS
-    and OpenMP threads must not fight another's (8 GPU ranks each starting all-core pools did). A user's
-    OMP_NUM_THREADS wins (torch already read it). SLURM_CPUS_PER_TASK is the rank's own in an srun task only:
-    ranks that deepspeed or mpirun start inside a batch job inherit the job's, the CPUs of them all."""
-    if os.environ.get("OMP_NUM_THREADS"):
-        return torch.get_num_threads()
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    srun_task = all(v in os.environ for v in SRUN_STEP_VARS)
-    per_task = os.environ.get("SLURM_CPUS_PER_TASK", "") if srun_task else ""
-    share = min(cpus, int(per_task)) if per_task.isdigit() else cpus // max(1, local_world)
-    torch.set_num_threads(max(1, share))
-    return torch.get_num_threads()
+_RENDEZVOUS_SOCKET = None
+_JOIN = "mm_ds/join/"
+_MEMBERS: list[dict] = []  # rank 0: every rank's join record (`members`)
+_SEEN_AS = "mm_ds/master_addr_seen_from_other_nodes"
 
 
-def local_world_size() -> int | None:
-    """Ranks on this node, as the launcher says (torchrun/srun: LOCAL_WORLD_SIZE, deepspeed: LOCAL_SIZE,
-    mpirun: OMPI_COMM_WORLD_LOCAL_SIZE, MPICH: MPI_LOCALNRANKS); None when it does not."""
-    for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return None
+def _bind_rendezvous(here: bringup.Place, launch: LaunchConfig):
+    """Rank 0's store, on MASTER_ADDR (`_listen`), with every rank in it (`_join`) within
+    launch.rendezvous_timeout_s: a rank whose rank 0 never came up, or a rank 0 some of whose ranks never did,
+    stops then, naming what is missing, instead of waiting out the collective timeout."""
+    global _STORE
+    from deepspeed.accelerator import get_accelerator
+
+    wait = timedelta(seconds=launch.rendezvous_timeout_s)
+    addr, port, spans = here.master_addr, here.master_port, (here.local_world or 0) < here.world
+    fd = _listen(addr, port, here.world, spans) if here.rank == 0 else None
+    try:
+        store = torch.distributed.TCPStore(addr, port, here.world, here.rank == 0, wait, wait_for_workers=False,
+                                           master_listen_fd=fd)
+    except RuntimeError as e:
+        raise RendezvousFailed(f"rank {here.rank}: rank 0's rendezvous at {addr}:{port} did not answer in "
+                               f"{launch.rendezvous_timeout_s} s ({str(e).splitlines()[0]}): rank 0 never started "
+                               f"(its node's output says why), or {addr} is not rank 0's address as this node "
+                               f"reaches it (launch.master_addr)") from None
+    _STORE = store
+    _join(store, here, _record(here), launch)
+    if get_accelerator().communication_backend_name() == "gloo" and here.local_world is not None and spans \
+            and not bringup.is_loopback(addr):
+        _gloo_interface(store, addr, wait)
+    return store
+
+
+def _listen(addr: str, port: int, world: int, spans: bool) -> int:
+    """Rank 0's listening socket, handed to the store (torch's own binds every interface whatever MASTER_ADDR
+    says): MASTER_ADDR's address, or every interface where other nodes may reach the name at another
+    (bringup.listen_on)."""
+    global _RENDEZVOUS_SOCKET
+    try:
+        resolved = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise ConfigError(f"MASTER_ADDR={addr} does not resolve on rank 0's node ({e}); give rank 0's address "
+                          f"(launch.master_addr)") from None
+    family, where, why = bringup.listen_on(addr, resolved, spans)
+    if why:
+        print(f"[mm-ds] MASTER_ADDR={addr} {why}: rank 0 listens on every interface", flush=True)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6 and where == "::":
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 peers too
+    try:
+        sock.bind((where, port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"rank 0 cannot listen on MASTER_ADDR:MASTER_PORT={addr}:{port} ({e}); choose a free "
+                          f"launch.master_port, and an address of rank 0's machine as launch.master_addr") from None
+    sock.listen(max(128, world))
+    _RENDEZVOUS_SOCKET = sock  # kept open for the life of the process group
+    return sock.fileno()
+
+
+def _record(here: bringup.Place) -> dict:
+    """What a rank tells rank 0 when it joins: where it runs, and the GPU it is about to take."""
+    device = None
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        index = here.local_rank % max(1, count)
+        try:
+            uuid = str(torch.cuda.get_device_properties(index).uuid)
+        except (AttributeError, RuntimeError, AssertionError):
+            uuid = ""
+        device = {"count": count, "index": index, "uuid": uuid}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "local_rank": here.local_rank,
+            "local_world": here.local_world, "threads": torch.get_num_threads(), "device": device}
+
+
+def _join(store, here: bringup.Place, record: dict, launch: LaunchConfig) -> None:
+    """Each rank puts its record in rank 0's store; rank 0 waits (launch.rendezvous_timeout_s) until all have,
+    then rules for all (bringup.verdict: ranks that never came, two ranks on one GPU). On a bad verdict every
+    rank that came stops with it, at once."""
+    global _MEMBERS
+    started, timeout_s = time.monotonic(), launch.rendezvous_timeout_s
+    store.set(f"{_JOIN}{here.rank}", json.dumps(record))
+    store.add(f"{_JOIN}count", 1)
+    if here.rank == 0:
+        while store.add(f"{_JOIN}count", 0) < here.world and time.monotonic() - started < timeout_s:
+            time.sleep(0.05)
+        keys = [f"{_JOIN}{r}" for r in range(here.world)]
+        if store.add(f"{_JOIN}count", 0) == here.world:
+            records = [json.loads(v) for v in store.multi_get(keys)]
+        else:
+            records = [json.loads(store.get(k)) if store.check([k]) else None for k in keys]
+        _MEMBERS = records
+        hosts = bringup.launch_hosts(launch) if None in records else None
+        ruling = bringup.verdict(records, time.monotonic() - started, hosts)
+        store.set(f"{_JOIN}verdict", ruling)
+        if ruling:  # the others read it from this process's store: stay until they have (briefly)
+            came, until = sum(r is not None for r in records), time.monotonic() + 10
+            while store.add(f"{_JOIN}read", 0) < came - 1 and time.monotonic() < until:
+                time.sleep(0.05)
+        elif here.world > 1:
+            print(f"[mm-ds] rendezvous: {here.world} ranks on {len({r['host'] for r in records})} node(s) at "
+                  f"{here.master_addr}:{here.master_port} in {time.monotonic() - started:.1f} s", flush=True)
+    else:
+        try:
+            store.wait([f"{_JOIN}verdict"], timedelta(seconds=timeout_s + 30))
+            ruling = store.get(f"{_JOIN}verdict").decode()
+            store.add(f"{_JOIN}read", 1)
+        except RuntimeError as e:
+            raise RendezvousFailed(f"rank {here.rank}: rank 0 gave no verdict on the rendezvous "
+                                   f"({str(e).splitlines()[0]}): it stopped (its output says why)") from None
+    if ruling:
+        raise RendezvousFailed(f"rank {here.rank} stopped: {ruling}")
+
+
+def members() -> list[dict]:
+    """On rank 0, after `init`: every rank's join record (host, local rank and world, threads, device)."""
+    return list(_MEMBERS)
+
+
+def _start_group(store, here: bringup.Place, launch: LaunchConfig) -> None:
+    """The process group over the joined store, its collectives bounded by launch.collective_timeout_s."""
+    from deepspeed.accelerator import get_accelerator
+
+    timeout = timedelta(seconds=launch.collective_timeout_s)
+    store.set_timeout(timeout)
+    torch.distributed.init_process_group(get_accelerator().communication_backend_name(), store=store,
+                                         rank=here.rank, world_size=here.world, timeout=timeout)
 
 
 def launched() -> bool:
@@ -258,113 +400,11 @@ def finish_wandb() -> None:
             print(f"[mm-ds] rank {rank()}: finishing the W&B run failed: {e}", file=sys.stderr, flush=True)
 
 
-def adopt_env() -> None:
-    """Give torch.distributed its env:// variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) under
-    `srun` and `mpirun`. Under `deepspeed` they are already set; outside any launcher nothing happens."""
-    env = os.environ
-    if "RANK" in env:
-        return
-    if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
-        # mpi4py finds rank, world and local rank; DeepSpeed's discovery would also reset the port to
-        # 29500 and the address to rank 0's first `hostname -I`: keep what the launcher exported.
-        from deepspeed.comm import mpi_discovery
-        addr, port = env.get("MASTER_ADDR"), int(env.get("MASTER_PORT", 29500))
-        mpi_discovery(distributed_port=port, verbose=False)
-        if addr:
-            env["MASTER_ADDR"] = addr
-        env.setdefault("LOCAL_WORLD_SIZE", env.get("OMPI_COMM_WORLD_LOCAL_SIZE", env.get("MPI_LOCALNRANKS", "")))
-        if not env["LOCAL_WORLD_SIZE"]:
-            del env["LOCAL_WORLD_SIZE"]
-        return
-    if all(v in env for v in SRUN_STEP_VARS):
-        env["RANK"] = env["SLURM_PROCID"]
-        env["WORLD_SIZE"] = env["SLURM_STEP_NUM_TASKS"]
-        env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
-        per_node = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_NTASKS_PER_NODE", ""))
-        if per_node.split("(")[0].split(",")[0].isdigit():  # "8(x4)" or "2,1"
-            env["LOCAL_WORLD_SIZE"] = per_node.split("(")[0].split(",")[0]
-        if "MASTER_ADDR" not in env:
-            env["MASTER_ADDR"] = slurm_first_host()
-        env.setdefault("MASTER_PORT", "29500")
-
-
-def slurm_first_host() -> str:
-    """The first node of the job (rank 0's), from SLURM_STEP_NODELIST / SLURM_JOB_NODELIST."""
-    nodelist = os.environ.get("SLURM_STEP_NODELIST", os.environ.get("SLURM_JOB_NODELIST", ""))
-    if not nodelist or os.environ.get("SLURM_STEP_NUM_NODES", os.environ.get("SLURM_NNODES", "1")) == "1":
-        return "127.0.0.1"
-    scontrol = shutil.which("scontrol")
-    if scontrol:
-        out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True)
-        if out.returncode == 0 and out.stdout.split():
-            return out.stdout.split()[0]
-    return nodelist.split(",")[0].split("[")[0]  # "node[1-4]" without scontrol: best effort
-
-
-def skip_shm_comm_build() -> None:
-    """On CPU, DeepSpeed's communication backend JIT-compiles its shared-memory op (C++, ~25 s on 2 cores,
-    again for every new virtual environment) at start-up. Only `inference_all_reduce` (tensor-parallel
-    inference) uses it; training collectives go through torch.distributed (gloo). Marking the op
-    incompatible skips the build; DeepSpeed keeps `__compatible_ops__` as one dict so that edits persist."""
-    import deepspeed.ops
-
-    ops = getattr(deepspeed.ops, "__compatible_ops__", None)
-    if isinstance(ops, dict):
-        ops["deepspeed_shm_comm"] = False
-
-
-_RENDEZVOUS_SOCKET = None
-_SEEN_AS = "mm_ds/master_addr_seen_from_other_nodes"
-
-
-def _bind_rendezvous() -> None:
-    """env:// rendezvous that listens only where it must. torch's own TCPStore server binds every interface
-    (`::`) whatever MASTER_ADDR says; here rank 0 binds the listening socket itself, on MASTER_ADDR, and hands it
-    to the store (`master_listen_fd`), then DeepSpeed adopts the process group. When the world spans nodes and
-    MASTER_ADDR, a name, resolves to loopback here (Debian and Ubuntu map a machine's own name to 127.0.1.1 in
-    /etc/hosts), the other nodes still resolve it to this node's network address: rank 0 then listens on every
-    interface, as torch's store would."""
-    global _RENDEZVOUS_SOCKET, _STORE
-    import socket
-
-    from deepspeed.accelerator import get_accelerator
-    from torch.distributed.constants import default_pg_timeout
-
-    env = os.environ
-    if not all(k in env for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):
-        return  # another rendezvous (e.g. MPI discovery inside DeepSpeed): leave it to DeepSpeed
-    r, world, addr, port = int(env["RANK"]), int(env["WORLD_SIZE"]), env["MASTER_ADDR"], int(env["MASTER_PORT"])
-    local = local_world_size()
-    fd = None
-    if r == 0:
-        family, _, _, _, where = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
-        if (local or 0) < world and _loopback(where[0]) and not is_loopback(addr):
-            print(f"[mm-ds] MASTER_ADDR={addr} is {where[0]} on rank 0's node (its /etc/hosts), which other nodes "
-                  f"cannot reach: rank 0 listens on every interface", flush=True)
-            where = ("::" if family == socket.AF_INET6 else "0.0.0.0", port)
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(where)
-        except OSError as e:
-            raise ConfigError(f"rank 0 cannot listen on MASTER_ADDR:MASTER_PORT={addr}:{port} ({e}); choose a free "
-                              f"launch.master_port, and an address of rank 0's machine as launch.master_addr") from None
-        sock.listen(max(128, world))
-        _RENDEZVOUS_SOCKET, fd = sock, sock.fileno()  # kept open for the life of the process group
-    store = _STORE = torch.distributed.TCPStore(addr, port, world, r == 0, default_pg_timeout, master_listen_fd=fd)
-    backend = get_accelerator().communication_backend_name()
-    if backend == "gloo" and local is not None and local < world and not is_loopback(addr):
-        _gloo_interface(store, addr, default_pg_timeout)
-    torch.distributed.init_process_group(backend, store=store, rank=r, world_size=world, timeout=default_pg_timeout)
-
-
 def _gloo_interface(store, addr: str, timeout) -> None:
     """gloo advertises to its peers the address this machine's host name resolves to: 127.0.1.1 on Debian-style
     hosts, which every other node dials as its own loopback. Unless GLOO_SOCKET_IFNAME names the interface,
     take the one this node reaches MASTER_ADDR through; on rank 0's node, where MASTER_ADDR itself may be
     loopback, the one holding the address the other nodes reached it at (their ranks put it in the store)."""
-    import socket
-
     master_ip = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][4][0]
     with socket.socket(socket.AF_INET6 if ":" in master_ip else socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((master_ip, 9))  # sends nothing: the kernel picks the route and this end's address
@@ -395,31 +435,3 @@ def _loopback(ip: str) -> bool:
 
     return ipaddress.ip_address(ip.split("%")[0]).is_loopback
 
-
-def keep_freed_memory() -> None:
-    """CPU training allocates and frees the same large tensors every step (gradients, ZeRO's flat
-    partitions, attention scores). glibc hands blocks over 32 MiB back to the kernel on free, so each step
-    faults them in again, page by page; on a VM that was ~10% of a base-shape step. Keep freed memory in the
-    heap instead (RSS then stays at the step's high-water mark). MM_DS_MALLOC=system opts out; a no-op
-    without glibc."""
-    if os.environ.get("MM_DS_MALLOC") == "system":
-        return
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
-    mallopt(M_MMAP_MAX, 0)  # no mmap for large blocks: they come from (and return to) the heap
-    mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1)  # never shrink the heap (2 GiB of free top before trimming)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

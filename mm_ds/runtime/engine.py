@@ -15,7 +15,9 @@ two runs, resumed or not, part in the last bits (docs/reliability.md).
 from __future__ import annotations
 
 import logging
+import math
 import os
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +26,11 @@ from typing import Callable
 import torch
 
 from . import checkpoint as ckpt_io
-from . import compiled, dist, faults
+from . import compiled, dist, faults, handoff, stop
 from . import ds_config as dsc
-from ..config import RunConfig, dump_yaml, to_dict
+from ..config import RunConfig, dump_yaml
 from .ds_config import Geometry
+from .boundary import Boundary
 from .peaks import device_peak_flops
 from .phases import DepthSchedule
 from .prefetch import Prefetcher
@@ -170,18 +173,25 @@ def use_tf32(on: bool) -> None:
 
 def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: bool = True,
           reshard: bool = False) -> Path:
-    """Train `stage` into `run_dir` (its checks, `stages.runner.validate`, are done before) and return final/."""
+    """Train `stage` into `run_dir` (its checks, `stages.runner.validate`, are done before) and return final/. A stop
+    signal ends it after a checkpoint: `stop.Stopped` on every rank (mm_ds/runtime/stop.py)."""
     cfg = stage.cfg
     run_dir = Path(run_dir)
     if cfg.train.steps == 0:
-        return _publish_as_built(stage, run_dir)
+        return handoff.publish_as_built(stage, run_dir)
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # deepspeed.utils.logger
+    with stop.handling(cfg.train.stop_signals):  # a stop signal only sets a flag; the update boundaries read it
+        return _train(stage, run_dir, resume, progress, reshard)
+
+
+def _train(stage: Stage, run_dir: Path, resume: bool, progress: bool, reshard: bool) -> Path:
+    cfg = stage.cfg
     rank, local_rank, world = dist.init()
     built = build_engine(stage, world, run_dir, resume, reshard)
     engine, ds_cfg, geo = built.engine, built.ds_cfg, built.geo
     frozen_dir = str(run_dir / ckpt_io.FROZEN) if built.n_train < built.n_total else None
 
-    start_step, tokens, nonfinite = _resume(built, stage, run_dir, rank) if resume else (0, 0, 0)
+    start_step, tokens, nonfinite, save_s = _resume(built, stage, run_dir, rank) if resume else (0, 0, 0, None)
     schedule = stage.schedule
     # FLOPs (stage.flops_until) count the whole global batch; the peak is one rank's device (GPU, or CPU threads).
     peak = device_peak_flops(cfg.peak_tflops, half=dsc.precision(ds_cfg) != "fp32") * world
@@ -190,26 +200,31 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
         print(_start_line(built, cfg, world, start_step), flush=True)
 
     def meta(step: int) -> dict:
-        return (_meta(stage, step, tokens, stage.flops_until(step, geo.global_batch), ds_cfg, world)
+        return (handoff.meta_of(stage, step, tokens, stage.flops_until(step, geo.global_batch), ds_cfg, world)
                 | ({"frozen": frozen_dir} if frozen_dir else {}))
 
     bar = _progress_bar(cfg, start_step) if progress and rank == 0 else None
     engine.train()
     window = LogWindow(geo.grad_accum)
-    last_checkpoint = ckpt_io.latest_tag(run_dir)
+    edge = Boundary(engine, run_dir, cfg, rank, save_s)  # the ranks' agreement after each update: stop, save
+    last_checkpoint = edge.last
     ahead = Prefetcher(stage.batches, rank, geo, start_step, cfg.train.steps, ahead=cfg.data.prefetch,
                        pin=engine.device.type == "cuda")
     writer = _row_writer(run_dir, ds_cfg)  # rank 0's thread; on the other ranks it writes nothing
     try:
+        if (early := edge.at_start(start_step)) is not None:
+            raise edge.stopped(start_step, early)
         for step in range(start_step, cfg.train.steps):
             depth = schedule.depth_for(step) if schedule else None
             sums, data_time, skipped = train_step(engine, stage, step, rank, geo, ahead.get)
             window.add(step, sums, skipped, data_time)
             tokens += tokens_per_step
             done = step + 1
+            agreed = edge.after_update(done)  # read one update late: no wait for the device
             phase_ends = schedule is not None and done < cfg.train.steps and schedule.depth_for(done) != depth
             row = done % cfg.train.log_every == 0 or done == cfg.train.steps or phase_ends  # never spans phases
-            checkpoint = is_checkpoint_step(done, cfg)
+            row = row or agreed.stop is not None  # a stop's row says what its save cost
+            checkpoint = edge.kind(done, agreed)
             if row or checkpoint:  # the one host read of these updates (mm_ds/runtime/train_log.py)
                 settled = window.read(row)
                 nonfinite = nonfinite_skips(settled, nonfinite, cfg.train.max_nonfinite_steps,
@@ -217,25 +232,26 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
                                             say=lambda m: rank == 0 and print(m, flush=True))
                 if schedule is not None and schedule.plateau:  # every rank sees the same losses
                     schedule.observe(settled, done)
+            saved = {}
+            if checkpoint:  # the rows so far written (else every rank stops with rank 0's reason), then the save,
+                dist.on_rank0(writer.flush, f"writing {run_dir / 'logs'}")  # before the row that logs its cost
+                client = _client(stage, done, tokens, nonfinite)
+                saved = edge.save(done, agreed, client, meta(done) | {"kind": checkpoint})
+                last_checkpoint = edge.last
+                window.started += saved.get("save_s", 0.0)  # rows time the updates, not the saves
             if row:
                 logs = _row_logs(engine, stage, geo, window, settled, done, depth, nonfinite, peak)
-                writer.put({"step": done, "total_steps": cfg.train.steps, "tokens": tokens} | logs)  # no rank waits
-                if bar is not None:
-                    bar.set_postfix({k: f"{v:.3g}" for k, v in logs.items()
-                                     if k in ("loss", "loss_main", "loss_secondary", "tokens_per_s", "mfu")},
-                                    refresh=False)
+                writer.put({"step": done, "total_steps": cfg.train.steps, "tokens": tokens} | logs | saved)  # no wait
+                _show(bar, logs)
                 window.reset()
             if bar is not None:
                 bar.update(1)
-            if checkpoint:  # the rows so far are written, or every rank stops with rank 0's reason
-                dist.on_rank0(lambda: writer.flush(), f"writing {run_dir / 'logs'}")
-                client = {"step": done, "tokens": tokens, "rng_cpu": torch.get_rng_state(), "seed": cfg.train.seed,
-                          "nonfinite_steps": nonfinite} | ({"schedule": schedule.state_dict()} if schedule else {})
-                ckpt_io.save(engine, run_dir, done, client, meta(done))
-                last_checkpoint = ckpt_io.tag_for(done)
+            if agreed.stop:
+                raise edge.stopped(done, agreed.stop)
             faults.after_step(done, rank, cfg.stage)  # a test's fault point (MM_DS_KILL_AT); inert otherwise
-        dist.on_rank0(lambda: writer.close(), f"writing {run_dir / 'logs'}")
+        dist.on_rank0(writer.close, f"writing {run_dir / 'logs'}")
     finally:
+        edge.close()
         ahead.close()
         writer.close(timeout=30.0)  # after an error: the rows queued before it (a no-op after the close above)
     if bar is not None:
@@ -245,7 +261,7 @@ def train(stage: Stage, run_dir: str | Path, resume: bool = False, progress: boo
 
     release(engine)
     final_dir = run_dir / ckpt_io.FINAL
-    dist.on_rank0(lambda: _publish(stage, run_dir, meta(cfg.train.steps)), f"writing {final_dir}")
+    dist.on_rank0(lambda: handoff.publish(stage, run_dir, meta(cfg.train.steps)), f"writing {final_dir}")
     return final_dir
 
 
@@ -280,6 +296,12 @@ def release(engine) -> None:
             cell.cell_contents.cache_clear()
 
 
+def _client(stage: Stage, done: int, tokens: int, nonfinite: int) -> dict:
+    """A checkpoint's client state: what the loop needs to go on from update `done` exactly."""
+    return {"step": done, "tokens": tokens, "rng_cpu": torch.get_rng_state(), "seed": stage.cfg.train.seed,
+            "nonfinite_steps": nonfinite} | ({"schedule": stage.schedule.state_dict()} if stage.schedule else {})
+
+
 def _start_line(built, cfg, world: int, start_step: int) -> str:
     engine, ds_cfg, geo = built.engine, built.ds_cfg, built.geo
     return (f"[mm-ds] {cfg.system}/{cfg.stage} lang={cfg.lang}: {built.n_train:,} of {built.n_total:,} parameters "
@@ -289,18 +311,25 @@ def _start_line(built, cfg, world: int, start_step: int) -> str:
             f"backend {dist.backend()}")
 
 
+def _show(bar, logs: dict) -> None:
+    if bar is not None:
+        bar.set_postfix({k: f"{v:.3g}" for k, v in logs.items()
+                         if k in ("loss", "loss_main", "loss_secondary", "tokens_per_s", "mfu")}, refresh=False)
+
+
 def _progress_bar(cfg, start_step: int):
     from tqdm import tqdm
     return tqdm(total=cfg.train.steps, initial=start_step, desc=f"{cfg.system}/{cfg.stage}", dynamic_ncols=True,
                 mininterval=2.0)
 
 
-def _resume(built, stage: Stage, run_dir: Path, rank: int) -> tuple[int, int, int]:
-    """Load the resume point into the engine: (step, tokens, non-finite updates skipped) it had reached."""
+def _resume(built, stage: Stage, run_dir: Path, rank: int) -> tuple[int, int, int, float | None]:
+    """Load the resume point into the engine: (step, tokens, non-finite updates skipped) it had reached, and the
+    seconds the save before it took (a stop's estimate)."""
     if built.found is None:
         if rank == 0:
             print(f"[mm-ds] --resume: no complete checkpoint in {run_dir}, starting from step 0", flush=True)
-        return 0, 0, 0
+        return 0, 0, 0, None
     client = ckpt_io.load_into_engine(built.engine, built.load_from)
     if built.load_from != built.found:
         from . import resharding as universal
@@ -309,7 +338,7 @@ def _resume(built, stage: Stage, run_dir: Path, rank: int) -> tuple[int, int, in
         stage.schedule.load_state_dict(client["schedule"])
     if rank == 0:
         print(f"[mm-ds] resumed from {built.found} at step {client['step']}", flush=True)
-    return client["step"], client["tokens"], client.get("nonfinite_steps", 0)
+    return client["step"], client["tokens"], client.get("nonfinite_steps", 0), client.get("last_save_s")
 
 
 def _row_logs(engine, stage: Stage, geo: Geometry, window: LogWindow, settled, done: int, depth, nonfinite: int,
@@ -323,24 +352,20 @@ def _row_logs(engine, stage: Stage, geo: Geometry, window: LogWindow, settled, d
                 tflops=window_flops / seconds / 1e12, flops=stage.flops_until(done, geo.global_batch))
     if stage.schedule is not None:
         logs.update(phase=stage.schedule.depths.index(depth), depth=depth)
-    logs["mfu"] = logs["tflops"] * 1e12 / peak if peak == peak else float("nan")
+    logs["mfu"] = float("nan") if math.isnan(peak) else logs["tflops"] * 1e12 / peak
+    logs["peak_mem_gib"] = peak_memory_gib(engine.device)
     gn = engine.get_global_grad_norm()
     if gn is not None:
         logs["grad_norm"] = float(gn)
     return logs
 
 
-def _publish(stage: Stage, run_dir: Path, meta: dict) -> None:
-    """final/: the last checkpoint consolidated to fp32, checked against the model (rank-0 work)."""
-    final_tag = ckpt_io.tag_for(stage.cfg.train.steps)
-    sd = ckpt_io.consolidate(ckpt_io.checkpoints_dir(run_dir) / final_tag)
-    want = set(stage.model.state_dict())
-    if set(sd) != want:  # never publish weights the next stage could not load
-        raise ckpt_io.CheckpointError(f"consolidated weights of {final_tag} do not match the model: missing "
-                                      f"{sorted(want - set(sd))[:4]}, unexpected {sorted(set(sd) - want)[:4]}")
-    final_dir = run_dir / ckpt_io.FINAL
-    ckpt_io.write_final(final_dir, sd, meta)
-    print(f"[mm-ds] wrote {final_dir}", flush=True)
+def peak_memory_gib(device: torch.device) -> float:
+    """The most memory this rank has held so far: on a GPU its tensors' (the caching allocator's count, read without
+    waiting for the device), on a CPU the process's resident set (ru_maxrss: KiB on Linux)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 LOGGED = ("loss", "correct", "masked", "examples")  # the per-micro-step outputs the log rows sum
@@ -378,36 +403,6 @@ def train_step(engine, stage: Stage, step: int, rank: int, geo: Geometry, batch_
     if rank == 0 and (made := compiled.of(engine.module)) is not None and (news := made.news()) is not None:
         print(news, flush=True)  # the update's compiles: at the first updates, then at a new depth or mask
     return sums, data_time, skipped
-
-
-def _meta(stage: Stage, step: int, tokens: int, flops: float, ds_cfg: dict | None = None,
-          world: int | None = None) -> dict:
-    """final/'s and every checkpoint's meta (`flops`: of this stage's `step` updates); without an engine
-    (`ds_cfg` None) no engine settings. Multi-depth Step 2 adds its phases: [[depth, first, end step], ...]."""
-    cfg = stage.cfg
-    engine = {} if ds_cfg is None else {"run_config": to_dict(cfg), "zero_stage": dsc.zero_stage(ds_cfg),
-                                        "precision": dsc.precision(ds_cfg), "world_size": world}
-    if stage.schedule is not None:
-        engine["depth_phases"] = [list(p) for p in stage.schedule.phases_until(step)]
-    return stage.meta | {
-        "stage": cfg.stage, "system": cfg.system, "lang": cfg.lang, "step": step, "tokens": tokens,
-        "flops": flops, "flops_cumulative": stage.parent_flops + flops, "parent": stage.parent,
-        "model": to_dict(cfg.model), **engine, "time": ckpt_io.now(),
-    }
-
-
-def _publish_as_built(stage: Stage, run_dir: Path) -> Path:
-    """A stage of zero updates (MINIJOINT's extraction: its mini-model costs no FLOPs beyond Step 1): no
-    engine; final/ holds the model exactly as the stage built it. Rank 0 writes, the others wait."""
-    final_dir = run_dir / ckpt_io.FINAL
-
-    def publish():
-        ckpt_io.write_final(final_dir, stage.model.state_dict(), _meta(stage, 0, 0, 0.0))
-        print(f"[mm-ds] {stage.cfg.system}/{stage.cfg.stage}: no updates; wrote the "
-              f"{stage.cfg.model.num_layers}-layer model as built into {final_dir}", flush=True)
-
-    dist.on_rank0(publish, f"writing {final_dir}")
-    return final_dir
 
 
 def skip_nonfinite(engine) -> bool | torch.Tensor:

@@ -40,16 +40,25 @@ VARIABLES = {
     "LOCAL_RANK": Variable(LAUNCHER, "rank on its node; made the device index when a task sees fewer devices"),
     "LOCAL_WORLD_SIZE": Variable(LAUNCHER, "ranks on this node (torchrun; mm-ds sets it under srun and mpirun)"),
     "LOCAL_SIZE": Variable(LAUNCHER, "ranks on this node (DeepSpeed's launcher)"),
-    "MASTER_ADDR": Variable(LAUNCHER, "rank 0's rendezvous address (deepspeed, `-x` under mpirun, exported under srun)"),
+    "MASTER_ADDR": Variable(LAUNCHER, "rank 0's rendezvous address (deepspeed, `-x` under mpirun; under srun used "
+                                      "only when it is the step's first node or mm-ds marked it: MM_DS_MASTER_ADDR)"),
     "MASTER_PORT": Variable(LAUNCHER, "rank 0's rendezvous port"),
     "OMPI_COMM_WORLD_RANK": Variable(LAUNCHER, "OpenMPI: global rank"),
+    "OMPI_COMM_WORLD_SIZE": Variable(LAUNCHER, "OpenMPI: number of ranks"),
     "OMPI_COMM_WORLD_LOCAL_RANK": Variable(LAUNCHER, "OpenMPI: rank on its node"),
     "OMPI_COMM_WORLD_LOCAL_SIZE": Variable(LAUNCHER, "OpenMPI: ranks on this node"),
-    "PMI_RANK": Variable(LAUNCHER, "MPICH / Intel MPI: global rank"),
+    "MV2_COMM_WORLD_RANK": Variable(LAUNCHER, "MVAPICH: global rank"),
+    "MV2_COMM_WORLD_SIZE": Variable(LAUNCHER, "MVAPICH: number of ranks"),
+    "MV2_COMM_WORLD_LOCAL_RANK": Variable(LAUNCHER, "MVAPICH: rank on its node"),
+    "MV2_COMM_WORLD_LOCAL_SIZE": Variable(LAUNCHER, "MVAPICH: ranks on this node"),
+    "PMI_RANK": Variable(LAUNCHER, "MPICH / Intel MPI (hydra), srun under MpiDefault=pmi2, Cray PMI: global rank"),
+    "PMI_SIZE": Variable(LAUNCHER, "the same launchers: number of ranks"),
+    "MPI_LOCALRANKID": Variable(LAUNCHER, "MPICH / Intel MPI (hydra): rank on its node"),
     "MPI_LOCALNRANKS": Variable(LAUNCHER, "MPICH: ranks on this node"),
     "SLURM_PROCID": Variable(LAUNCHER, f"global rank ({_SLURM})"),
     "SLURM_STEP_NUM_TASKS": Variable(LAUNCHER, f"number of tasks ({_SLURM}; not in the batch script itself)"),
     "SLURM_LOCALID": Variable(LAUNCHER, f"task on its node ({_SLURM})"),
+    "SLURM_NODEID": Variable(LAUNCHER, f"this node's index in the step ({_SLURM}): its entry of SLURM_STEP_TASKS_PER_NODE"),
     "SLURM_STEP_TASKS_PER_NODE": Variable(LAUNCHER, f"tasks per node, e.g. 8(x4) ({_SLURM})"),
     "SLURM_NTASKS_PER_NODE": Variable(LAUNCHER, "tasks per node as the job asked"),
     "SLURM_STEP_NODELIST": Variable(LAUNCHER, f"the step's nodes; the first is rank 0's ({_SLURM})"),
@@ -64,6 +73,9 @@ VARIABLES = {
     # set by the mm-ds process that starts the launcher
     "MM_DS_VALIDATED": Variable(MM_DS, "fingerprint of the command it validated; rank 0's copy tells every rank"),
     "MM_DS_LAUNCH_ROOT": Variable(MM_DS, "pid of that process: the watchdog ends a rank when it dies"),
+    "MM_DS_MASTER_ADDR": Variable(MM_DS, "the MASTER_ADDR that process chose (launch.master_addr, the hostfile's first "
+                                         "host): an srun task keeps a MASTER_ADDR equal to it, else uses the step's "
+                                         "first node (mm_ds/runtime/bringup.py srun_master)"),
     "OMPI_ALLOW_RUN_AS_ROOT": Variable(MM_DS, "lets mpirun run as root (containers); the user's value wins"),
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": Variable(MM_DS, "the same, confirmed"),
     # the user's

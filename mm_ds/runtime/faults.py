@@ -14,6 +14,14 @@ that reads these variables, once per process, at import (the ranks inherit them 
                                        as the engine holds them (bf16 under bf16) to DIR/STAGE.SYSTEM.LANG.pt
     MM_DS_TRACE_HASHES=FILE            every file a process hashes (checking a checkpoint or writing its manifest)
                                        is appended to FILE as "RANK PATH": a test counts who reads what
+    MM_DS_SIGNAL_AT=STEP:RANK:SIG[:DELAY][,...]  at the boundary after update STEP (the start step: before the
+                                       first update of the run, fresh or resumed), rank RANK sends itself SIG (e.g.
+                                       SIGTERM), DELAY seconds later from a timer thread (the rank meanwhile goes on,
+                                       e.g. into a collective): a stop (mm_ds/runtime/stop.py)
+    MM_DS_SIGNAL_IN_SAVE=STEP:RANK:PHASE:SIG[:DELAY][,...]  the same inside checkpoint.save of STEP (`*`: every
+                                       save; `stop`: a save while this process stops, i.e. a second signal)
+    MM_DS_SLOW=SECONDS[:STEP[:RANK[:PHASE]]]  sleep SECONDS at the boundary after update STEP (every update when
+                                       absent) on RANK (every rank), or at save PHASE: a long update, a late rank
 
 The harness that sets them (seeded faults on tiny runs of every stage kind, the checks after each crash,
 bitwise comparison with an uninterrupted run) is tests/fault_harness.py; its full sweep:
@@ -46,10 +54,14 @@ class Armed:
     dump_resumed: str | None = None
     dump_frozen: str | None = None
     trace_hashes: str | None = None
+    signal_at: tuple[tuple[int, int, str, float], ...] = ()  # (step, rank, signal, delay)
+    signal_in_save: tuple[tuple[int | str | None, int, str, str, float], ...] = ()  # (step/stop/*, rank, phase, sig, delay)
+    slow: tuple[float, int | None, int | None, str | None] | None = None  # (seconds, step, rank, save phase)
 
     def __bool__(self) -> bool:
-        return any(v is not None for v in (self.kill_at, self.kill_in_save, self.nan_at, self.dump_resumed,
-                                           self.dump_frozen, self.trace_hashes))
+        return bool(self.signal_at or self.signal_in_save) or any(v is not None for v in (
+            self.kill_at, self.kill_in_save, self.nan_at, self.dump_resumed, self.dump_frozen, self.trace_hashes,
+            self.slow))
 
 
 def read(env: Mapping[str, str]) -> Armed:
@@ -76,9 +88,54 @@ def read(env: Mapping[str, str]) -> Armed:
         who, _, head = rest.partition(":")
         a["nan_at"] = (frozenset(number("MM_DS_NAN_AT", s) for s in steps.split(",")),
                        number("MM_DS_NAN_AT", who) if who else None, head)
-    return Armed(**a, stage=env.get("MM_DS_KILL_STAGE") or None, dump_resumed=env.get("MM_DS_DUMP_RESUMED") or None,
+    return Armed(**a, **_stops(env), stage=env.get("MM_DS_KILL_STAGE") or None,
+                 dump_resumed=env.get("MM_DS_DUMP_RESUMED") or None,
                  dump_frozen=env.get("MM_DS_DUMP_FROZEN") or None,
                  trace_hashes=env.get("MM_DS_TRACE_HASHES") or None)
+
+
+def _stops(env: Mapping[str, str]) -> dict:
+    """MM_DS_SIGNAL_AT, MM_DS_SIGNAL_IN_SAVE and MM_DS_SLOW (`read`'s)."""
+
+    def signame(var: str, name: str) -> str:
+        if not isinstance(getattr(signal, name, None), signal.Signals):
+            raise ValueError(f"{var}={env[var]!r}: {name!r} is not a signal name (e.g. SIGTERM)")
+        return name
+
+    def fields(var: str, spec: str, n: int) -> list[str]:
+        parts = spec.split(":")
+        if len(parts) < n:
+            raise ValueError(f"{var}={env[var]!r}: expected at least {n} ':'-separated fields (forms: "
+                             f"mm_ds/runtime/faults.py)")
+        return parts
+
+    def num(var: str, text: str, kind=int):
+        try:
+            return kind(text)
+        except ValueError:
+            raise ValueError(f"{var}={env[var]!r}: {text!r} is not a number (forms: mm_ds/runtime/faults.py)") from None
+
+    a = {}
+    if spec := env.get("MM_DS_SIGNAL_AT"):
+        at = [fields("MM_DS_SIGNAL_AT", one, 3) for one in spec.split(",")]
+        a["signal_at"] = tuple((num("MM_DS_SIGNAL_AT", p[0]), num("MM_DS_SIGNAL_AT", p[1]),
+                                signame("MM_DS_SIGNAL_AT", p[2]), num("MM_DS_SIGNAL_AT", (p + ["0"])[3], float))
+                               for p in at)
+    for one in filter(None, env.get("MM_DS_SIGNAL_IN_SAVE", "").split(",")):
+        p = fields("MM_DS_SIGNAL_IN_SAVE", one, 4)
+        if p[2] not in SAVE_PHASES:
+            raise ValueError(f"MM_DS_SIGNAL_IN_SAVE={one!r}: phase {p[2]!r} is not one of {', '.join(SAVE_PHASES)}")
+        a["signal_in_save"] = a.get("signal_in_save", ()) + ((
+            None if p[0] == "*" else p[0] if p[0] == "stop" else num("MM_DS_SIGNAL_IN_SAVE", p[0]),
+            num("MM_DS_SIGNAL_IN_SAVE", p[1]), p[2], signame("MM_DS_SIGNAL_IN_SAVE", p[3]),
+            num("MM_DS_SIGNAL_IN_SAVE", (p + ["0"])[4], float)),)
+    if spec := env.get("MM_DS_SLOW"):
+        p = spec.split(":") + ["", "", ""]
+        if p[3] and p[3] not in SAVE_PHASES:
+            raise ValueError(f"MM_DS_SLOW={spec!r}: phase {p[3]!r} is not one of {', '.join(SAVE_PHASES)}")
+        a["slow"] = (num("MM_DS_SLOW", p[0], float), num("MM_DS_SLOW", p[1]) if p[1] else None,
+                     num("MM_DS_SLOW", p[2]) if p[2] else None, p[3] or None)
+    return a
 
 
 POINTS = read(os.environ)
@@ -100,17 +157,64 @@ def after_step(step: int, rank: int, stage: str | None = None) -> None:
     if who == "launcher":
         if rank == 0:
             _kill_launcher()
-            # Stay put, as a rank busy in a long step would: only the watchdog (mm_ds/runtime/watchdog.py) may end
-            # this job now. Without the pause a tiny run could finish before the watchdog's next look.
-            time.sleep(60)
+            # Stay put, as a rank busy in a long step would, until the watchdog (mm_ds/runtime/watchdog.py) stops the
+            # rank: its SIGTERM (a stop), or its SIGKILL. Without the pause a tiny run could finish before its look.
+            from . import stop  # a stdlib-only leaf: no cycle, and imported only when a test fires
+            deadline = time.monotonic() + 60
+            while stop.requested() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
     elif rank == who:
         _die()
 
 
 def in_save(step: int, rank: int, phase: str, stage: str | None = None) -> None:
-    """MM_DS_KILL_IN_SAVE: called by checkpoint.save at each of SAVE_PHASES."""
-    if POINTS.kill_in_save == (step, rank, phase) and POINTS.stage in (None, stage):
+    """MM_DS_KILL_IN_SAVE, MM_DS_SIGNAL_IN_SAVE, MM_DS_SLOW with a phase: called by checkpoint.save at each of
+    SAVE_PHASES."""
+    if POINTS.stage not in (None, stage):
+        return
+    if POINTS.kill_in_save == (step, rank, phase):
         _die()
+    for at, who, where, name, delay in POINTS.signal_in_save:
+        if (who, where) == (rank, phase) and (at in (None, step) or at == "stop" and _stopping()):
+            _signal(name, delay)
+    if (w := POINTS.slow) and w[3] == phase and w[1] in (None, step) and w[2] in (None, rank):
+        time.sleep(w[0])
+
+
+def at_boundary(step: int, rank: int, stage: str | None = None) -> None:
+    """MM_DS_SIGNAL_AT, MM_DS_SLOW: called by the loop after update `step` (0: before the first), before the ranks'
+    agreement (mm_ds/runtime/boundary.py)."""
+    if POINTS.stage not in (None, stage):
+        return
+    for at, who, name, delay in POINTS.signal_at:
+        if (at, who) == (step, rank):
+            _signal(name, delay)
+    if (w := POINTS.slow) and w[3] is None and w[1] in (None, step) and w[2] in (None, rank):
+        time.sleep(w[0])
+
+
+def _stopping() -> bool:
+    from . import stop  # a stdlib-only leaf: no cycle, and imported only when a test's point is armed
+
+    return stop.requested() is not None
+
+
+def _signal(name: str, delay: float) -> None:
+    """This process sends itself `name`, now or `delay` seconds later from a timer thread, and says so (a test
+    checks that it arrived)."""
+
+    def send():
+        os.write(2, f"[mm-ds fault] pid {os.getpid()} sends itself {name}\n".encode())
+        os.kill(os.getpid(), getattr(signal, name))
+
+    if delay <= 0:
+        send()
+        return
+    import threading
+
+    timer = threading.Timer(delay, send)
+    timer.daemon = True
+    timer.start()
 
 
 def poison(out: dict, step: int, rank: int) -> dict:

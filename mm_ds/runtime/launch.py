@@ -15,24 +15,16 @@ FORWARDED is added on every path), so nothing a rank decides collectively may co
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
 import socket
-import subprocess
 import sys
 
 from ..config import ConfigError, LaunchConfig, apply_overrides, from_dict
 from . import hostfile, runners
+# Which launcher's variables make a process a rank: one table (mm_ds/runtime/bringup.py LAUNCHERS).
+from .bringup import MARKED, RANK_VARS, SRUN_STEP_VARS, is_loopback, under_launcher  # noqa: F401
 from .environment import forwarded
 from .runners import bin_path as _bin
-
-RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-SRUN_STEP_VARS = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")
-"""Set in every task of an `srun` job step (not in the sbatch script itself, which has no SLURM_STEP_NUM_TASKS)."""
-
-
-def under_launcher() -> bool:
-    return any(v in os.environ for v in RANK_VARS) or all(v in os.environ for v in SRUN_STEP_VARS)
 
 
 ENTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank.py")
@@ -50,17 +42,10 @@ def resolve(launch: LaunchConfig) -> LaunchConfig:
     return launch
 
 
-def is_loopback(addr: str) -> bool:
-    """The address (not what it resolves to here) names each machine itself: 127.x, ::1, localhost."""
-    try:
-        return ipaddress.ip_address(addr.split("%")[0]).is_loopback
-    except ValueError:
-        return addr.lower().rstrip(".") in ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
-
-
 def _starts_every_node(launch: LaunchConfig) -> bool:
     """deepspeed starts every node from here through its runner (not one node's ranks, not only this machine's)."""
-    return launch.launcher == "deepspeed" and bool(launch.hostfile) and launch.node_rank is None and launch.nodes > 1
+    return (launch.launcher == "deepspeed" and bool(launch.hostfile) and launch.node_rank is None
+            and (launch.nodes > 1 or launch.force_multi))
 
 
 def master_addr(launch: LaunchConfig) -> str:
@@ -121,10 +106,10 @@ def _deepspeed_nodes(launch: LaunchConfig) -> list[str]:
     counts = ["--hostfile", launch.hostfile, "--num_nodes", str(launch.nodes), "--num_gpus", str(launch.ranks)]
     if launch.node_rank is not None:
         return [*counts, "--launcher", launch.ds_launcher, "--no_ssh", "--node_rank", str(launch.node_rank)]
-    if launch.nodes == 1:  # DeepSpeed runs one node's ranks here (check_hosts: this is that node, or run_here)
+    if launch.nodes == 1 and not launch.force_multi:  # its ranks here (check_hosts: this is that node, or run_here)
         return [*counts, "--no_ssh_check"]
     hosts = hostfile.select(hostfile.read(launch.hostfile), launch.nodes, launch.ranks, launch.hostfile)
-    return runners.runner_args(launch, hosts)
+    return runners.runner_args(launch, hosts) + (["--force_multi"] if launch.nodes == 1 else [])
 
 
 def preflight(launch: LaunchConfig, port: bool = True, here: bool | None = None) -> list[str]:
@@ -190,7 +175,7 @@ def check_hosts(launch: LaunchConfig) -> list[hostfile.Host]:
                           f"ranks would dial their own machine and wait 30 minutes. Give rank 0's address that the "
                           f"other nodes reach, {fix}, or leave launch.master_addr empty for mm-ds to choose")
     if (launch.launcher == "deepspeed" and hosts and launch.nodes == 1 and launch.node_rank is None
-            and not launch.run_here and not is_this_machine(hosts[0].name)):
+            and not launch.run_here and not launch.force_multi and not is_this_machine(hosts[0].name)):
         raise ConfigError(f"launch.hostfile={launch.hostfile} gives the one node (launch.nodes=1) as {hosts[0].name!r}, "
                           f"but deepspeed runs a one-node launch's ranks on the machine it starts on, "
                           f"{socket.gethostname()!r}, which is not {hosts[0].name!r}: start it on {hosts[0].name}, set "
@@ -309,13 +294,23 @@ def launch_env(launch: LaunchConfig) -> dict[str, str]:
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("MM_DS_LAUNCH_ROOT", str(os.getpid()))  # ranks exit when it dies (mm_ds/runtime/watchdog.py)
-    return env | runner_env(resolve(launch))
+    env.pop(MARKED, None)  # an outer launch's mark is not this one's
+    own = runner_env(resolve(launch))
+    if "MASTER_ADDR" in own:
+        own[MARKED] = own["MASTER_ADDR"]  # srun's ranks keep what mm-ds chose (bringup.srun_master)
+    return env | own
 
 
-def relaunch(launch: LaunchConfig, argv: list[str], env: dict[str, str] | None = None) -> int:
+def relaunch(launch: LaunchConfig, argv: list[str], env: dict[str, str] | None = None,
+             grace_s: float | None = None) -> int:
+    """Start the ranks of `mm-ds ARGV` under the launcher and wait for them. A stop signal received here is passed
+    on to the launcher (mm_ds/runtime/stop.py: it runs in a session of its own); the ranks save and leave within
+    `grace_s` (train.stop_grace_s) and this returns stop.EXIT_CODE."""
+    from . import stop
+
     cmd = command(launch, argv)
     print("[mm-ds] launching:", " ".join(cmd), flush=True)
-    return subprocess.call(cmd, env=launch_env(launch) | (env or {}))
+    return stop.run_child(cmd, grace_s or stop.GRACE_S, env=launch_env(launch) | (env or {}))
 
 
 def main(argv: list[str] | None = None) -> int:

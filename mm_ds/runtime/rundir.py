@@ -62,12 +62,17 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 # ---------------------------------------------------------------- manifest: sizes and checksums
 
-def write_manifest(ckpt: Path) -> None:
+def write_manifest(ckpt: Path, required: list[str] = ()) -> None:
+    """Size and sha256 of every file of `ckpt` (and of each of `required`, relative paths looked up by name: a stale
+    directory listing must not leave one out), each file read once: the sums are recorded as checked
+    (mm_ds/runtime/sums.py), so that `verify` right after checks sizes and does not read them again."""
+    names = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()} | set(required)
     files = {}
-    for p in sorted(ckpt.rglob("*")):
-        if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp"):
-            files[str(p.relative_to(ckpt))] = {"bytes": p.stat().st_size, "sha256": sums.sha256(p, dist.rank())}
+    for rel in sorted(n for n in names if Path(n).name != MANIFEST and not n.endswith(".tmp")):
+        p = ckpt / rel
+        files[rel] = {"bytes": p.stat().st_size, "sha256": sums.sha256(p, dist.rank())}
     write_json_atomic(ckpt / MANIFEST, {"format": FORMAT, "files": files})
+    sums.checked(ckpt)
 
 
 def verify(ckpt: str | Path, checksums: bool = True) -> dict:

@@ -5,8 +5,11 @@ to the ranks, but a SIGKILLed runner (a killed job, a lost login, `kill -9`) can
 `launch` process and the ranks it started keep running, keep the rendezvous port, and would race a
 resumed run over the same checkpoints. Each rank therefore watches the processes that launched it
 (parent, grandparent, ... up to `MM_DS_LAUNCH_ROOT`, the `mm-ds` process that started the launcher, or
-`mm-ds run`; without it, the ancestors that are DeepSpeed launcher processes) and exits as soon as one of
-them is gone. Linux only (/proc); elsewhere it does nothing.
+`mm-ds run`; without it, the ancestors that are DeepSpeed launcher processes). When one of them is gone the
+rank is stopped as a stop signal would (mm_ds/runtime/stop.py): SIGTERM first, so that it saves and leaves with its
+peers (whose launcher is gone too: a single-node `deepspeed` runner dies at once on SIGTERM, and would otherwise take
+its ranks' save with it), then SIGKILL once the grace is over (train.stop_grace_s: a rank whose peer is lost waits in
+a collective forever). Linux only (/proc); elsewhere it does nothing.
 """
 
 from __future__ import annotations
@@ -62,13 +65,16 @@ def launcher_chain(pid: int | None = None) -> list[tuple[int, str, str]]:
     return chain
 
 
-_WATCHED: dict[int, list[tuple[int, str, str]]] = {}
-"""pid -> the chain its watcher watches: one watcher per process, however often `dist.init()` runs (once per
-stage in `mm-ds run`'s one job)."""
+_WATCHED: dict[int, tuple[list[tuple[int, str, str]], object]] = {}
+"""pid -> the chain its watcher watches, and the watcher: one per process, however often `dist.init()` runs (once
+per stage in `mm-ds run`'s one job)."""
+GRACE_S = 20.0
+"""Until `set_grace`: mm_ds/runtime/stop.py's GRACE_S (this module is a leaf, run as a script by the watcher)."""
 
 
-def start(rank: int, poll_s: float = 1.0) -> list[tuple[int, str, str]]:
-    """Kill this rank (SIGKILL: no cleanup that could block on dead peers) as soon as a launcher dies.
+def start(rank: int, poll_s: float = 1.0, grace_s: float = GRACE_S) -> list[tuple[int, str, str]]:
+    """Stop this rank when a launcher dies: SIGTERM, then SIGKILL (no cleanup that could block on dead peers) after
+    `grace_s` unless it has left.
 
     The watching is done by a small separate process, not a thread: a rank spends most of its time in
     collectives and kernels that may hold the GIL, which starved a watcher thread for seconds (observed
@@ -76,37 +82,68 @@ def start(rank: int, poll_s: float = 1.0) -> list[tuple[int, str, str]]:
     if not os.path.isdir("/proc"):
         return []
     if os.getpid() in _WATCHED:
-        return _WATCHED[os.getpid()]
-    chain = _WATCHED[os.getpid()] = launcher_chain()
+        return _WATCHED[os.getpid()][0]
+    chain = launcher_chain()
+    _WATCHED[os.getpid()] = (chain, None)
     if not chain:
         return []
     import subprocess
     import sys
 
-    args = [str(os.getpid()), str(rank), str(poll_s)] + [f"{pid}:{started}" for pid, started, _ in chain]
-    subprocess.Popen([sys.executable, "-I", "-S", __file__, *args], stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, start_new_session=True)
+    args = [str(os.getpid()), str(rank), str(poll_s), str(grace_s)] + [f"{pid}:{started}" for pid, started, _ in chain]
+    watcher = subprocess.Popen([sys.executable, "-I", "-S", __file__, *args], stdin=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, start_new_session=True, text=True)
+    _WATCHED[os.getpid()] = (chain, watcher)
     return chain
 
 
+def set_grace(grace_s: float) -> None:
+    """The stage's train.stop_grace_s, for this rank's watcher (a line on its stdin; it started with GRACE_S)."""
+    watcher = _WATCHED.get(os.getpid(), (None, None))[1]
+    if watcher is not None and watcher.poll() is None:
+        try:
+            watcher.stdin.write(f"{grace_s}\n")
+            watcher.stdin.flush()
+        except OSError:
+            pass  # it has gone: nothing to tell
+
+
 def _watch(argv: list[str]) -> None:
+    import select
     import signal
 
-    me, rank, poll_s = int(argv[0]), argv[1], float(argv[2])
+    # The launcher's stop passes SIGTERM/SIGINT to the rank's whole process tree, this watcher included: it must
+    # outlive the rank's save, and exits when the rank does.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    me, rank, poll_s, grace_s = int(argv[0]), argv[1], float(argv[2]), float(argv[3])
     me_started = (_stat(me) or (0, "", ""))[2]
-    chain = [(int(a.split(":")[0]), a.split(":")[1]) for a in argv[3:]]
+    chain = [(int(a.split(":")[0]), a.split(":")[1]) for a in argv[4:]]
+    gone_at = None
     while True:
-        time.sleep(poll_s)
+        ready = select.select([sys.stdin], [], [], poll_s)[0] if not sys.stdin.closed else time.sleep(poll_s)
+        if ready:
+            line = sys.stdin.readline()
+            if not line:
+                sys.stdin.close()  # the rank closed its end (it exited, or exec'd)
+            elif line.strip():
+                grace_s = float(line)
         st = _stat(me)
         if st is None or st[2] != me_started:
             return  # the rank is gone: nothing to watch
-        for pid, started in chain:
-            pst = _stat(pid)
-            if pst is None or pst[2] != started:
-                print(f"[mm-ds] rank {rank}: its launcher (pid {pid}) is gone; killing the rank (pid {me}) so that "
-                      f"no orphan keeps the port or the run directory", file=sys.stderr, flush=True)
-                os.kill(me, signal.SIGKILL)
-                return
+        if gone_at is None:
+            for pid, started in chain:
+                pst = _stat(pid)
+                if pst is None or pst[2] != started:
+                    print(f"[mm-ds] rank {rank}: its launcher (pid {pid}) is gone; stopping the rank (pid {me}): "
+                          f"SIGTERM, SIGKILL in {grace_s:.0f} s unless it has left (no orphan keeps the port or the "
+                          f"run directory)", file=sys.stderr, flush=True)
+                    os.kill(me, signal.SIGTERM)
+                    gone_at = time.monotonic()
+                    break
+        elif time.monotonic() - gone_at > grace_s:
+            os.kill(me, signal.SIGKILL)
+            return
 
 
 if __name__ == "__main__":

@@ -236,10 +236,10 @@ def run_stage(name: str, argv: list[str]) -> int:
             if done:
                 return 0
             if cfg.launch.launcher != "none":
-                return launch.relaunch(cfg.launch, [name, *argv], validated_env([name, *argv]))
+                return launch.relaunch(cfg.launch, [name, *argv], validated_env([name, *argv]), cfg.train.stop_grace_s)
     else:
         cfg = run.config()
-        rank, _, world = dist.init()
+        rank, _, world = dist.init(cfg.launch)  # its timeouts: the config every rank parses
         from .common import verify_inputs  # rank 0 hashes the parent and the resume point, once
         found = verify_inputs(cfg.parent, run.out if args.resume else None)
         if not dist.broadcast_object(validated_here(name, argv) if rank == 0 else None):
@@ -248,6 +248,7 @@ def run_stage(name: str, argv: list[str]) -> int:
             stage_mod = stage_module(run.stage)
             dist.on_every_rank(lambda: validate(stage_mod, cfg, run.out, args.resume, world, found=found),
                                f"checking the stage run {run.out}")
-    stage = stage_module(run.stage).build(cfg)
+    # A file one node cannot read fails there: every rank stops with that rank's reason, none waits for it.
+    stage = dist.on_every_rank(lambda: stage_module(run.stage).build(cfg), f"building the stage {run.out}")
     engine.train(stage, run.out, resume=args.resume, progress=not args.no_progress, reshard=args.reshard)
     return 0

@@ -1,6 +1,7 @@
 """`mm-ds plan`: time, GPU-hours and disk of a recipe's stages on a cluster you do not have yet.
 
     mm-ds plan                                   # the paper recipe on 4 nodes x 8 H100 (989 TFLOP/s bf16, MFU 0.45)
+    mm-ds plan paper --nodes 4 --gpus-per-node 8 --usd-per-gpu-hour 2.5 --time-limit 48h   # a budget
     mm-ds plan paper --nodes 2 --gpus-per-node 8 --peak-tflops 312 --mfu 0.4 --inter-gbps 22
     mm-ds plan --bench bench.json                # also: the compute model against `mm-ds bench` measurements
     mm-ds plan --bench bench-gpu.json            # ... and the cluster at a GPU's measured rate (bench on cuda)
@@ -34,7 +35,14 @@ per head). The model is mm_ds/tools/plan_model.py's.
 The table prices each system's stages once (one language's Step 2). The totals (mm_ds/tools/plan_totals.py) price
 the whole recipe as `mm-ds run` runs it: every stage run of its stage list, every language, Step 3's finetunings as
 single-GPU runs packed onto the cluster, Step 4 and the alignment check; and say whether `mm-ds run --check` would
-refuse the recipe at the cluster's size.
+refuse the recipe at the cluster's size. Side by side (`--spread G`, default one group per node: `mm-ds run`'s
+`launch.spread`) prices a step's runs on G groups of nodes at once against one after another on every GPU.
+
+The budget (mm_ds/tools/plan_budget.py): wall time, GPU-hours and USD (`--usd-per-gpu-hour`) with start-ups
+(`--startup-s` per launch: its default and where it comes from are there), the jobs it takes when each may run at
+most `--time-limit`, each at the MFUs of `--mfu-range` (default 0.5x, 1x, 1.5x `--mfu`), one after another and
+side by side; and the data preparation before the allocation. The default tables fit 120 columns; `--wide` prints
+every column of the stage table.
 
 Checking the compute part here. `--bench FILE` reads `mm-ds bench --json FILE` output (any JSON holding
 `stages: {name: {kind?, flops_per_step, step_time_s}}` and `peak: {used_flops}` works) and prints, per stage
@@ -51,115 +59,91 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass
+import textwrap
+from dataclasses import asdict
 from pathlib import Path
 
-from ..model import flops as F
-from ..pipeline.costs import add_recipe_args, costs_from_args
+from ..pipeline.costs import add_recipe_args, costs_from_args, stage_run_costs
+from .plan_budget import STARTUP_S, budget, format_budget, format_prepare, mfu_range, parse_duration, prepare_times
 from .plan_model import (BYTES, PERSISTENCE, RING, Cluster, ParamCount, StagePlan, collectives_per_step,  # noqa: F401
                          comm_bytes_per_step, plan_stages, stage_params)
-from .plan_totals import format_totals, recipe_totals, refusals, totals_json
-
-# ---------------------------------------------------------------- Step 4: evaluation
-
-@dataclass(frozen=True)
-class EvalPlan:
-    units: int
-    """Independent evaluations (a Step-2 checkpoint, a control or the source language, with all seeds)."""
-    model_runs: int
-    """units x seeds: one finetuned model scoring one test set."""
-    sequences: int
-    flops: float
-    hours: float
-    gpu_hours: float
-
-
-def plan_evaluation(recipe, cluster: Cluster, cfgs: dict | None = None) -> EvalPlan:
-    """Step 4 of a pipeline recipe (`mm-ds run`'s units, mm_ds/eval/transfer.py) on the cluster: per task, the
-    languages it covers, every Step-2 checkpoint of each system when the recipe draws curves (the adapt stage's
-    checkpoint schedule) plus a control, and the source language once per primary model, each scored by every
-    seed's finetuned model on the official test set's size (mm_ds/data/tasks.py) at the task's full sequence
-    length (an upper bound: evaluation batches by length). Forward passes only, at the plan's MFU."""
-    from ..data.tasks import get_task
-    from ..pipeline.stage_runs import stage_configs
-    from ..recipe import english_tasks, minis_in_english, primaries
-    from ..systems import system_of
-
-    cfgs = stage_configs(recipe) if cfgs is None else cfgs
-    units = runs = sequences = 0
-    flops = 0.0
-    seeds = len(recipe.seeds)
-    for task in recipe.tasks:
-        spec = get_task(task)
-        n = spec.eval_sizes.get(recipe.split(task), 0)
-        n = min(n, recipe.eval_examples) if recipe.eval_examples else n
-        langs = recipe.evaluated(task)
-        targets = [lang for lang in langs if lang != recipe.source_lang]
-        for p in primaries(recipe):
-            m = cfgs[f"pretrain/{p}"].model
-            seq = min(spec.max_length, m.max_positions)
-            per_run = n * m.num_layers * F.flop_layer(seq, m.hidden_size)
-            count = 1 if recipe.source_lang in langs else 0
-            for system in (s for s in recipe.systems if system_of(s).primary == p):  # + the control
-                count += sum((cfgs[f"adapt/{system}/{lang}"].train.checkpoints() if recipe.curve else 1) + 1
-                             for lang in targets)  # each language its own schedule (early_checkpoints)
-            units += count
-            runs += count * seeds
-            sequences += count * seeds * n
-            flops += count * seeds * per_run
-        for s in minis_in_english(recipe) if task in english_tasks(recipe) else []:  # Table 5: one unit each
-            row, pre = system_of(s), cfgs[f"pretrain/{system_of(s).primary}"].model
-            layers = row.adapted_depths(pre, cfgs[f"build_mini/{s}"].mini)[-1]
-            units, runs, sequences = units + 1, runs + seeds, sequences + seeds * n
-            flops += seeds * n * layers * F.flop_layer(min(spec.max_length, pre.max_positions), pre.hidden_size)
-    seconds = flops / (cluster.gpus * cluster.peak_tflops * 1e12 * cluster.mfu)
-    return EvalPlan(units, runs, sequences, flops, seconds / 3600, seconds / 3600 * cluster.gpus)
-
-
-def format_evaluation(e: EvalPlan, c: Cluster) -> str:
-    return (f"Step 4 (evaluation, shared by every rank of a launch): {e.units:,} units, {e.model_runs:,} finetuned-"
-            f"model runs over {e.sequences:,} test sequences, {e.flops / 1e15:,.0f} PFLOP (forward passes): about "
-            f"{e.hours:.1f} h = {e.gpu_hours:,.0f} GPU-h at MFU {c.mfu:g} on {c.gpus} GPUs, plus reading each unit's "
-            f"Step-2 checkpoint and (once per task and rank) the finetuned models")
-
+from .plan_resume import format_resume
+from .plan_totals import (EvalPlan, format_evaluation, format_totals, plan_evaluation, recipe_phases,  # noqa: F401
+                          refusals, totals_json)
 
 # ---------------------------------------------------------------- output
+
+WIDTH = 120
+"""The default output's width, in characters; `--wide` prints every column of the stage table."""
+
+
+def wrap(text: str, indent: str = "  ") -> str:
+    """A long line (a sentence, an error) folded to WIDTH: tables are built to fit it, prose is folded."""
+    return textwrap.fill(text, WIDTH, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False)
+
+
+def hours(h: float) -> str:
+    return f"{h:.{1 if abs(h) >= 1 or h == 0 else 2}f}"
+
 
 def _gb(x: float) -> str:
     return f"{x / 1e9:.2f}"
 
 
-def format_plan(rows: list[StagePlan], c: Cluster) -> str:
+def _table(cols: list[str], rows: list[list[str]], right: int | None = None) -> list[str]:
+    """A markdown table; `right`: the columns from that index on are numbers, aligned right."""
+    align = "|" + "".join("---:|" if right is not None and i >= right else "---|" for i in range(len(cols)))
+    return ["| " + " | ".join(cols) + " |", align] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def format_plan(rows: list[StagePlan], c: Cluster, wide: bool = False) -> str:
     head = (f"cluster: {c.nodes} node(s) x {c.gpus_per_node} GPUs = {c.gpus}; peak {c.peak_tflops:g} TFLOP/s/GPU "
             f"at MFU {c.mfu:g}; {c.dtype} (gradients reduced in {c.reduction_dtype}), ZeRO-{c.zero}, micro batch "
             f"{c.micro_batch or 'of each stage'} (per GPU, at most); all-reduce busbw "
             f"{c.intra_gbps:g} GB/s intra-node, {c.inter_gbps:g} GB/s inter-node (using "
             f"{c.busbw / 1e9:g}); overlap {c.overlap:g}")
-    cols = ["system", "step", "formula", "layers", "params M", "trainable M", "steps", "micro", "accum",
-            "PFLOP/step", "compute s", "comm GB/GPU", "comm s", "step s", "hours", "GPU-h"]
-    if c.usd_per_gpu_hour:
-        cols.append("USD")
-    cols += ["ckpt GB", "x ckpts", "final GB"]
-    lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        cells = [r.system, r.step, r.formula, str(r.layers), f"{r.params / 1e6:.1f}", f"{r.trainable / 1e6:.2f}",
-                 f"{r.steps:,}", str(r.micro_batch), str(r.grad_accum), f"{r.flops_per_step / 1e15:.2f}",
-                 f"{r.compute_s:.3f}", _gb(r.comm_bytes), f"{r.comm_s:.4f}", f"{r.step_s:.3f}", f"{r.hours:.1f}",
-                 f"{r.gpu_hours:,.0f}"]
-        if c.usd_per_gpu_hour:
-            cells.append(f"{r.usd:,.0f}")
-        cells += [_gb(r.ckpt_bytes), str(r.checkpoints), _gb(r.final_bytes)]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
+    usd = c.usd_per_gpu_hour
+    if wide:
+        cols = ["system", "step", "formula", "layers", "params M", "trainable M", "steps", "micro", "accum",
+                "PFLOP/step", "compute s", "comm GB/GPU", "comm s", "step s", "hours", "GPU-h", *(["USD"] if usd else []),
+                "ckpt GB", "x ckpts", "final GB"]
+        cells = [[r.system, r.step, r.formula, str(r.layers), f"{r.params / 1e6:.1f}", f"{r.trainable / 1e6:.2f}",
+                  f"{r.steps:,}", str(r.micro_batch), str(r.grad_accum), f"{r.flops_per_step / 1e15:.2f}",
+                  f"{r.compute_s:.3f}", _gb(r.comm_bytes), f"{r.comm_s:.4f}", f"{r.step_s:.3f}", f"{r.hours:.1f}",
+                  f"{r.gpu_hours:,.0f}", *([f"{r.usd:,.0f}"] if usd else []), _gb(r.ckpt_bytes), str(r.checkpoints),
+                  _gb(r.final_bytes)] for r in rows]
+    else:  # the same numbers, fewer columns: compute + communication per step, checkpoints as size x count
+        cols = ["system", "step", "layers", "train M", "steps", "micro x acc", "step s (compute+comm)",
+                "hours", "GPU-h", *(["USD"] if usd else []), "ckpt GB x n"]
+        cells = [[r.system, r.step, str(r.layers), f"{r.trainable / 1e6:.2f}", f"{r.steps:,}",
+                  f"{r.micro_batch} x {r.grad_accum}", f"{r.step_s:.3f} ({r.compute_s:.3f}+{r.comm_s:.3f})",
+                  f"{r.hours:.1f}", f"{r.gpu_hours:,.0f}", *([f"{r.usd:,.0f}"] if usd else []),
+                  f"{_gb(r.ckpt_bytes)} x {r.checkpoints}"] for r in rows]
+    lines = [head if wide else wrap(head), "", *_table(cols, cells), ""]
     for system in dict.fromkeys(r.system for r in rows):
         rs = [r for r in rows if r.system == system]
         s2 = [r for r in rs if r.step == "step2"]
         disk = sum(r.ckpt_bytes * r.checkpoints + r.final_bytes for r in rs)
-        usd = f", {sum(r.usd for r in rs):,.0f} USD" if c.usd_per_gpu_hour else ""
-        lines.append(f"{system}: {sum(r.hours for r in rs):.1f} h, {sum(r.gpu_hours for r in rs):,.0f} GPU-h{usd} "
+        usd_all = f", {sum(r.usd for r in rs):,.0f} USD" if usd else ""
+        lines.append(f"{system}: {sum(r.hours for r in rs):.1f} h, {sum(r.gpu_hours for r in rs):,.0f} GPU-h{usd_all} "
                      f"in all; Step 2 (per new language) {sum(r.hours for r in s2):.1f} h = "
                      f"{sum(r.gpu_hours for r in s2):,.0f} GPU-h; checkpoints {disk / 1e9:.0f} GB")
     return "\n".join(lines)
+
+
+def format_spread(one: list, side: list, c: Cluster, spread: int) -> str:
+    """Each step one after another on every GPU against side by side on `spread` groups (plan_totals.StepTotal)."""
+    rows = [[a.step, f"{a.runs:,}", hours(a.hours), f"{a.gpu_hours:,.0f}", hours(b.hours), f"{b.gpu_hours:,.0f}",
+             hours(a.hours - b.hours)] for a, b in zip(one, side) if a.step in ("Step 1", "Step 1b", "Step 2")]
+    saved = sum(a.hours for a in one) - sum(b.hours for b in side)
+    n = c.nodes // spread
+    return "\n".join([wrap(f"side by side (`mm-ds run ... --launch spread={spread}`): a step of at least {spread} runs "
+                            f"on {spread} groups of {n} node(s) = {n * c.gpus_per_node} GPUs at once, each run's "
+                            f"communication inside its group; against one after another on all {c.gpus} GPUs:"),
+                       *_table(["step", "runs", "one after another h", "GPU-h", "side by side h", "GPU-h", "saves h"],
+                               rows, right=1),
+                       f"side by side saves {hours(saved)} h = {saved * c.gpus:,.0f} GPU-h of the whole recipe"
+                       + (f" ({saved * c.gpus * c.usd_per_gpu_hour:,.0f} USD)" if c.usd_per_gpu_hour else "")])
 
 
 # ---------------------------------------------------------------- the compute model against measurements
@@ -258,8 +242,8 @@ def measured_check(rows: list[StagePlan], c: Cluster, tflops: float) -> str:
 
 # ---------------------------------------------------------------- CLI
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="mm-ds plan", description="estimate time, GPU-hours and disk of each stage "
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="mm-ds plan", description="estimate time, GPU-hours, money and disk of each stage "
                                  "of a recipe on a GPU cluster (see the module docstring for the model)")
     add_recipe_args(ap)
     d = Cluster()
@@ -267,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node)
     ap.add_argument("--peak-tflops", type=float, default=d.peak_tflops, help="per GPU, training dtype")
     ap.add_argument("--mfu", type=float, default=d.mfu, help="assumed model FLOPs utilisation")
+    ap.add_argument("--mfu-range", help="MFUs the budget is priced at, comma-separated (default: 0.5x, 1x, 1.5x --mfu)")
     ap.add_argument("--intra-gbps", type=float, default=d.intra_gbps,
                     help="intra-node all-reduce bus bandwidth, GB/s (gigabytes) per GPU")
     ap.add_argument("--inter-gbps", type=float, default=d.inter_gbps,
@@ -279,17 +264,38 @@ def main(argv: list[str] | None = None) -> int:
                     help="sequences per GPU per forward pass, at most, for every stage (default: each stage's own)")
     ap.add_argument("--overlap", type=float, default=d.overlap, help="share of communication hidden (0-1)")
     ap.add_argument("--usd-per-gpu-hour", type=float, help="print cost in USD at this price")
+    ap.add_argument("--time-limit", help="a job's time limit (48h, 90m, 2d, SLURM's 2-00:00:00): count the jobs")
+    ap.add_argument("--startup-s", type=float, default=STARTUP_S,
+                    help="seconds a launch costs before training (default: measured on CPU, see plan_budget.py)")
+    ap.add_argument("--spread", type=int, help="groups of nodes for side-by-side runs (launch.spread; default: one "
+                    "per node; 1: none)")
+    ap.add_argument("--wide", action="store_true", help="every column of the stage table (wider than 120)")
     ap.add_argument("--measured-tflops", type=float, help="measured per-GPU TFLOP/s: print step times at it")
     ap.add_argument("--bench", help="`mm-ds bench --json` output: check the compute model against it")
     ap.add_argument("--json", action="store_true", help="print JSON rows instead of tables")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
     try:
         recipe, cfgs, costs = costs_from_args(a)
         cluster = Cluster(a.nodes, a.gpus_per_node, a.peak_tflops, a.mfu, a.intra_gbps, a.inter_gbps, a.zero,
                           a.dtype, a.comm_dtype, a.micro_batch, a.overlap, a.usd_per_gpu_hour)
         rows = plan_stages(costs, cluster)
+        runs = stage_run_costs(recipe, cfgs)
         evaluation = plan_evaluation(recipe, cluster, cfgs)
-        totals, refused = recipe_totals(recipe, cfgs, cluster, evaluation), refusals(recipe, cfgs, cluster.gpus)
+        phases = recipe_phases(recipe, cfgs, cluster, evaluation, 1, runs)
+        totals, refused = [p.total(cluster.gpus) for p in phases], refusals(recipe, cfgs, cluster.gpus)
+        spread = _spread(a.spread, cluster)
+        side = _side_by_side(recipe, cfgs, cluster, evaluation, spread, runs)
+        limit = parse_duration(a.time_limit) if a.time_limit else None
+        if a.startup_s < 0:
+            raise ValueError(f"--startup-s must be >= 0, got {a.startup_s}")
+        spreads = [1] + ([spread] if isinstance(side, list) else [])
+        money = [budget(recipe, cfgs, cluster, m, g, limit, a.startup_s, runs)
+                 for g in spreads for m in mfu_range(cluster.mfu, a.mfu_range)]
+        prepare = prepare_times(recipe)
         bench = read_bench(a.bench) if a.bench else None
         if a.measured_tflops is not None and a.measured_tflops <= 0:
             raise ValueError(f"--measured-tflops must be positive, got {a.measured_tflops}")
@@ -298,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if a.json:
         out = {"recipe": a.recipe, "cluster": asdict(cluster), "stages": [asdict(r) for r in rows],
-               "evaluation": asdict(evaluation), "totals": totals_json(totals, refused)}
+               "evaluation": asdict(evaluation), "totals": totals_json(totals, refused),
+               "spread": {"groups": spread, "totals": totals_json(side, []) if isinstance(side, list) else side},
+               "budget": [asdict(b) for b in money], "prepare": [asdict(t) for t in prepare]}
         if bench:
             out["bench"] = {"peak_flops": bench[0], "stages": bench[1], **bench[2]}
         print(json.dumps(out, indent=2))
@@ -306,9 +314,17 @@ def main(argv: list[str] | None = None) -> int:
     shapes = sorted({(c.hidden, c.vocab, c.seq_len, c.mask_prob) for c in costs})
     print(f"recipe {a.recipe}: " + "; ".join(f"h={h} V={v} s={sq} p={p}" for h, v, sq, p in shapes) +
           "; per stage: its steps U and global batch B")
-    print(format_plan(rows, cluster))
-    print(format_evaluation(evaluation, cluster))
-    print("\n" + format_totals(totals, cluster, refused))
+    print(format_plan(rows, cluster, a.wide))
+    print(wrap(format_evaluation(evaluation, cluster)))
+    resume = format_resume(rows, cfgs).splitlines()
+    print("\n" + "\n".join(line if line.startswith("|") else wrap(line) for line in resume))
+    print("\n" + "\n".join(wrap(line, "    ") for line in format_totals(totals, cluster, refused).splitlines()))
+    if isinstance(side, list):
+        print("\n" + format_spread(totals, side, cluster, spread))
+    elif side:
+        print("\n" + wrap(side))
+    print("\n" + "\n".join(wrap(line, "    ") for line in format_budget(money, cluster, limit, a.startup_s)))
+    print("\n" + "\n".join(wrap(line, "    ") for line in format_prepare(prepare, a.recipe)))
     if a.measured_tflops:
         print()
         print(measured_check(rows, cluster, a.measured_tflops))
@@ -320,6 +336,33 @@ def main(argv: list[str] | None = None) -> int:
             print(f"at {bench[2]['gpu']}'s measured Step 1 rate in {a.bench}:")
             print(measured_check(rows, cluster, bench_tflops(bench[1])))
     return 0
+
+
+def _spread(given: int | None, c: Cluster) -> int:
+    """`--spread`: default one group per node; the nodes must split evenly (as `launch.spread`'s)."""
+    spread = c.nodes if given is None else given
+    if spread < 1 or c.nodes % spread:
+        raise ValueError(f"--spread {spread}: {c.nodes} nodes do not split into {spread} groups of equal size; choose "
+                         f"from {', '.join(str(g) for g in range(1, c.nodes + 1) if c.nodes % g == 0)}")
+    return spread
+
+
+def _side_by_side(recipe, cfgs: dict, c: Cluster, evaluation, spread: int, runs) -> list | str:
+    """Each step's totals with `spread` groups, or why not (a sentence; empty: no side by side to price)."""
+    if spread == 1:
+        return ""
+    def priced(g: int) -> list | str:
+        try:
+            return [p.total(c.gpus) for p in recipe_phases(recipe, cfgs, c, evaluation, g, runs)]
+        except ValueError as e:  # a group's world size cannot keep a stage's global batch
+            return str(e)
+
+    side = priced(spread)
+    if isinstance(side, list):
+        return side
+    fits = [g for g in range(2, c.nodes + 1) if c.nodes % g == 0 and g != spread and isinstance(priced(g), list)]
+    return (f"side by side (--spread {spread}, {c.nodes // spread} node(s) a group) is refused: {side}; --spread values "
+            f"whose groups keep every global batch: {', '.join(map(str, [1, *fits]))}")
 
 
 if __name__ == "__main__":

@@ -136,5 +136,13 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def leave(rc: int) -> None:
+    """Exit without interpreter finalization, as `dist.finish` does for a rank: the process group's worker and
+    store threads can abort a process whose work is done ("terminate called without an active exception")."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    leave(main(sys.argv[1:]))
