@@ -9,8 +9,9 @@ Each rank writes WORK/rank{r}.json.
 A case builds its stage twice from one config (its module's `build()`; the parents are the untrained models the
 product's zero-update path writes), once with train.compile and once without, each through `engine.build_engine` on
 the 2 ranks, and steps the two engines in turn with `engine.train_step`: per update each side's summed loss on this
-rank, the compiled side's graphs, graph breaks and recompiles, whether the compiled engine's frozen parameters are
-bitwise what the stage built (in the engine's dtype), and the largest difference of the trainable ones at the end.
+rank, the compiled side's graphs, graph breaks and recompiles, which of the compiled engine's frozen parameters are
+not bitwise what the stage built (in the engine's dtype), which trainable ones are (the same comparison: it must see
+those move), and the largest difference of the trainable ones from the eager side's at the end.
 A resume trains the compiled stage through `engine.train` twice: uninterrupted to the end, and from a copy of that
 run rolled back to its first checkpoint (as a killed run leaves it), with --resume; their final/ weights are compared.
 """
@@ -97,10 +98,6 @@ class Runs:
         return self.build(module, system, parent, [*own, *extra])
 
 
-def frozen_of(stage: eng.Stage) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in stage.model.named_parameters() if not stage.trainable(n)}
-
-
 def case(runs: Runs, c: dict, rank: int, world: int) -> dict:
     extra = [f"ds_config={c['ds_config']}", f"train.steps={c['updates']}", f"model.dropout={c['dropout']}",
              f"train.compile_backend={c['backend']}"]
@@ -108,7 +105,7 @@ def case(runs: Runs, c: dict, rank: int, world: int) -> dict:
     # the two sides see the same batches.
     stages = {side: runs.stage(c["kind"], [*extra, "train.compile=true"]) for side in ("eager", "compiled")}
     stages["eager"].cfg.train.compile = False
-    frozen = frozen_of(stages["compiled"])
+    built_as = {n: p.detach().clone() for n, p in stages["compiled"].model.named_parameters()}
     built = {side: eng.build_engine(stage, world) for side, stage in stages.items()}
     for b in built.values():
         b.engine.train()
@@ -120,13 +117,14 @@ def case(runs: Runs, c: dict, rank: int, world: int) -> dict:
             losses[side].append(float(sums["loss"]))
     engine = built["compiled"].engine
     held = dict(engine.module.named_parameters())
-    moved = [n for n, v in frozen.items() if not torch.equal(held[n].detach(), v.to(held[n].dtype))]
+    moved = {n for n, v in built_as.items() if not torch.equal(held[n].detach(), v.to(held[n].dtype))}
+    trainable = {n for n in built_as if stages["compiled"].trainable(n)}
     eager = dict(built["eager"].engine.module.named_parameters())
     diff = max(float((eager[n].detach().float() - p.detach().float()).abs().max())
                for n, p in held.items() if p.requires_grad)
-    out = {**c, "losses": losses, "stats": built["compiled"].compiled.stats(), "frozen": len(frozen),
-           "frozen_moved": moved, "trainable_max_diff": diff, "seconds": time.perf_counter() - t0,
-           "breaks": compiled.graph_break_reasons()}
+    out = {**c, "losses": losses, "stats": built["compiled"].compiled.stats(), "frozen": len(built_as) - len(trainable),
+           "frozen_moved": sorted(moved - trainable), "trainable_unmoved": sorted(trainable - moved),
+           "trainable_max_diff": diff, "seconds": time.perf_counter() - t0, "breaks": compiled.graph_break_reasons()}
     for b in built.values():
         eng.release(b.engine)
     return out
