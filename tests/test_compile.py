@@ -126,6 +126,26 @@ def test_the_counters_see_a_graph_break_and_a_recompile():
     assert s["recompiles"] >= 1
 
 
+def test_a_graph_break_in_the_encoder_is_counted(monkeypatch):
+    """The counters the launch's `graph_breaks == 0` reads see a break put into the layer stack: a host read in each
+    layer's forward, as a `.item()` in a model change would be."""
+    from mm_ds.model import model as mm
+
+    layer_forward = mm.Layer.forward
+
+    def reading(self, x, key_mask, seq_len):
+        torch._dynamo.graph_break()
+        return layer_forward(self, x, key_mask, seq_len)
+
+    monkeypatch.setattr(mm.Layer, "forward", reading)
+    model = RobertaMLM(ModelConfig(**MLM))
+    made = compiled.compile_forward(model, "eager", 2)
+    _train(model, [_mlm_batch()])
+    compiled.release(model)
+    s = made.stats()
+    assert s["graph_breaks"] >= 1 and s["graphs"] > 1, (s, compiled.graph_break_reasons())
+
+
 def test_dropout_compiled_keeps_the_rate_and_is_a_function_of_the_seed():
     """Compiled, mm_ds/model/model.py's CPU dropout is F.dropout (inductor's masks in production): its masks follow
     torch's seed, as the loop's per-micro-step seeding needs for an exact resume, and keep about 1 - p."""
