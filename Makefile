@@ -35,7 +35,8 @@ test: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m "not rehearsal and not compile_full" -n 2 --dist loadfile
 
 # train.compile's full matrix (tests/test_compile.py): every stage kind under fp32 ZeRO 0-2 and bf16 ZeRO 1 with
-# inductor on 2 ranks, 20 updates each, and every kind resumed (`make test` runs a subset: see the test's docstring).
+# inductor on 2 ranks, 20 updates each, every kind resumed, and the fault harness's kills with train.compile on
+# (`make test` runs every kind once, mostly aot_eager: see the test's docstring).
 test-compile: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests/test_compile.py -m compile_full
 
