@@ -273,13 +273,16 @@ def _settings(args) -> argparse.Namespace:
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ValueError(f"--stages {', '.join(unknown)}: choose from {', '.join(STAGES)}")
+    compile_stages = args.compile_stages or stages
+    if unknown := [s for s in compile_stages if s not in stages]:
+        raise ValueError(f"--compile-stages {', '.join(unknown)}: choose from the timed stages, {', '.join(stages)}")
     mcfg = base_model_cfg(preset)
     seq = args.seq or min(preset.seq, mcfg.max_positions)
     if seq > mcfg.max_positions:
         raise ValueError(f"--seq {seq} exceeds the {args.preset} model's max_positions={mcfg.max_positions}")
     ds_config = args.ds_config or (bench_device.paper_ds_config() if device.paper_config else RunConfig.ds_config)
     o = argparse.Namespace(
-        device=device, preset=preset, stages=stages, mcfg=mcfg, seq=seq, ds_config=ds_config,
+        device=device, preset=preset, stages=stages, compile_stages=compile_stages, mcfg=mcfg, seq=seq, ds_config=ds_config,
         precision=dsc.precision(json.loads(dsc.find(ds_config).read_text())),
         micro=args.micro_batch or device.micro_batch or preset.micro_batch,
         steps=args.steps or device.steps or preset.steps,
@@ -308,7 +311,7 @@ def _measure(args, o, rank: int, world: int, peer_ok: bool, probes: list) -> dic
             _bench_stage(name, builder, o, rank, world, peer_ok, results, peer, probes, log)
         pairs = bench_pairs.measure(builder, mcfg, o.stages, o.warmup, o.steps, rank, world, peer_ok, log)
         backend = None if args.compile == "off" else args.compile
-        comp = bench_compile.measure(builder, o.stages, o.warmup, o.steps, rank, world, backend, log) if backend else {}
+        comp = bench_compile.measure(builder, o.compile_stages, o.warmup, o.steps, rank, world, backend, log) if backend else {}
         prof = bench_profile.measure(builder, backend, rank, world, log) if args.profile else None
         host = None
         if o.device.host:
@@ -408,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", default="inductor", choices=["inductor", "aot_eager", "off"],
                     help="also time each stage with train.compile on this backend against eager, in turn, and the "
                          "compiled host loop (off: not)")
+    ap.add_argument("--compile-stages", nargs="+", metavar="STAGE",
+                    help="the stages timed compiled against eager (default: every timed stage; each compiles for "
+                         "seconds to minutes)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one update of Step 1 by part (matmuls, attention, vocabulary, optimizer), "
                          "eager and compiled: where its MFU goes (bench_profile.py)")
