@@ -171,7 +171,8 @@ def settings(*argv):
     import argparse
 
     args = argparse.Namespace(device="auto", preset="base", stages=None, seq=None, ds_config=None, micro_batch=None,
-                              steps=None, warmup=None, quiet=True, peak_tflops=None, compile="off", profile=False)
+                              steps=None, warmup=None, quiet=True, peak_tflops=None, compile="off", profile=False,
+                              compile_stages=None)
     for flag, value in zip(argv[::2], argv[1::2]):
         setattr(args, flag, value)
     return bench._settings(args)
