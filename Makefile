@@ -13,7 +13,7 @@ PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
 STAMP   := $(VENV)/.mm-ds-installed
 
-.PHONY: venv demo test test-fast test-gpu gpu-python wheels rehearsal real
+.PHONY: venv demo test test-fast test-compile test-gpu gpu-python wheels rehearsal real
 venv: $(STAMP)
 
 $(STAMP): setup.py Makefile constraints.txt
@@ -32,7 +32,13 @@ demo: $(STAMP)
 
 # Two workers, each test file on one (module fixtures are built once): most tests wait on process start-ups.
 test: $(STAMP)
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m "not rehearsal" -n 2 --dist loadfile
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m "not rehearsal and not compile_full" -n 2 --dist loadfile
+
+# train.compile's full matrix (tests/test_compile.py): every stage kind under fp32 ZeRO 0-2 and bf16 ZeRO 1 with
+# inductor on 2 ranks, 20 updates each, every kind resumed, and the fault harness's kills with train.compile on
+# (`make test` runs every kind once, mostly aot_eager: see the test's docstring).
+test-compile: $(STAMP)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests/test_compile.py -m compile_full
 
 # The fast lane, under a minute: every test but those marked `ranks` (they start ranks or a pipeline;
 # tests/support/lanes.py fails an unmarked one that does).

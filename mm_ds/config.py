@@ -133,6 +133,13 @@ class TrainConfig:
     stop_grace_s: float = 20.0
     """Seconds from a stop signal to exit (below DeepSpeed's and SLURM's 30 s): the save is skipped if the last one
     took longer than what is left."""
+    compile: bool = False
+    """torch.compile the model after deepspeed.initialize (mm_ds/runtime/compiled.py): one graph per shape, compiled
+    at the first updates (its time reported, left out of tokens_per_s). ZeRO 0-2 only. Off until a GPU has measured
+    it (`make test-gpu` records compiled against eager)."""
+    compile_backend: str = "inductor"
+    """With train.compile: inductor (generated kernels), or aot_eager (the same graphs run by eager kernels:
+    compiles in seconds; tests, and telling a compiler fault from a model's)."""
 
     def is_checkpoint_step(self, step: int) -> bool:
         """The checkpoint schedule: `checkpoint_steps`, every `checkpoint_every` updates, and the last one."""

@@ -9,7 +9,6 @@ not recorded. The list is written to OUT.jsonl when the rank leaves.
 """
 
 import json
-import os
 import sys
 
 RECORD: list[dict] = []

@@ -99,6 +99,8 @@ class Workspace:
     port: int = 0
     """The master port of the last launch (a free one is picked for each)."""
     log: list[str] = field(default_factory=list)
+    extra: tuple[str, ...] = ()
+    """Overrides every run of the sweep gets (e.g. train.compile=true: tests/test_compile.py)."""
 
     def _say(self, msg: str) -> None:
         self.log.append(msg)
@@ -133,7 +135,7 @@ class Workspace:
 
     def argv(self, kind: str) -> list[str]:
         data, parent = self.root / "data", self.root / "reference" / "pretrain_r2"
-        common = [*TINY_TRAIN, f"train.steps={STEPS}"]
+        common = [*TINY_TRAIN, f"train.steps={STEPS}", *self.extra]
         if kind == "pretrain":
             return ["pretrain", "--preset", "tiny/bl_base", f"data.corpus={data / 'en'}", *TINY_MODEL, *common,
                     "train.lr=3e-3"]
@@ -265,11 +267,12 @@ def run_case(ws: Workspace, kind: str, faults: list[Fault], reference: Path, nam
 
 
 def sweep(root: Path, full: bool, seed: int = 0, ranks: int | None = None,
-          kinds: tuple[str, ...] = STAGE_KINDS) -> list[dict]:
+          kinds: tuple[str, ...] = STAGE_KINDS, extra: tuple[str, ...] = ()) -> list[dict]:
     """Full: every stage kind x every fault kind (plus each save phase once), 2 ranks. Subset: one seeded
-    chain of two faults per stage kind; pretraining on 2 ranks, the other stages on 1."""
+    chain of two faults per stage kind; pretraining on 2 ranks, the other stages on 1. `extra`: overrides of
+    every run."""
     rng = random.Random(seed)
-    ws = Workspace(root, ranks=2)
+    ws = Workspace(root, ranks=2, extra=extra)
     ws.setup()
     reports = []
     for kind in kinds:

@@ -11,6 +11,8 @@ import pytest
 
 from mm_ds.tools import bench, bench_host, bench_pairs
 
+COMPILED = ("pretrain", "adapt_mini")
+"""The stages the bench test times compiled against eager: Step 1 (its target) and the mini-model's Step 2."""
 STAGE_FIELDS = ("step_time_s", "tokens_per_s", "flops_per_step", "tflops", "mfu", "loader_share", "cpu_share",
                 "peak_rss_bytes", "trainable_params", "total_params", "layers", "losses", "step_times")
 
@@ -19,9 +21,12 @@ STAGE_FIELDS = ("step_time_s", "tokens_per_s", "flops_per_step", "tflops", "mfu"
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     # A fresh process: the bench initialises a (one-rank) process group and sets the thread count.
+    # train.compile with aot_eager: its graphs compile in seconds (inductor's kernels are tests/test_compile.py's),
+    # for two stages (each compiled stage costs make test ~12 CPU-seconds; every kind compiles in test_compile.py).
     proc = subprocess.run([sys.executable, "-m", "mm_ds.cli", "bench", "--preset", "tiny", "--steps", "2",
-                           "--warmup", "1", "--micro-batch", "2", "--seq", "64", "--corpus-mb", "0.5", "--json", str(out), "--quiet"],
-                          capture_output=True, text=True, timeout=300)
+                           "--warmup", "1", "--micro-batch", "2", "--seq", "64", "--corpus-mb", "0.5", "--json", str(out),
+                           "--quiet", "--compile", "aot_eager", "--compile-stages", *COMPILED, "--profile"],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text()), proc.stdout
 
@@ -100,9 +105,38 @@ def test_setup_peak_prepare_peer_and_targets_are_reported(report):
     per_sequence = {name: r["device_s"] / r["micro_batch"] for name, r in host["rows"].items()}
     assert per_sequence["pretrain"] > 2 * per_sequence["adapt_mini"]
     assert "host side per micro-step" in stdout
+    assert {"compile_pretrain", "host_side_compiled"} <= keys
+    for r in host["rows"].values():  # the compiled loop, in the same rounds
+        assert len(r["loop_compiled_rounds_s"]) == host["rounds"] and r["loop_compiled_s"] > 0
+        assert r["loop_compiled_share"] == pytest.approx(r["loop_compiled_s"] / r["device_s"])
     assert all(t["pass"] in (True, False) for t in rep["targets"])
     assert "PASS" in stdout or "FAIL" in stdout
     assert "| Step 2, mini-model" in stdout
+
+
+def test_every_stage_is_timed_compiled_against_eager_in_turn(report):
+    rep, stdout = report
+    assert set(rep["compiled"]) == set(COMPILED)
+    for name, c in rep["compiled"].items():
+        e, k = c["sides"]["eager"], c["sides"]["compiled"]
+        assert len(e["step_times"]) == len(k["step_times"]) == 2 and len(k["losses"]) == 4  # one more warm-up
+        assert c["ratio"] == pytest.approx(e["step_time_s"] / k["step_time_s"])
+        assert e["losses"][0] == k["losses"][0], name  # the same weights and batch; aot_eager: the same kernels
+        assert c["graph_breaks"] == 0 and 1 <= c["graphs"] <= 2 and c["compile_s"] > 0, (name, c)
+    assert "train.compile (aot_eager) against eager" in stdout
+
+
+def test_the_profile_puts_an_update_in_parts_that_add_up(report):
+    rep, stdout = report
+    prof = rep["profile"]
+    assert set(prof["sides"]) == {"eager", "compiled"}
+    for side in prof["sides"].values():
+        parts = side["parts"]
+        assert all(parts[p] > 0 for p in ("layer matmuls", "attention", "vocabulary", "optimizer")), parts
+        assert 0.5 * side["wall_s"] < sum(parts.values()) < 1.2 * side["wall_s"], side  # self times: each once
+        assert set(side["phases"]) == {"forward", "backward", "step"}
+    assert prof["flops"]["layer matmuls"] > prof["flops"]["vocabulary"] > 0
+    assert "by part (bench_profile.py)" in stdout
 
 
 def test_the_two_sides_of_a_ratio_step_in_turn():
@@ -140,7 +174,8 @@ def settings(*argv):
     import argparse
 
     args = argparse.Namespace(device="auto", preset="base", stages=None, seq=None, ds_config=None, micro_batch=None,
-                              steps=None, warmup=None, quiet=True, peak_tflops=None)
+                              steps=None, warmup=None, quiet=True, peak_tflops=None, compile="off", profile=False,
+                              compile_stages=None)
     for flag, value in zip(argv[::2], argv[1::2]):
         setattr(args, flag, value)
     return bench._settings(args)

@@ -5,7 +5,6 @@ corpus exist. In-process `cli.main` calls: fast."""
 import dataclasses
 import importlib
 import json
-import os
 import re
 import socket
 import sys

@@ -61,7 +61,7 @@ def logged(run: Path) -> list[dict]:
 
 
 def assert_trained_and_resumed(run: Path, steps: int, world: int, output: str):
-    assert "resumed from" in output and f"at step 10" in output, output[-3000:]
+    assert "resumed from" in output and "at step 10" in output, output[-3000:]
     meta = ckpt_io.read_meta(run / "final")
     assert meta["step"] == steps and meta["world_size"] == world
     rows = logged(run)

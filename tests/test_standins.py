@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from netns import LOGIN_PATH, STANDINS, Nodes, Unavailable, cluster_env, login_env
+from netns import LOGIN_PATH, Nodes, Unavailable, cluster_env, login_env
 
 ECHO = 'echo "$(hostname) $SLURM_PROCID $SLURM_LOCALID $SLURM_NODEID $SLURM_STEP_TASKS_PER_NODE $PMI_RANK $PMI_SIZE"'
 

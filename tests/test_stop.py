@@ -318,10 +318,10 @@ def step1(corpus, tmp_path_factory):
     """An uninterrupted reference, and one run stopped three times and finished (see the module docstring)."""
     root, rng = tmp_path_factory.mktemp("step1"), random.Random(SEED)
     ref, run, log = root / "reference", root / "run", root / "run.log"
-    finish(start(stage1(corpus, ref, f"launch.ranks=2", f"launch.master_port={free_port()}"), root / "ref.log"),
+    finish(start(stage1(corpus, ref, "launch.ranks=2", f"launch.master_port={free_port()}"), root / "ref.log"),
            root / "ref.log", 0)
     found = {}
-    port = [f"launch.ranks=2", f"launch.master_port={free_port()}"]
+    port = ["launch.ranks=2", f"launch.master_port={free_port()}"]
     # SIGTERM to the `mm-ds` process that started the launcher, at a random time of updates 2-4 (each held 0.3 s)
     proc = start(stage1(corpus, run, *port), log, {"MM_DS_SLOW": "0.3"})
     newest, sent = signal_at_random(rng, run, proc, proc.pid, signal.SIGTERM, 1, 3, 0.3)

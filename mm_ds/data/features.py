@@ -73,9 +73,10 @@ def pair_features(examples: Sequence[PairExample], sp: spm.SentencePieceProcesso
     return [PairFeature(encode_pair(sp, ex.text_a, ex.text_b, max_length), ex.label) for ex in examples]
 
 
-def _pad(rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask), right-padded with PAD to the longest row of the batch."""
-    width = max(len(r) for r in rows)
+def _pad(rows: Sequence[Sequence[int]], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), right-padded with PAD to `width` (a compiled model's one shape; rows are never
+    longer), by default to the longest row of the batch."""
+    width = width or max(len(r) for r in rows)
     ids = torch.full((len(rows), width), PAD, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
@@ -84,8 +85,8 @@ def _pad(rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def collate_pairs(batch: Sequence[PairFeature]) -> dict[str, torch.Tensor]:
-    ids, mask = _pad([f.input_ids for f in batch])
+def collate_pairs(batch: Sequence[PairFeature], width: int | None = None) -> dict[str, torch.Tensor]:
+    ids, mask = _pad([f.input_ids for f in batch], width)
     return {"input_ids": ids, "attention_mask": mask,
             "labels": torch.tensor([f.label for f in batch], dtype=torch.long)}
 
@@ -177,8 +178,8 @@ def _max_context_window(starts: Sequence[int], lengths: Sequence[int], n: int) -
     return best
 
 
-def collate_qa(batch: Sequence[QAFeature]) -> dict[str, torch.Tensor]:
-    ids, mask = _pad([f.input_ids for f in batch])
+def collate_qa(batch: Sequence[QAFeature], width: int | None = None) -> dict[str, torch.Tensor]:
+    ids, mask = _pad([f.input_ids for f in batch], width)
     return {"input_ids": ids, "attention_mask": mask,
             "start_positions": torch.tensor([f.start_position for f in batch], dtype=torch.long),
             "end_positions": torch.tensor([f.end_position for f in batch], dtype=torch.long)}

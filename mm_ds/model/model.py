@@ -43,13 +43,15 @@ def is_language_param(name: str) -> bool:
 # `bernoulli_` draws one 32-bit number per element serially and cost ~10% of a base-shape training step.
 # The drop probability is therefore p rounded to a multiple of 2^-16 (0.1 -> 0.100006) and the kept
 # values are scaled by exactly 1 / (1 - that probability), so the expectation is still the input's.
-# Masks stay a pure function of the torch seed (resume is exact). GPUs keep the native fused kernels.
+# Masks stay a pure function of the torch seed (resume is exact). GPUs keep the native fused kernels, and so does a
+# compiled model (train.compile): dynamo cannot trace the in-place draw, and inductor fuses its own mask into the
+# kernel around it (mm_ds/runtime/compiled.py).
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """F.dropout(x, p, training), with the cheaper mask above on CPU."""
+    """F.dropout(x, p, training), with the cheaper mask above on CPU when not compiled."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or not 0.0 < p < 1.0:
+    if x.device.type != "cpu" or not 0.0 < p < 1.0 or torch.compiler.is_compiling():
         return F.dropout(x, p, True)
     n_drop = round(p * 65536)
     words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-2 ** 63, None)

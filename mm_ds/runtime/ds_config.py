@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..config import ConfigError, RunConfig
 from .rundir import logs_dir
-from . import dist
+from . import compiled, dist
 
 
 @dataclass(frozen=True)
@@ -248,6 +248,7 @@ def resolve(cfg: RunConfig, world_size: int, run_dir: Path | None = None, on_thi
     ds.setdefault("timers", {}).setdefault("throughput", {}).setdefault("enabled", False)  # SYNCING says why
     validate(ds, geo, path)
     _precision(ds, path, on_this_machine)
+    compiled.check(t.compile, t.compile_backend, ds, zero_stage(ds), path)
     return ds, geo
 
 

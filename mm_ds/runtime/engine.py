@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from . import checkpoint as ckpt_io
-from . import dist, faults, handoff, rundir, stop
+from . import compiled, dist, faults, handoff, rundir, stop
 from . import ds_config as dsc
 from ..config import RunConfig, dump_yaml
 from .ds_config import Geometry
@@ -76,6 +76,8 @@ class Engine:
     """--resume: the newest complete checkpoint of the run directory (None: start from step 0)."""
     load_from: Path | None = None
     """What to load for `found`: it, or its universal conversion when the world size changed."""
+    compiled: compiled.Compiled | None = None
+    """train.compile: the engine's module with its forward compiled (None: eager)."""
 
 
 def _dropout_seed(seed: int, step: int, micro: int, rank: int) -> int:
@@ -118,11 +120,10 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
             rundir.logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
 
     use_tf32(cfg.train.tf32 and dsc.precision(ds_cfg) == "fp32")
-    if not ds_cfg.get("compile", {}).get("enabled"):
-        # mm-ds compiles nothing, but DeepSpeed's optimizer set-up imports torch's compiler stack (dynamo,
-        # inductor: ~2.5 s of every rank's start-up, most of a small stage's). Not when the config asks for
-        # DeepSpeed's compile, or the user set the variable.
-        os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    compiling = compiled.dynamo_switch(cfg.train.compile)  # compiling nothing: TORCHDYNAMO_DISABLE=1, a faster start
+    if cfg.train.compile and not compiling and rank == 0:
+        print(f"[mm-ds] train.compile=true, but {compiled.DISABLE}=1 is set in the environment: training eager",
+              flush=True)
     wd = ds_cfg["optimizer"].get("params", {}).get("weight_decay", 0.0)
     if dsc.zero_stage(ds_cfg) == 3 and hasattr(model, "heads"):
         for head in model.heads().values():  # the tied projection lives in another module
@@ -137,7 +138,15 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
         load_from = universal.prepare(found, world, ds_cfg, rank, force=reshard)  # another world size: reshard
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model, wd),
                                            config=dsc.engine_config(ds_cfg))  # no monitors: RowWriter has them
-    return Engine(engine, ds_cfg, geo, n_train, n_total, found, load_from)
+    made = None
+    if compiling:  # after initialize: the module DeepSpeed holds, its hooks left eager (mm_ds/runtime/compiled.py)
+        made = compiled.compile_forward(engine.module, cfg.train.compile_backend, compiled_graphs(stage))
+    return Engine(engine, ds_cfg, geo, n_train, n_total, found, load_from, made)
+
+
+def compiled_graphs(stage: Stage) -> int:
+    """The most graphs `stage`'s compiled forward may need: without and with an attention mask, per depth."""
+    return 2 * (len(stage.schedule.depths) if stage.schedule is not None else 1)
 
 
 def _write_run_files(run_dir: Path, cfg: RunConfig, ds_cfg: dict, model: torch.nn.Module, configs: bool) -> None:
@@ -283,6 +292,7 @@ def release(engine) -> None:
     from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as Coordinator
 
     engine.destroy()
+    compiled.release(engine.module)
     for hook in (engine.module_forward_pre_hook, engine.module_forward_post_hook):
         if hook is not None:
             hook.remove()
@@ -396,6 +406,8 @@ def train_step(engine, stage: Stage, step: int, rank: int, geo: Geometry, batch_
         sums = {k: torch.stack([o[k] for o in logged]).double().sum(0) for k in logged[0]}
     if skipped is False:  # DeepSpeed's own optimizers decided (their own host read); free to ask
         skipped = not engine.was_step_applied()
+    if rank == 0 and (made := compiled.of(engine.module)) is not None and (news := made.news()) is not None:
+        print(news, flush=True)  # the update's compiles: at the first updates, then at a new depth or mask
     return sums, data_time, skipped
 
 

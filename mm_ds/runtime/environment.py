@@ -88,7 +88,8 @@ VARIABLES = {
                                   "the one mm-ds writes for a launch, which then replaces it"),
     "MM_DS_MALLOC": Variable(USER, "`system`: give freed memory back to the kernel (CPU ranks)"),
     "WANDB_DIR": Variable(USER, "where W&B writes; defaults to RUN/logs"),
-    "TORCHDYNAMO_DISABLE": Variable(USER, "defaults to 1: torch's compiler stack is not imported"),
+    "TORCHDYNAMO_DISABLE": Variable(USER, "1 while no engine compiles (train.compile off: a faster start); the "
+                                          "user's 1 makes train.compile train eager (mm_ds/runtime/compiled.py)"),
 }
 FAULT_POINTS = Variable(USER, "a test's fault point: read in mm_ds/runtime/faults.py, the one module that names them")
 """What the variables mm_ds/runtime/faults.py reads are (tests/test_fault_points.py keeps them out of other modules)."""

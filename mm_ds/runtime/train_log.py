@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from . import dist
+from . import compiled, dist
 from .rundir import writing
 from .ds_config import MONITORS
 
@@ -48,7 +48,7 @@ class LogWindow:
         self.kept: torch.Tensor | int = 0  # updates whose logs count (not skipped, finite), on the device
         self.pending: list[tuple[int, list[str], torch.Tensor]] = []  # (step, loss keys, flags + loss)
         self.updates, self.data_time = 0, 0.0
-        self.started = time.perf_counter()
+        self.started, self.compiling, self.compile_s = time.perf_counter(), compiled.seconds(), 0.0
 
     def add(self, step: int, sums: dict[str, torch.Tensor], skipped: bool | torch.Tensor, data_time: float) -> None:
         """Update `step` ran: its summed micro-step logs (device tensors) and whether it was skipped (a host
@@ -75,13 +75,18 @@ class LogWindow:
         sizes = [len(t) for _, _, t in self.pending]
         keys = sorted(self.sums) if row else []
         parts = [t for _, _, t in self.pending]
+        world = dist.world_size()
         if row:
             kept = torch.as_tensor(self.kept, dtype=torch.float64)
             parts += [torch.stack([self.sums[k] for k in keys] + [kept.to(self.sums[keys[0]].device) if keys
                                                                    else kept]).reshape(-1)]
+            # Each rank's compile seconds in its own slot (a fill, not a copy from the host): every rank waits
+            # for the slowest one's compile at its next collective, so the row leaves out the longest.
+            compiling = parts[-1].new_zeros(world)
+            compiling[dist.rank()] = compiled.seconds() - self.compiling
+            parts.append(compiling)
         flat = dist.all_reduce_tensor(torch.cat(parts)) if parts else []  # sums over ranks: flags count ranks
         settled, at = Settled([], [], [], []), 0
-        world = dist.world_size()
         for (step, lkeys, _), n in zip(self.pending, sizes):
             vals = flat[at:at + n]
             at += n
@@ -98,15 +103,20 @@ class LogWindow:
             for k, v in vals.items():
                 if k.startswith("correct") and denom:
                     settled.logs["acc" + k[len("correct"):]] = v / denom
+            self.compile_s = max(flat[-world:])
+            if self.compile_s > 0:
+                settled.logs["compile_s"] = self.compile_s
         return settled
 
     def seconds(self) -> float:
-        return time.perf_counter() - self.started
+        """The window's training time: its wall time less the longest a rank spent compiling in it (train.compile;
+        known after the row's `read`)."""
+        return time.perf_counter() - self.started - self.compile_s
 
     def reset(self) -> None:
         """A row was written: the next window starts now (pending flags are kept: `read` clears them)."""
         self.sums, self.kept, self.updates, self.data_time = {}, 0, 0, 0.0
-        self.started = time.perf_counter()
+        self.started, self.compiling, self.compile_s = time.perf_counter(), compiled.seconds(), 0.0
 
 
 def nonfinite_skips(settled: Settled, count: int, budget: int, fp16: bool, last_checkpoint: str | None,

@@ -121,11 +121,12 @@ def build(cfg: RunConfig) -> Stage:
         raise ConfigError(f"parent={cfg.parent} does not fit the downstream model: missing {missing}, "
                           f"unexpected {unexpected}")
 
+    seq = min(cfg.finetune.max_length or spec.max_length, mcfg.max_positions)
+    width = seq if cfg.train.compile else None  # compiled: one shape (mm_ds/runtime/compiled.py); eager: the longest
+
     def batches(step: int, micro: int, rank: int, geo: Geometry) -> dict:
         ids = sample_ids(step, micro, rank, geo.world_size, geo.micro_batch, geo.grad_accum)
-        return collate([features[int(epoch_order(n, cfg.train.seed, g // n)[g % n])] for g in ids.tolist()])
-
-    seq = min(cfg.finetune.max_length or spec.max_length, mcfg.max_positions)
+        return collate([features[int(epoch_order(n, cfg.train.seed, g // n)[g % n])] for g in ids.tolist()], width)
 
     def flops_per_step(global_batch: int) -> float:
         return flops.stage_flops_per_step("finetune", hidden=mcfg.hidden_size, vocab=mcfg.vocab_size,

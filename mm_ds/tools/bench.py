@@ -56,7 +56,7 @@ from ..runtime import engine as eng
 from ..config import DataConfig, FinetuneConfig, MiniConfig, ModelConfig, RunConfig, TrainConfig, read_preset
 from ..runtime.peaks import measure_matmul_peak
 from ..systems import SYSTEMS
-from . import bench_device, bench_host
+from . import bench_compile, bench_device, bench_host, bench_profile
 from .bench_report import print_report
 from .bench_targets import TARGETS, evaluate_targets  # noqa: F401 (TARGETS: bench's own list)
 from .bench_data import host_corpus, pair_batches, prepare_corpus, spread_corpus, write_pair_task
@@ -273,13 +273,16 @@ def _settings(args) -> argparse.Namespace:
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ValueError(f"--stages {', '.join(unknown)}: choose from {', '.join(STAGES)}")
+    compile_stages = args.compile_stages or stages
+    if unknown := [s for s in compile_stages if s not in stages]:
+        raise ValueError(f"--compile-stages {', '.join(unknown)}: choose from the timed stages, {', '.join(stages)}")
     mcfg = base_model_cfg(preset)
     seq = args.seq or min(preset.seq, mcfg.max_positions)
     if seq > mcfg.max_positions:
         raise ValueError(f"--seq {seq} exceeds the {args.preset} model's max_positions={mcfg.max_positions}")
     ds_config = args.ds_config or (bench_device.paper_ds_config() if device.paper_config else RunConfig.ds_config)
     o = argparse.Namespace(
-        device=device, preset=preset, stages=stages, mcfg=mcfg, seq=seq, ds_config=ds_config,
+        device=device, preset=preset, stages=stages, compile_stages=compile_stages, mcfg=mcfg, seq=seq, ds_config=ds_config,
         precision=dsc.precision(json.loads(dsc.find(ds_config).read_text())),
         micro=args.micro_batch or device.micro_batch or preset.micro_batch,
         steps=args.steps or device.steps or preset.steps,
@@ -304,20 +307,24 @@ def _measure(args, o, rank: int, world: int, peer_ok: bool, probes: list) -> dic
         for name in o.stages:
             _bench_stage(name, builder, o, rank, world, peer_ok, results, peer, probes, log)
         pairs = bench_pairs.measure(builder, mcfg, o.stages, o.warmup, o.steps, rank, world, peer_ok, log)
+        backend = None if args.compile == "off" else args.compile
+        comp = bench_compile.measure(builder, o.compile_stages, o.warmup, o.steps, rank, world, backend, log) if backend else {}
+        prof = bench_profile.measure(builder, backend, rank, world, log) if args.profile else None
         host = None
         if o.device.host:
             host = bench_host.measure(lambda m, c, sq, mb, ds: Stages(work / "host", c, text, m, PRESETS["base"], sq,
                                                                       mb, ds, log),
                                       corpus_dir, host_corpus(work, text, bench_host.HOST_VOCAB),
-                                      base_model_cfg(PRESETS["base"]), PRESETS["base"].mini_layers, rank, log)
+                                      base_model_cfg(PRESETS["base"]), PRESETS["base"].mini_layers, rank, log,
+                                      backend=backend)
         # The loader alone, for reference.
         mlm = MLMBatches(TokenCorpus(corpus_dir), o.seq, seed=0, vocab_size=mcfg.vocab_size)
         t0 = time.perf_counter()
         for s in range(5):
             mlm.batch(s, 0, 0, 1, o.micro)
         loader_only = (time.perf_counter() - t0) / 5
-    return {"stages": results, "peer": peer, "pairs": pairs, "prepare": encode, "loader_only_s": loader_only,
-            "host": host}
+    return {"stages": results, "peer": peer, "pairs": pairs, "compiled": comp, "profile": prof, "prepare": encode,
+            "loader_only_s": loader_only, "host": host}
 
 
 def run(args) -> dict:
@@ -350,7 +357,7 @@ def run(args) -> dict:
     report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "setup": _setup(args, o, world, load_start),
               "peak": peak, "peer_note": peer_note, "max_rss_bytes": maxrss_bytes(), **measured}
     report["targets"] = evaluate_targets(measured["stages"], measured["pairs"], measured["prepare"],
-                                         measured["host"], o.device.kind)
+                                         measured["host"], o.device.kind, measured["compiled"])
     return report
 
 
@@ -393,6 +400,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ds-config", help=f"DeepSpeed JSON (default: {RunConfig.ds_config} on cpu, the paper presets' "
                                         f"on cuda)")
     ap.add_argument("--peak-tflops", type=float, help="cuda: the GPU's peak for MFU, if not in mm_ds/runtime/peaks.py")
+    ap.add_argument("--compile", default="inductor", choices=["inductor", "aot_eager", "off"],
+                    help="also time each stage with train.compile on this backend against eager, in turn, and the "
+                         "compiled host loop (off: not)")
+    ap.add_argument("--compile-stages", nargs="+", metavar="STAGE",
+                    help="the stages timed compiled against eager (default: every timed stage; each compiles for "
+                         "seconds to minutes)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile one update of Step 1 by part (matmuls, attention, vocabulary, optimizer), "
+                         "eager and compiled: where its MFU goes (bench_profile.py)")
     ap.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
                     help="also time transformers' RobertaForMaskedLM (needs the [bench] extra)")
     ap.add_argument("--corpus-mb", type=float, help="synthetic text to prepare and encode (default: the preset's)")

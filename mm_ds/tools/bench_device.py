@@ -46,7 +46,7 @@ class Device:
 DEVICES = {
     "cpu": Device("cpu", None, None, None, False, peer=True, encode=True, host=True,
                   targets=("a3_speedup", "peer_pretrain", "peer_adapt_mini", "mfu_pretrain", "prepare_encode",
-                           "loader_share", "host_side")),
+                           "loader_share", "host_side", "compile_pretrain", "host_side_compiled")),
     "cuda": Device("cuda", 32, 10, 2, True, peer=False, encode=False, host=False,
                    targets=("a3_speedup", "mfu_plan", "loader_share")),
 }

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -47,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import flops
+from ..runtime import compiled
 from ..runtime.ds_config import Geometry, geometry
 from ..runtime.prefetch import Prefetcher
 from .plan import Cluster
@@ -62,6 +64,9 @@ SHAPES = {  # bench stage -> (what, FLOPs kind, the paper recipe's stage run (it
     "adapt_mini": ("Step 2, MINIJOINT mini-model", "adapt", "adapt/minijoint/", "mini"),
 }
 THRESHOLD = 0.5
+COMPILED_THRESHOLD = 0.25
+"""The compiled loop's target (train.compile): a quarter of the device's micro-step, so that with compile on a GPU
+keeps the host's dispatch well out of the way (eager: 33-45% for Step 1, docs/results.md)."""
 HOST_VOCAB = 256  # pieces of the loop's corpus; the paper's 250k-piece rows are device work (docstring)
 
 
@@ -102,18 +107,23 @@ def gpu_op_path():
         model.dropout, model._attention_with_dropout = saved
 
 
-def loop_seconds(builder, accum: dict[str, int], rounds: int, updates: int, rank: int) -> dict[str, list[float]]:
+def loop_seconds(builder, accum: dict[str, int], rounds: int, updates: int, rank: int,
+                 backend: str | None = None) -> dict[str, list[float]]:
     """Wall seconds per micro-step of `engine.train_step` for each bench stage of `builder` (a `bench.Stages`
     over a near-zero-width model) in `accum`, at its micro-steps per update, batches from a `Prefetcher`: per
     round, the median over `updates` updates of each stage in turn, so that a slow spell of the machine (this
     figure is all op dispatch, which swings ~1.5x on these vCPUs from minute to minute) hits every stage and only
-    some rounds."""
+    some rounds. With `backend`, each stage also compiled (train.compile), timed in the same rounds under
+    "NAME compiled"."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the host's work is one thread's; a thread pool's barriers per tiny op are not it
+    runs = {name: (name, None) for name in accum} | ({f"{name} compiled": (name, backend) for name in accum}
+                                                    if backend else {})
     try:
         with gpu_op_path(), contextlib.ExitStack() as stack:
-            loops = {name: _Loop(builder, name, n, rounds * updates + 1, rank, stack) for name, n in accum.items()}
-            times: dict[str, list[float]] = {name: [] for name in accum}
+            loops = {key: _Loop(builder, name, accum[name], rounds * updates + 1, rank, stack, compile_backend)
+                     for key, (name, compile_backend) in runs.items()}
+            times: dict[str, list[float]] = {key: [] for key in runs}
             for _ in range(rounds):
                 for name, loop in loops.items():
                     times[name].append(statistics.median(loop.update() for _ in range(updates)))
@@ -125,24 +135,31 @@ def loop_seconds(builder, accum: dict[str, int], rounds: int, updates: int, rank
 class _Loop:
     """One bench stage's engine and prefetched batches; `update()` times the next update per micro-step."""
 
-    def __init__(self, builder, name: str, accum: int, updates: int, rank: int, stack: contextlib.ExitStack):
+    def __init__(self, builder, name: str, accum: int, updates: int, rank: int, stack: contextlib.ExitStack,
+                 compile_backend: str | None = None):
         self.eng, self.rank = eng, rank
         self.stage = builder.timed(name, updates)
-        self.stage.cfg.train = replace(self.stage.cfg.train, global_batch=accum * builder.micro_batch)
+        self.stage.cfg.train = replace(self.stage.cfg.train, global_batch=accum * builder.micro_batch,
+                                       compile=compile_backend is not None,
+                                       compile_backend=compile_backend or self.stage.cfg.train.compile_backend)
         built = eng.build_engine(self.stage, 1)
         self.engine, self.geo = built.engine, built.geo
         self.engine.train()
+        if built.compiled is not None:
+            stack.callback(compiled.release, self.engine.module)
         self.ahead = stack.enter_context(Prefetcher(self.stage.batches, rank, self.geo, 0, updates,
                                                     ahead=self.stage.cfg.data.prefetch))
         self.step = 0
-        self.update()  # the first builds DeepSpeed's buffers
+        self.update()  # the first builds DeepSpeed's buffers (and compiles)
 
     def update(self) -> float:
-        t0 = time.perf_counter()
-        sums, _, _ = self.eng.train_step(self.engine, self.stage, self.step, self.rank, self.geo, self.ahead.get)
+        """Seconds per micro-step of the next update, less any compiling in it (a later mask's graph)."""
+        t0, k0 = time.perf_counter(), compiled.seconds()
+        with contextlib.redirect_stdout(sys.stderr):  # compile lines: to the log
+            sums, _, _ = self.eng.train_step(self.engine, self.stage, self.step, self.rank, self.geo, self.ahead.get)
         float(sums["loss"])  # the update's work is done (on a GPU the loop would not wait here)
         self.step += 1
-        return (time.perf_counter() - t0) / self.geo.grad_accum
+        return (time.perf_counter() - t0 - (compiled.seconds() - k0)) / self.geo.grad_accum
 
 
 def builder_seconds(corpus_dir, vocab: int, shape: Shape, reps: int = 5) -> float:
@@ -159,18 +176,19 @@ def builder_seconds(corpus_dir, vocab: int, shape: Shape, reps: int = 5) -> floa
 
 
 def measure(stages_for, corpus_dir, host_corpus, paper_cfg, mini_layers: int, rank: int, log,
-            rounds: int = 5, updates: int = 3) -> dict:
+            rounds: int = 5, updates: int = 3, backend: str | None = None) -> dict:
     """The host-side figure for both shapes. `stages_for(mcfg, corpus, seq, micro, ds_config)` gives a
     `bench.Stages` over a corpus: the loop runs over `host_corpus` (`HOST_VOCAB` pieces), the batch builder over
     `corpus_dir` (the model's vocabulary); `paper_cfg` is the paper's primary model (models/base). The loop
-    figure is the median over `rounds` rounds of `updates` updates, the shapes in turn (`loop_seconds`)."""
+    figure is the median over `rounds` rounds of `updates` updates, the shapes in turn (`loop_seconds`); with
+    `backend`, the compiled loop's too (train.compile: what a GPU would see of the host with the model compiled)."""
     cluster, shapes = Cluster(), paper_shapes()
     tiny = replace(paper_cfg, hidden_size=12, num_heads=12, ffn_size=12,
                    vocab_size=TokenCorpus(host_corpus).vocab_size)
     builder = stages_for(tiny, host_corpus, 16, 1, "fp32_zero1.json")
     log(f"host side: timing the loop at near-zero width, {', '.join(v[0] for v in SHAPES.values())} in turn ...")
     loops = loop_seconds(builder, {name: shape.geo.grad_accum for name, shape in shapes.items()}, rounds, updates,
-                         rank)
+                         rank, backend)
     rows = {}
     for name, (what, kind, _, depth) in SHAPES.items():
         shape = shapes[name]
@@ -182,21 +200,31 @@ def measure(stages_for, corpus_dir, host_corpus, paper_cfg, mini_layers: int, ra
                       "grad_accum": shape.geo.grad_accum, "device_s": dev, "loop_s": loop,
                       "loop_rounds_s": loops[name], "builder_s": build, "loop_share": loop / dev,
                       "builder_share": build / dev}
+        if backend:
+            compiled_loop = statistics.median(loops[f"{name} compiled"])
+            rows[name] |= {"loop_compiled_s": compiled_loop, "loop_compiled_rounds_s": loops[f"{name} compiled"],
+                           "loop_compiled_share": compiled_loop / dev}
     return {"rows": rows, "gpu": f"H100 at {cluster.peak_tflops:g} TFLOP/s bf16, MFU {cluster.mfu:g}",
-            "loop_vocab": tiny.vocab_size, "rounds": rounds, "updates": updates, "threshold": THRESHOLD}
+            "loop_vocab": tiny.vocab_size, "rounds": rounds, "updates": updates, "threshold": THRESHOLD,
+            "compiled_threshold": COMPILED_THRESHOLD, "backend": backend}
 
 
 def table(host: dict) -> str:
+    comp = bool(host.get("backend"))
     lines = [f"host side per micro-step, at `mm-ds run paper`'s micro batch and sequence, against {host['gpu']}; "
-             f"loop: median of {host['rounds']} rounds of {host['updates']} updates, the shapes in turn:",
+             f"loop: median of {host['rounds']} rounds of {host['updates']} updates, the shapes in turn"
+             + (f"; compiled: train.compile ({host['backend']}) in the same rounds:" if comp else ":"),
              "| shape | layers | micro x seq | micro-steps | device ms | loop ms | rounds' range | loop share | "
-             "builder ms | builder share |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             + ("compiled loop ms | compiled share | " if comp else "") + "builder ms | builder share |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if comp else "") + "---:|---:|"]
     for r in host["rows"].values():
         lo, hi = min(r["loop_rounds_s"]), max(r["loop_rounds_s"])
+        compiled_cells = (f"{1e3 * r['loop_compiled_s']:.2f} | {100 * r['loop_compiled_share']:.0f}% | "
+                          if comp else "")
         lines.append(f"| {r['what']} | {r['layers']} | {r['micro_batch']} x {r['seq']} | {r['grad_accum']} | "
                      f"{1e3 * r['device_s']:.2f} | {1e3 * r['loop_s']:.2f} | {1e3 * lo:.2f}-{1e3 * hi:.2f} | "
-                     f"{100 * r['loop_share']:.0f}% | {1e3 * r['builder_s']:.2f} | {100 * r['builder_share']:.0f}% |")
+                     f"{100 * r['loop_share']:.0f}% | {compiled_cells}{1e3 * r['builder_s']:.2f} | "
+                     f"{100 * r['builder_share']:.0f}% |")
     return "\n".join(lines)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import bench_host, bench_pairs
+from . import bench_compile, bench_host, bench_pairs, bench_profile
 
 
 def _fmt_row(cells, widths):
@@ -61,6 +61,12 @@ def print_report(rep: dict) -> None:
     if rep["pairs"]:
         print()
         print(bench_pairs.table(rep["pairs"]))
+    if rep.get("compiled"):
+        print()
+        print(bench_compile.table(rep["compiled"]))
+    if rep.get("profile"):
+        print()
+        print(bench_profile.table(rep["profile"], rep["peak"]["used_flops"]))
     if rep["host"]:
         print()
         print(bench_host.table(rep["host"]))

@@ -17,13 +17,16 @@ TARGETS = (
                   "(Step 1 BL_BASE, Step 2 MINIJOINT mini; bench_host.py)", bench_host.THRESHOLD),
     ("mfu_plan", f"GPU: pretrain MFU >= `mm-ds plan`'s assumed {bench_device.PLAN_MFU:g} (its hours hold here)",
      bench_device.PLAN_MFU),
+    ("compile_pretrain", "train.compile: pretrain tokens/s >= eager's (in turn)", 1.0),
+    ("host_side_compiled", "host keeps an H100 busy with train.compile: the compiled loop < 25% of its time per "
+                           "micro-step (both shapes; bench_host.py)", bench_host.COMPILED_THRESHOLD),
 )
 
 
 def evaluate_targets(results: dict, pairs: dict, encode: dict | None, host: dict | None = None,
-                     device: str = "cpu") -> list[dict]:
+                     device: str = "cpu", compiled: dict | None = None) -> list[dict]:
     """Every speed target of `device` (bench_device.DEVICES) the run can judge; the ratio targets from `pairs`
-    (`bench_pairs.measure`)."""
+    (`bench_pairs.measure`), train.compile's from `compiled` (`bench_compile.measure`)."""
     out, mine = [], bench_device.DEVICES[device].targets
 
     def add(key, value, ok, detail):
@@ -60,4 +63,14 @@ def evaluate_targets(results: dict, pairs: dict, encode: dict | None, host: dict
     if host:
         share, what = bench_host.worst_share(host)
         add("host_side", share, share < bench_host.THRESHOLD, f"worst: {what} = {100 * share:.0f}%")
+        if host.get("backend"):
+            share, r = max((r["loop_compiled_share"], r) for r in host["rows"].values())
+            add("host_side_compiled", share, share < bench_host.COMPILED_THRESHOLD,
+                f"worst: {r['what']}: {1e3 * r['loop_compiled_s']:.2f} ms vs device {1e3 * r['device_s']:.2f} ms = "
+                f"{100 * share:.0f}% (eager {100 * r['loop_share']:.0f}%)")
+    if compiled and "pretrain" in compiled:
+        c = compiled["pretrain"]
+        add("compile_pretrain", c["ratio"], c["ratio"] >= 1.0,
+            f"{c['sides']['compiled']['tokens_per_s']:.0f} vs {c['sides']['eager']['tokens_per_s']:.0f} tokens/s = "
+            f"{c['ratio']:.2f}x ({c['backend']}), in turn")
     return out

@@ -1,7 +1,7 @@
 """The paper-shape update on one GPU, a process per system (nothing of another engine in its memory figure);
 tests/gpu/test_gpu.py judges the JSON it writes:
 
-    python tests/gpu/paper_update.py WORK SYSTEM OUT.json      # SYSTEM: bl_base or minijoint; WORK/corpus is made once
+    python tests/gpu/paper_update.py WORK SYSTEM OUT.json [compiled]   # SYSTEM: bl_base or minijoint; WORK/corpus made once
 
 Per system, Step 1 at the paper's shape: its paper preset (12 layers, h 768, V 50k, 512 tokens, bf16_zero1.json)
 over a synthetic corpus with a 50k-piece tokenizer (`mm-ds bench`'s: mm_ds/tools/bench_data.py), 32 sequences per
@@ -13,6 +13,9 @@ micro-step and 2 micro-steps per update (gpu_thresholds.py). The engine is built
    time, tokens/s, MFU against the GPU's peak; the peak allocated memory since the engine was built;
 3. `WATCHED` updates under `DeviceWaits` (device_waits.py): every wait of the host for the device, micro-steps
    strict (sync-debug "error", traced synchronizations), DeepSpeed's optimizer step allowed its named reads.
+With `compiled`, train.compile=true (inductor): the graphs compile in the warm-up updates; a compile later (a batch
+with padding after full ones: the second graph) is taken out of the timed updates' time, as the training log does,
+and the compile seconds, graphs, graph breaks and recompiles are recorded beside the eager run's figures.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def update_on_one_gpu(system: str, corpus: Path, run_dir: Path, gpu: Gpu = Gpu()
     """Step 1 of `system` (its paper preset, then `overrides`) on this process's device, measured as the module
     docstring says."""
     from mm_ds import config
-    from mm_ds.runtime import dist
+    from mm_ds.runtime import compiled, dist
     from mm_ds.runtime import ds_config as dsc
     from mm_ds.runtime import engine as eng
     from mm_ds.runtime.peaks import gpu_peak_tflops
@@ -79,11 +82,11 @@ def update_on_one_gpu(system: str, corpus: Path, run_dir: Path, gpu: Gpu = Gpu()
     try:
         for _ in range(WARMUP):
             losses.append(float(update()["loss"]))
-        t0 = time.perf_counter()
+        t0, k0 = time.perf_counter(), compiled.seconds()
         for _ in range(TIMED):
             sums = update()
         losses.append(float(sums["loss"]))  # waits for the device: the timed updates' end
-        step_s = (time.perf_counter() - t0) / TIMED
+        step_s = (time.perf_counter() - t0 - (compiled.seconds() - k0)) / TIMED
         peak_bytes = gpu.peak_bytes()
         waits = DeviceWaits(gpu.set_sync_debug_mode)
         watched = 0
@@ -109,22 +112,25 @@ def update_on_one_gpu(system: str, corpus: Path, run_dir: Path, gpu: Gpu = Gpu()
             "mfu": flops / step_s / (gpu_peak_tflops(name) * 1e12), "peak_bytes": peak_bytes,
             "losses": losses, "watched_updates": watched, "problems": waits.problems(),
             "allowed_per_update": waits.per_update(max(watched, 1)),
-            "waits": [w.__dict__ for w in waits.waits]}
+            "waits": [w.__dict__ for w in waits.waits],
+            "compiled": built.compiled.stats() if built.compiled is not None else None}
 
 
 def main(argv: list[str]) -> int:
     from mm_ds.tools.bench_data import spread_corpus
 
-    work, system, out = Path(argv[0]), argv[1], Path(argv[2])
-    if system not in SYSTEMS:
-        raise SystemExit(f"paper_update.py: system {system!r}: choose one of {', '.join(SYSTEMS)}")
+    work, system, out, *mode = Path(argv[0]), argv[1], Path(argv[2]), *argv[3:]
+    if system not in SYSTEMS or mode not in ([], ["compiled"]):
+        raise SystemExit(f"paper_update.py: system {system!r} {' '.join(mode)}: choose one of {', '.join(SYSTEMS)}, "
+                         f"then optionally `compiled`")
     say = lambda m: print(f"[paper_update] {m}", file=sys.stderr, flush=True)  # noqa: E731
     corpus = work / "corpus"
     if not (corpus / "meta.json").is_file():
         with tempfile.TemporaryDirectory(prefix="corpus-", dir=work) as tmp:
             made, _, _, _ = spread_corpus(Path(tmp), CORPUS_MB, 50_000, min(8, len(os.sched_getaffinity(0))), say)
             made.rename(corpus)
-    result = update_on_one_gpu(system, corpus, work / "runs" / system)
+    result = update_on_one_gpu(system, corpus, work / "runs" / "_".join([system, *mode]),
+                               overrides=("train.compile=true",) if mode else ())
     say(f"{system}: {json.dumps({k: v for k, v in result.items() if k != 'waits'}, default=float)}")
     out.write_text(json.dumps(result, indent=1, default=float))
     return 0

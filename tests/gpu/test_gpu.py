@@ -8,6 +8,8 @@ On one GPU:
   per micro-step, 2 micro-steps per update), in a process of its own (paper_update.py): the GPU's peak allocated
   memory under a ceiling and its tokens/s over a floor from `mm-ds plan`'s model (gpu_thresholds.py says why
   half the plan's rate); a GPU missing from mm_ds/runtime/peaks.py skips the floor, saying so;
+- the same update of BL_BASE with train.compile (inductor), in a process of its own: its tokens/s and peak memory
+  against the eager run's, its compile time, graphs, graph breaks (none allowed) and recompiles;
 - its micro-steps through the real engine (`engine.train_step` on an engine built as `engine.train` builds it, past
   the first updates, no log or checkpoint among them) under `torch.cuda.set_sync_debug_mode("error")` and torch's
   GPU trace: no wait of the host for the device; at the optimizer step only DeepSpeed's named norm read;
@@ -105,17 +107,19 @@ _PAPER: dict[str, dict] = {}
 
 @pytest.fixture(scope="module")
 def paper_runs(tmp_path_factory):
-    """system -> paper_update.py's JSON for it, each run once (a process per system; the corpus made once)."""
+    """(system, mode) -> paper_update.py's JSON for it, each run once (a process per run; the corpus made once);
+    mode "compiled": train.compile."""
     work = tmp_path_factory.mktemp("paper_update")
 
-    def result(system: str) -> dict:
-        if system not in _PAPER:
-            out = work / f"{system}.json"
-            proc = subprocess.run([sys.executable, str(HERE / "paper_update.py"), str(work), system, str(out)],
+    def result(system: str, *mode: str) -> dict:
+        key = "_".join([system, *mode])
+        if key not in _PAPER:
+            out = work / f"{key}.json"
+            proc = subprocess.run([sys.executable, str(HERE / "paper_update.py"), str(work), system, str(out), *mode],
                                   capture_output=True, text=True, timeout=900)
-            assert proc.returncode == 0, f"paper_update.py {system}: exit {proc.returncode}\n{proc.stderr[-6000:]}"
-            _PAPER[system] = json.loads(out.read_text())
-        return _PAPER[system]
+            assert proc.returncode == 0, f"paper_update.py {key}: exit {proc.returncode}\n{proc.stderr[-6000:]}"
+            _PAPER[key] = json.loads(out.read_text())
+        return _PAPER[key]
 
     return result
 
@@ -143,6 +147,24 @@ def test_paper_shape_update_memory_and_throughput(paper_runs, system, record_pro
     assert r["tokens_per_s"] >= floor, (
         f"{want.system}: {r['tokens_per_s']:,.0f} tokens/s (MFU {mfu:.1%}) is under the floor {floor:,.0f}, half of "
         f"what `mm-ds plan` assumes on {r['gpu']} ({want.planned_tokens_per_s:,.0f} at MFU {gpu_thresholds.PLAN_MFU})")
+
+
+def test_paper_shape_update_compiled_against_eager(paper_runs, record_property):
+    """train.compile (inductor) on BL_BASE's paper-shape update, in a process of its own, beside the eager one: what
+    the first GPU run must answer before the paper presets turn it on (docs/engine-configs.md). Recorded: both
+    sides' tokens/s and peak memory, the compile's seconds, graphs, graph breaks and recompiles; required: no graph
+    break, finite losses, the eager run's memory ceiling. Not required: that compiled is faster (the answer)."""
+    eager, comp = paper_runs("bl_base"), paper_runs("bl_base", "compiled")
+    c, mem = comp["compiled"], gpu_thresholds.paper_update("bl_base", comp["gpu"]).memory
+    record_property("tokens/s", f"compiled {comp['tokens_per_s']:,.0f} vs eager {eager['tokens_per_s']:,.0f} "
+                                f"({comp['tokens_per_s'] / eager['tokens_per_s']:.2f}x)")
+    record_property("peak memory", f"compiled {comp['peak_bytes'] / GiB:.2f} GiB vs eager {eager['peak_bytes'] / GiB:.2f}")
+    record_property("compile", f"{c['compile_s']:.0f} s, {c['graphs']:.0f} graph(s), {c['graph_breaks']:.0f} "
+                               f"break(s), {c['recompiles']:.0f} recompile(s); device waits in its watched updates: "
+                               f"{len(comp['problems'])}")
+    assert all(x == x for x in comp["losses"]), comp["losses"]
+    assert c["graph_breaks"] == 0 and 1 <= c["graphs"] <= 2, c
+    assert comp["peak_bytes"] <= mem["ceiling"], (comp["peak_bytes"] / GiB, mem["ceiling"] / GiB)
 
 
 @pytest.mark.parametrize("system", gpu_thresholds.SYSTEMS)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.metadata as md
-import importlib.util
 import os
 import re
 import subprocess
