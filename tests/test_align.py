@@ -396,7 +396,7 @@ def test_the_spread_takes_the_runs_of_a_recipe_whose_heldout_text_is_the_prepare
     assert jobs == [[out / "adapt" / s / lang for s in ("bl_base", "bl_small", "minijoint", "minipost")]
                     for lang in ("de", "ar")] and texts == {}
     spec = json.loads(write_spec(recipe, out).read_text())
-    assert spec["jobs"] == [[str(r) for r in runs] for runs in jobs] and spec["sequences"] == 128
+    assert spec["jobs"] == [[str(r) for r in runs] for runs in jobs] and spec["sequences"] == 512
     scored, said = [], []
     monkeypatch.setattr(align, "align_run", lambda run, *a, **k: scored.append(run) or [])
     monkeypatch.setattr(align, "source_rows", lambda *a, **k: [])
