@@ -535,3 +535,15 @@ def test_the_diagnosis_reads_the_control_and_the_last_checkpoint_four_ways(frequ
     table = (frequencies_only / "report" / "align_diagnosis.md").read_text()
     assert "| MINIJOINT | t1 | E0 (control) |" in table and "| MINIJOINT | t1 | E' (step 4) |" in table
     assert "Defect or scale" in capsys.readouterr().out
+
+
+def test_the_readout_answers_with_a_piece_where_other_is_the_likeliest_class():
+    """(c) over the 2 most frequent pieces and "other": where the top layer says nothing and "other" holds most
+    targets, the read-out must still answer the most frequent piece (right on its 30%), not "other" (never right)."""
+    from mm_ds.eval.align_diagnose import readout
+
+    logp = np.log(np.array([0.30, 0.10, 0.06] + [0.54 / 9] * 9))  # "other": 60% of the targets
+    labels = torch.tensor([0] * 30 + [1] * 10 + [2] * 6 + [3 + i % 9 for i in range(54)])
+    feats = {"top": torch.ones(len(labels), 4), "labels": labels}
+    r = readout(feats, feats, logp, classes=2)
+    assert r["readout_acc"] == pytest.approx(0.30, abs=1e-6) and r["coverage"] == pytest.approx(0.40)

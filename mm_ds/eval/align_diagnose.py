@@ -9,7 +9,9 @@ alignment check's held-out tokens:
   (c) a fresh linear read-out of the primary's top layer (a weight row and a bias per piece, no MLM head), fitted
       on the same training sequences by L-BFGS with a small L2 penalty: what E' buys through the body, whatever
       head reads it. It predicts the `readout_classes` most frequent target pieces and "other" (always wrong),
-      so its accuracy is over every target, out of at most `coverage`;
+      and answers with the likeliest of those pieces ("other" is never right, and where "other" is the likeliest
+      class, arg-max over all classes would score a body that knows the ranking of the pieces as zero), so its
+      accuracy is over every target, out of at most `coverage`;
 beside the mini-model as Step 2 trains it and the target's unigram predictor. OUT/report/align_diagnosis.md.
 """
 
@@ -54,7 +56,7 @@ def readout(train: dict, held: dict, logp: np.ndarray, classes: int, l2: float =
 
     opt.step(closure)
     with torch.no_grad():
-        pred = (x_held @ w.T + c).argmax(-1)
+        pred = (x_held @ w.T + c)[:, :classes].argmax(-1)  # "other" is never right: predict a piece
         train_loss = float(F.cross_entropy(x @ w.T + c, y))
     return {"readout_acc": float(((pred == y_held) & (y_held < classes)).float().mean()),
             "readout_train_loss": train_loss, "readout_evals": opt.state[opt._params[0]]["func_evals"],
