@@ -71,7 +71,7 @@ wheels: $(if $(PYTHON),,$(STAMP))
 rehearsal: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m rehearsal
 
-# The paper's effect on real languages, at the MLM level: `mm-ds run real` on ../shared/data (about an hour on 2
-# quiet cores; OUT=DIR picks the run directory, a re-run resumes).
+# The paper's effect on real languages, at the MLM level: `mm-ds run real` on ../shared/data (about half an hour on
+# 2 quiet cores; OUT=DIR picks the run directory, a re-run resumes).
 real: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH mm-ds run real --out $(or $(OUT),runs/real)

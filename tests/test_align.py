@@ -14,12 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mm_ds.eval import align
+from mm_ds.eval import align, heldout, mlm_measure
+from mm_ds.eval.mlm_measure import Fit
 from mm_ds.pipeline import alignment
 from mm_ds.runtime import checkpoint
 from mm_ds import cli
 from mm_ds.model import surgery
-from mm_ds.config import ModelConfig
+from mm_ds.config import ModelConfig, model_config_from_dict
 from mm_ds.data.corpus import prepare
 from mm_ds.data.world import generate_world, write_heldout
 from mm_ds.model.model import RobertaMLM
@@ -69,8 +70,8 @@ def fake_out(tmp_path_factory) -> Path:
     checkpoint.write_final(out / "build_mini" / "minijoint" / "final", mini,
                            common | {"stage": "build_mini", "model": asdict(mcfg), "lang": "en",
                                      "primary": str(out / "pretrain" / "minijoint")})
-    run_config = {"data": {"seq_len": 24, "mask_prob": 0.15, "random_prob": 0.1, "keep_prob": 0.1},
-                  "train": {"seed": 3}}
+    run_config = {"data": {"seq_len": 24, "mask_prob": 0.15, "random_prob": 0.1, "keep_prob": 0.1,
+                           "corpus": str(out / "data" / "t1")}, "train": {"seed": 3}}
     for system in ("minijoint", "bl_base"):
         for step in (2, 4):
             g = torch.Generator().manual_seed(step)
@@ -160,7 +161,7 @@ def test_primary_with_swap_of_a_minijoint_checkpoint_equals_a_direct_computation
     with torch.no_grad():
         out = model(ids)
     sel = labels.ne(IGNORE_INDEX)
-    for head, key in (("main", "primary"), ("secondary", "mini")):  # the mini-model is the secondary head's path
+    for head, key in (("main", "step_bias"), ("secondary", "mini")):  # the mini-model is the secondary head's path
         logits = out[f"logits_{head}"][sel]
         assert row[f"{key}_loss"] == pytest.approx(F.cross_entropy(logits, labels[sel]).item(), rel=1e-5)
         assert row[f"{key}_acc"] == pytest.approx((logits.argmax(-1) == labels[sel]).float().mean().item())
@@ -284,16 +285,19 @@ def test_a_multidepth_checkpoint_is_scored_at_the_depth_step2_was_training(tmp_p
         ckpt = tmp_path / "adapt" / checkpoint.tag_for(step)
         checkpoint.write_final(ckpt, mini, meta | {"stage": "adapt", "step": step, "flops": 1e9, "model": asdict(mcfg),
                                                    "depth_phases": phases, "primary": str(tmp_path / "pretrain")})
-        row = align.row_for(ckpt, [{"input_ids": ids, "labels": labels, "attention_mask": None}],
-                            init_group=surgery.language_group(mini))  # no Step-2 parent here to rebuild it from
+        batches = [{"input_ids": ids, "labels": labels, "attention_mask": None}]
+        logp = np.r_[np.full(5, -np.inf), np.full(35, -np.log(35))]  # no training corpus here either
+        row = align.row_for(ckpt, batches, init_group=surgery.language_group(mini),  # no Step-2 parent here to
+                            fit=Fit(batches, logp, {"loss": None, "acc": None}))  # rebuild it from
         want = F.cross_entropy(out[f"logits_{head}"][sel], labels[sel]).item()
         assert row["mini_loss"] == pytest.approx(want, rel=1e-5), head
         assert row["mini_layers"] == phases[-1][0]
 
 
-def test_a_baselines_row_and_the_bias_only_row_equal_direct_computations(fake_out):
-    """BL_BASE: the primary with the checkpoint's group is the model Step 2 trained (no mini-model row); bias only:
-    the untrained embeddings (transfer.control_group) with the output bias the checkpoint learnt."""
+def test_a_baselines_step_bias_and_unigram_rows_equal_direct_computations(fake_out):
+    """BL_BASE: the primary with the checkpoint's group is the model Step 2 trained (no mini-model row); its step bias
+    row is that model's main head as it is, at the last checkpoint and, with the untrained group
+    (transfer.control_group), at step 0; the unigram row is the training shards' frequencies on the same tokens."""
     from mm_ds.eval.transfer import control_group
 
     ckpt = fake_out / "adapt" / "bl_base" / "t1" / "checkpoints" / checkpoint.tag_for(4)
@@ -301,23 +305,25 @@ def test_a_baselines_row_and_the_bias_only_row_equal_direct_computations(fake_ou
     vocab = sd["embed.tokens.weight"].shape[0]
     ids, labels = _masked_batch(vocab, (2, 10), 0.4, seed=8)
     batches = [{"input_ids": ids, "labels": labels, "attention_mask": None}]
-    row = align.row_for(ckpt, batches)
     init = control_group(meta, 3)
     _, psd = checkpoint.load_final(fake_out / "pretrain" / "minijoint")
     cfg = _cfg(vocab)
     sel = labels.ne(IGNORE_INDEX)
-    for tokens, key in ((sd["embed.tokens.weight"], "primary"), (init["embed.tokens.weight"], "bias_only")):
+    for group, init_ in ((sd, False), (init, True)):
+        row = align.row_for(ckpt, batches, init=init_)
         model = RobertaMLM(cfg)
         model.load_state_dict({k: v for k, v in psd.items() if not k.startswith("secondary_head.")}
-                              | {"embed.tokens.weight": tokens, "head.bias": sd["head.bias"]})
+                              | {"embed.tokens.weight": group["embed.tokens.weight"], "head.bias": group["head.bias"]})
         model.eval()
         with torch.no_grad():
             logits = model(ids)["logits_main"][sel]
-        assert row[f"{key}_loss"] == pytest.approx(F.cross_entropy(logits, labels[sel]).item(), rel=1e-5), key
-        assert row[f"{key}_acc"] == pytest.approx((logits.argmax(-1) == labels[sel]).float().mean().item()), key
-    assert row["mini_loss"] is None and row["mini_layers"] is None and row["kind"] == "target"
-    step0 = align.row_for(ckpt, batches, init=True)
-    assert step0["step"] == 0 and step0["bias_only_loss"] == step0["primary_loss"]
+        assert row["step_bias_loss"] == pytest.approx(F.cross_entropy(logits, labels[sel]).item(), rel=1e-5)
+        assert row["step_bias_acc"] == pytest.approx((logits.argmax(-1) == labels[sel]).float().mean().item())
+        assert (row["unigram_loss"], row["unigram_acc"]) == pytest.approx(
+            tuple(mlm_measure.unigram_metrics(fake_out / "data" / "t1", batches)[k] for k in ("loss", "acc")))
+        assert row["fit_l1"] <= mlm_measure.FIT_TOLERANCE and row["fit_sequences"] == 2
+        assert row["mini_loss"] is None and row["mini_layers"] is None and row["kind"] == "target"
+        assert row["step"] == (0 if init_ else 4)
 
 
 def test_unigram_metrics_by_hand(tmp_path):
@@ -335,7 +341,7 @@ def test_unigram_metrics_by_hand(tmp_path):
     other = next(i for i in range(5, meta["vocab_size"]) if i != top)
     labels = torch.full((1, 6), IGNORE_INDEX)
     labels[0, 1], labels[0, 2], labels[0, 4] = top, top, other
-    got = align.unigram_metrics(tmp_path / "c", [{"input_ids": labels.clamp(min=0), "labels": labels}])
+    got = mlm_measure.unigram_metrics(tmp_path / "c", [{"input_ids": labels.clamp(min=0), "labels": labels}])
     p = counts / counts.sum()
     assert got["targets"] == 3 and got["acc"] == pytest.approx(2 / 3)
     assert got["loss"] == pytest.approx(-(2 * math.log(p[top]) + math.log(p[other])) / 3)
@@ -357,7 +363,7 @@ def test_only_the_head_of_a_large_heldout_text_is_encoded(tmp_path, monkeypatch,
     text = tmp_path / "held.txt"
     lines = (fake_out / "world" / "text" / "t1.txt").read_text().splitlines()[:200]
     text.write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr(align, "HELDOUT_BYTES", 1000)
+    monkeypatch.setattr(heldout, "HELDOUT_BYTES", 1000)
     spm_model = str(fake_out / "data" / "t1" / "spm.model")
     where = align.heldout_corpus(text, "t1", spm_model, tmp_path / "cache")
     head = where.with_name(where.name + ".txt").read_text()
@@ -391,7 +397,7 @@ def test_the_spread_takes_the_runs_of_a_recipe_whose_heldout_text_is_the_prepare
     assert jobs == [[out / "adapt" / s / lang for s in ("bl_base", "bl_small", "minijoint", "minipost")]
                     for lang in ("de", "ar")] and texts == {}
     item = alignment_item(recipe, out)
-    assert item.runs == tuple(tuple(str(r) for r in runs) for runs in jobs) and item.sequences == 128
+    assert item.runs == tuple(tuple(str(r) for r in runs) for runs in jobs) and item.sequences == 512
     scored, said = [], []
     monkeypatch.setattr(alignment, "align_run", lambda run, *a, **k: scored.append(run) or [])
     monkeypatch.setattr(alignment, "source_rows", lambda *a, **k: [])
@@ -424,3 +430,121 @@ def test_the_run_its_spread_and_the_plan_take_the_same_runs(name, tmp_path, monk
     cfgs = stage_configs(recipe)
     assert plan_alignment(recipe, cfgs, Cluster()).runs == \
         sum(cfgs[f"adapt/{run.parent.name}/{run.name}"].train.checkpoints() + 1 for run in scored)
+
+
+# ---------------------------------------------------------------- the measure: a refit bias, the same for every system
+
+def _nll(z, emb, b, targets_logp) -> float:
+    """The refit's objective: mean logsumexp of the logits minus the frequency-weighted bias."""
+    valid = torch.isfinite(targets_logp)
+    return float(torch.logsumexp(z @ emb.T + b, 1).mean() - (targets_logp.exp()[valid] * b[valid]).sum())
+
+
+def test_the_refit_bias_is_the_maximum_likelihood_one():
+    """Constant contexts (a head that says nothing): the refit makes the head the unigram predictor exactly. Varied
+    contexts: the mean prediction matches the frequencies, and no other bias does better; contexts that know the
+    answer keep it (the refit takes out frequencies, not what the body says)."""
+    g = torch.Generator().manual_seed(0)
+    V, h, M = 12, 6, 400
+    emb = torch.randn(V, h, generator=g)
+    logp = torch.log_softmax(torch.randn(V, generator=g) * 2, 0)
+    logp[:5] = -math.inf  # specials: never targets
+    logp[5:] = torch.log_softmax(logp[5:], 0)
+    z = torch.randn(1, h, generator=g).expand(M, h)
+    b, info = mlm_measure.refit_bias(z, emb, logp)
+    assert info["l1"] <= mlm_measure.FIT_TOLERANCE
+    assert torch.allclose(torch.log_softmax(z[0] @ emb.T + b, 0)[5:], logp[5:], atol=1e-3)
+    z = torch.randn(M, h, generator=g)
+    b, info = mlm_measure.refit_bias(z, emb, logp)
+    assert info["l1"] <= mlm_measure.FIT_TOLERANCE and 0 < info["steps"] < mlm_measure.FIT_MAX_STEPS
+    for _ in range(5):
+        nudged = b + torch.where(torch.isfinite(b), 0.05 * torch.randn(V, generator=g), torch.zeros(V))
+        assert _nll(z, emb, b, logp) < _nll(z, emb, nudged, logp)
+    labels = torch.multinomial(logp[5:].exp(), M, replacement=True, generator=g) + 5
+    emb = 4 * torch.eye(V)  # each context's state is its answer's embedding
+    knows = mlm_measure.main_head_metrics({"z": emb[labels], "labels": labels}, emb,
+                                          mlm_measure.refit_bias(emb[labels], emb, logp)[0])
+    assert knows["acc"] > 0.95
+
+
+@pytest.fixture
+def frequencies_only(fake_out, tmp_path) -> Path:
+    """OUT with a MINIJOINT whose Step 2 learnt the target's piece frequencies only, along its secondary head's
+    mean output, while the main head's mean output points the other way (cosine about -1): each head's output is
+    one vector whatever comes in (dense weights zero), and E' = E0 + (centred log-frequency) along the secondary's."""
+    out = tmp_path / "out"
+    shutil.copytree(fake_out / "world", out / "world")
+    shutil.copytree(fake_out / "data", out / "data")
+    pmeta, primary = checkpoint.load_final(fake_out / "pretrain" / "minijoint")
+    cfg = model_config_from_dict(pmeta["model"])
+    signs = torch.tensor([1.0, -1.0] * 8)
+    for head, sign in (("head", 1.0), ("secondary_head", -1.0)):  # heads whose output is one vector, whatever comes
+        primary[f"{head}.dense.weight"] = torch.zeros(16, 16)
+        primary[f"{head}.dense.bias"] = 3 * sign * signs
+        primary[f"{head}.norm.weight"], primary[f"{head}.norm.bias"] = torch.ones(16), torch.zeros(16)
+    common = {"tokenizer": pmeta["tokenizer"], "system": "minijoint", "format": checkpoint.FORMAT}
+    checkpoint.write_final(out / "pretrain" / "minijoint" / "final", primary,  # English held-out text: the world's
+                           pmeta | {"run_config": {"data": {"seq_len": 24, "mask_prob": 0.15}}})
+    mcfg, mini = surgery.extract_minijoint(cfg, primary)
+    checkpoint.write_final(out / "build_mini" / "minijoint" / "final", mini,
+                           common | {"stage": "build_mini", "model": asdict(mcfg), "lang": "en",
+                                     "primary": str(out / "pretrain" / "minijoint")})
+    with torch.no_grad():
+        u = mini["head.norm.weight"] * F.layer_norm(F.gelu(mini["head.dense.bias"]), (16,))  # the head's output
+    logp = torch.as_tensor(mlm_measure.piece_logp(out / "data" / "t1"), dtype=torch.float32)
+    prior = torch.where(torch.isfinite(logp), logp - logp[5:].mean(), torch.zeros_like(logp))
+    tokens = mini["embed.tokens.weight"] + prior[:, None] * u / u.dot(u)  # E' = E0 + the frequencies along u
+    run_config = {"data": {"seq_len": 24, "mask_prob": 0.15, "corpus": str(out / "data" / "t1")}, "train": {"seed": 3}}
+    checkpoint.write_final(out / "adapt" / "minijoint" / "t1" / "checkpoints" / checkpoint.tag_for(4),
+                           dict(mini) | {"embed.tokens.weight": tokens},
+                           common | {"stage": "adapt", "lang": "t1", "step": 4, "flops": 4e9, "model": asdict(mcfg),
+                                     "run_config": run_config, "parent": str(out / "build_mini" / "minijoint"),
+                                     "primary": str(out / "pretrain" / "minijoint")})
+    return out
+
+
+def test_a_minijoint_prior_read_through_the_other_head_is_not_scored_below_its_control(frequencies_only):
+    """Issue 39. MINIJOINT's Step 2 trains through the secondary head; here it learnt the target's piece frequencies
+    only, along that head's mean output, and the main head's mean output points the other way (cosine about -1).
+    Read through the main head with the bias Step 2 left, the frequencies come out inverted, far below the control
+    (the old measure: main's `primary_loss`); the measure reads both through a refit bias, which scores each exactly
+    as the unigram predictor: Step 2 learnt frequencies, no more, and no less than its control."""
+    rows = align.align(frequencies_only, settings=align.Settings(sequences=16))[0]
+    control, last = [r for r in rows if r["kind"] == "target"]
+    assert last["mini_loss"] < control["mini_loss"] - 0.3  # Step 2 learnt the frequencies through its head
+    assert last["primary_loss"] <= control["primary_loss"] + 1e-3 and last["primary_acc"] >= control["primary_acc"]
+    assert last["step_bias_loss"] > control["step_bias_loss"] + 1  # read through the main head as Step 2 left it
+    for r in (control, last):
+        assert (r["primary_loss"], r["primary_acc"]) == pytest.approx((r["unigram_loss"], r["unigram_acc"]), abs=2e-3)
+    (two,) = [r for r in rows if r["kind"] == "source" and r["model"] == "primary"]  # in English, the diagnosis:
+    assert two["head_cosine"] < -0.9 and two["secondary_bias_loss"] != two["loss"]  # the heads' means point apart
+
+
+def test_the_diagnosis_reads_the_control_and_the_last_checkpoint_four_ways(frequencies_only, capsys):
+    """`mm-ds align OUT --diagnose N` on the frequencies-only MINIJOINT: (a) the step bias drops far below the control,
+    (b) the refit bias scores E' as E0 (both the unigram predictor), (c) the fresh read-out scores both alike."""
+    assert cli.main(["align", str(frequencies_only), "--sequences", "16", "--diagnose", "16",
+                     "--readout-classes", "20"]) == 0
+    rows = [json.loads(x) for x in (frequencies_only / "report" / "align_diagnosis.jsonl").read_text().splitlines()]
+    control, last = rows
+    assert (control["step"], last["step"], last["fit_sequences"]) == (0, 4, 16)
+    assert last["step_bias_loss"] > control["step_bias_loss"] + 1
+    assert last["refit_loss"] == pytest.approx(control["refit_loss"], abs=1e-3) == pytest.approx(last["unigram_loss"],
+                                                                                                 abs=1e-3)
+    assert last["readout_acc"] == pytest.approx(control["readout_acc"], abs=0.02) and 0 < last["coverage"] <= 1
+    assert last["mini_loss"] < control["mini_loss"] - 0.3
+    table = (frequencies_only / "report" / "align_diagnosis.md").read_text()
+    assert "| MINIJOINT | t1 | E0 (control) |" in table and "| MINIJOINT | t1 | E' (step 4) |" in table
+    assert "Defect or scale" in capsys.readouterr().out
+
+
+def test_the_readout_answers_with_a_piece_where_other_is_the_likeliest_class():
+    """(c) over the 2 most frequent pieces and "other": where the top layer says nothing and "other" holds most
+    targets, the read-out must still answer the most frequent piece (right on its 30%), not "other" (never right)."""
+    from mm_ds.eval.align_diagnose import readout
+
+    logp = np.log(np.array([0.30, 0.10, 0.06] + [0.54 / 9] * 9))  # "other": 60% of the targets
+    labels = torch.tensor([0] * 30 + [1] * 10 + [2] * 6 + [3 + i % 9 for i in range(54)])
+    feats = {"top": torch.ones(len(labels), 4), "labels": labels}
+    r = readout(feats, feats, logp, classes=2)
+    assert r["readout_acc"] == pytest.approx(0.30, abs=1e-6) and r["coverage"] == pytest.approx(0.40)

@@ -96,6 +96,16 @@ def test_the_readme_is_a_manual_not_a_notebook():
     assert lines < 400, f"README.md has {lines} lines: keep it a user's manual; dated measurements go to docs/results.md"
 
 
+def test_the_readmes_prose_fits_120_columns():
+    """Prose wraps at 120 columns; a table row or a program's output shown as it prints may not."""
+    fenced, wide = False, []
+    for no, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1):
+        fenced ^= line.startswith("```")
+        if len(line) > 120 and not fenced and not line.startswith("|"):
+            wide.append(f"README.md:{no} ({len(line)} columns)")
+    assert not wide, f"rewrap these lines within 120 columns: {', '.join(wide)}"
+
+
 @pytest.mark.parametrize("path", MANUALS, ids=[p.name for p in MANUALS])
 def test_relative_links_resolve(path):
     for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):

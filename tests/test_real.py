@@ -70,12 +70,15 @@ def test_every_systems_step2_curve_is_scored_at_the_mlm_level(mini_real):
     target = {(r["system"], r["lang"], r["step"]) for r in rows if r["kind"] == "target"}
     assert target == {(s, lang, st) for s in ("bl_base", "bl_small", "minijoint", "minipost")
                       for lang in ("de", "ar") for st in (0, 3, 6)}
-    assert all(0 <= r["bias_only_acc"] <= 1 and r["targets"] > 0 for r in rows if r["kind"] == "target")
+    assert all(0 <= r["step_bias_acc"] <= 1 and 0 <= r["unigram_acc"] <= 1 and r["targets"] > 0 and r["fit_sequences"]
+               for r in rows if r["kind"] == "target")
     source = [r for r in rows if r["kind"] == "source"]
     assert {(r["system"], r["model"], r["layers"]) for r in source} == {
         ("bl_base", "primary", 3), ("bl_small", "primary", 1), ("minijoint", "primary", 3),
         ("minijoint", "mini-model", 1), ("minipost", "mini-model", 2)}
     assert all(r["lang"] == "en" and r["unigram_acc"] is not None for r in source)
+    (two,) = [r for r in source if r.get("head_cosine") is not None]  # MINIJOINT's primary: its two heads
+    assert two["system"] == "minijoint" and -1 <= two["head_cosine"] <= 1 and 0 <= two["secondary_bias_acc"] <= 1
     assert not (out / "results.md").exists() and "At the MLM level" in stdout
 
 
@@ -90,4 +93,5 @@ def test_the_mlm_level_tables_and_curves_come_out(mini_real):
     assert (out / "report" / "mlm" / "curves_mlm.png").stat().st_size > 0
     assert json.loads((out / "report" / "mlm" / "report.json").read_text())["over_control"] is True
     align = (out / "report" / "align.md").read_text()
-    assert "What the gain is made of" in align and "beside a unigram predictor" in align
+    assert "Against frequencies" in align and "beside a unigram predictor" in align and "mean outputs" in align
+    assert "| unigram | - | - |" in tables  # the baseline row of the MLM-level Table 2

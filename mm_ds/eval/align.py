@@ -1,18 +1,21 @@
 """The alignment check and the MLM-level measure: do Step-2 embeddings plug into the primary model? No task data.
 
 For every Step-2 checkpoint of every system, on held-out target text, the target-language MLM loss and accuracy of
-  - the primary model with that checkpoint's language group swapped in (surgery.swap_embeddings, as Step 4 does
-    for the finetuned models; a MINIJOINT primary predicts with its main head, which takes the group's bias, i.e.
-    the bias Step 2 learnt for the secondary head): the MLM-level measure of transfer. For BL_BASE and BL_SMALL
-    this is the model Step 2 trained;
+  - the primary model with that checkpoint's embeddings swapped in (surgery.swap_embeddings, as Step 4 does for
+    the finetuned models), read through its main head with the output bias refit on the target's training text
+    (mlm_measure.refit_bias: everything else frozen): the MLM-level measure of transfer, the same for every system
+    whichever head Step 2 trained through (MINIJOINT's is the secondary head, whose prior the main head reads
+    scrambled: mlm_measure's docstring, docs/results.md 2026-11-27);
+  - the same primary with the output bias Step 2 left ("step bias": for a MINIJOINT primary, its secondary head's);
   - the mini-model as Step 2 trains it (mini-model systems only: MINIJOINT, MINIPOST and their variants);
-  - the primary model with the untrained embeddings but the checkpoint's output bias ("bias only"): what learning
-    the target's word frequencies alone buys, so that the rest of the gain is the body's,
-side by side per Step-2 update, from step 0 (the initialisation, transfer.control_group: the control) to the last
-checkpoint. records.mlm_results turns these rows into records for the report's Table 3, Figure 3 and speedups at
-the MLM level (report.report.mlm_report). Beside them, `source_rows`: each primary model's and mini-model's MLM on
-held-out source-language (English) text next to a unigram predictor's (the training shards' piece frequencies):
-has the body learnt more than word frequencies?
+  - the target's unigram predictor (its training shards' piece frequencies) on the same tokens: the baseline row,
+    what frequencies alone give;
+side by side per Step-2 update, from step 0 (the initialisation, transfer.control_group: the control, scored the
+same way) to the last checkpoint. records.mlm_results turns these rows into records for the report's Table 3,
+Figure 3 and speedups at the MLM level (report.report.mlm_report). Beside them, `source_rows`: each primary model's
+and mini-model's MLM on held-out source-language (English) text next to a unigram predictor's (the training
+shards' piece frequencies): has the body learnt more than word frequencies? A MINIJOINT primary's row adds its main
+head read with the secondary head's bias, and the cosine between the two heads' mean outputs.
 
 Held-out text is never training text: `mm-ds prepare --heldout F` keeps a deterministic slice of each language out of
 its training shards (data/corpus.py; OUT/data/<lang>/heldout.txt, which `mm-ds run` prepares for real text); a
@@ -21,6 +24,7 @@ generated world writes world/heldout/<lang>.txt from its own stream (world.write
 ALIGN/heldout/<lang>.<sha>/ (mm-ds prepare's format) and packed as in training (data.mlm.MLMBatches) with a fixed
 seed; every selected token is replaced by <mask> (no 10% random or kept tokens: a kept token shows the answer),
 so every checkpoint sees the same `sequences` sequences and the same masks, and accuracy is prediction from context.
+The refit reads `fit_sequences` sequences of Step 2's own training corpus, masked the same way with another seed.
 
     OUT/align/<system>/<lang>/<step tag>.json   one row per checkpoint, keyed by a fingerprint of its inputs
     OUT/align.jsonl, OUT/report/align.md, OUT/report/align_<lang>.png, OUT/report/mlm/   (pipeline/alignment.py)
@@ -31,136 +35,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-from dataclasses import asdict, dataclass
-from functools import lru_cache
+from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
 from ..runtime import checkpoint
-from ..model import flops, surgery
 from ..config import ConfigError, model_config_from_dict
 from ..systems import SystemNameError, system_of
-from ..model.model import RobertaMLM
-from ..data.mlm import N_SPECIAL
-from ..data.shards import TokenCorpus
-from ..data.mlm import MLMBatches
-from .transfer import control_group
-from ..data.corpus import prepare
-from ..data.world.writer import HELDOUT, write_heldout
-
-INIT = "init"
-"""The tag of step 0: the language group Step 2 starts from."""
-ROWS_VERSION = 2
-"""Part of every row's fingerprint: bump when a row's definition changes (2: all-<mask> targets, bias-only)."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    sequences: int = 64
-    """Held-out sequences per checkpoint (at most the held-out text's packed blocks)."""
-    seed: int = 0
-    """Seed of the evaluation masks (the same for every checkpoint)."""
-    batch: int = 16
-
-
-# ---------------------------------------------------------------- one model, one checkpoint
-
-def mlm_metrics(cfg, sd: dict, batches: list[dict], device="cpu", depth: int | None = None) -> dict:
-    """Token-weighted MLM loss and accuracy of the main head (`depth`: of the head after that layer, through
-    the bottom `depth` layers only) over every masked token of `batches`."""
-    import torch
-
-    model = RobertaMLM(cfg)
-    model.load_state_dict(sd, strict=True)
-    model.to(device).eval()
-    loss = correct = targets = 0.0
-    with torch.no_grad():
-        for b in batches:
-            mask = b["attention_mask"]
-            out = model(b["input_ids"].to(device), b["labels"].to(device), None if mask is None else mask.to(device),
-                        depth=depth)
-            n = int(out["masked_tokens"])
-            (hit,) = [k for k in out if k.startswith("correct_")] if depth is not None else ["correct_main"]
-            loss += float(out["loss" if depth is not None else "loss_main"]) * n
-            correct += int(out[hit])
-            targets += n
-    return {"loss": loss / targets, "acc": correct / targets, "targets": int(targets)}
-
-
-def unigram_metrics(corpus_dir: Path, batches: list[dict]) -> dict:
-    """MLM loss and accuracy of a unigram predictor on `batches`' targets: every masked position gets the
-    training shards' piece frequencies (add-one smoothed, over the non-special pieces), so it always predicts
-    the most frequent piece. What a model scores above it, it did not get from word frequencies."""
-    corpus = TokenCorpus(corpus_dir)
-    counts = np.zeros(corpus.vocab_size, dtype=np.float64)
-    for s in range(corpus.num_shards):
-        counts += np.bincount(corpus.shard_tokens(s), minlength=corpus.vocab_size)[:corpus.vocab_size]
-    counts[:N_SPECIAL] = 0  # special pieces are never targets
-    counts[N_SPECIAL:] += 1
-    logp = np.log(counts / counts.sum(), where=counts > 0, out=np.full_like(counts, -np.inf))
-    labels = np.concatenate([b["labels"].numpy().ravel() for b in batches])
-    labels = labels[labels >= 0]
-    return {"loss": float(-logp[labels].mean()), "acc": float((labels == counts.argmax()).mean()),
-            "targets": int(len(labels))}
-
-
-def eval_batches(heldout_dir: Path, data_cfg: dict, settings: Settings) -> list[dict]:
-    """The fixed evaluation batches: the first `sequences` samples of the held-out corpus, packed as Step 2's
-    training batches are (its seq_len and mask rate), with `settings.seed`; every selected token is <mask>."""
-    corpus = TokenCorpus(heldout_dir)
-    mlm = MLMBatches(corpus, data_cfg["seq_len"], seed=settings.seed, mask_prob=data_cfg["mask_prob"],
-                     random_prob=0.0, keep_prob=0.0, vocab_size=corpus.vocab_size)
-    n = min(settings.sequences, mlm.num_blocks())  # a second epoch would repeat blocks
-    return [mlm.samples(np.arange(i, min(i + settings.batch, n))) for i in range(0, n, settings.batch)]
-
-
-@lru_cache(maxsize=1)  # a run's checkpoints share their primary model (runs come one at a time)
-def _primary(path: str):
-    meta, sd = checkpoint.load_final(path)
-    cfg = model_config_from_dict(meta["model"])
-    if cfg.secondary_head_layer is not None:  # MINIJOINT: the full model's prediction is its main head's
-        cfg, sd = surgery.drop_secondary_head(cfg, sd)
-    return meta, cfg, sd
-
-
-def initial_group(ckpt: Path) -> dict:
-    """The language group Step 2 started from (the control), rebuilt from the adapt run's parent."""
-    meta = checkpoint.read_meta(ckpt)
-    return control_group(meta, meta["run_config"]["train"]["seed"])
-
-
-def row_for(ckpt: Path, batches: list[dict], device="cpu", init: bool = False, init_group: dict | None = None) -> dict:
-    """One row: the primary model of `ckpt` with the checkpoint's language group (`init`: with the group Step 2
-    started from instead, at step 0), the mini-model (mini-model systems), and the primary model with the initial
-    embeddings and the checkpoint's output biases (bias only). `init_group`: that initial group, if known."""
-    meta, sd = checkpoint.load_final(ckpt)
-    if meta.get("stage") != "adapt":
-        raise ConfigError(f"{ckpt} is a {meta.get('stage')!r} checkpoint, not a Step-2 (adapt) one")
-    if not meta.get("primary"):
-        raise ConfigError(f"{ckpt} records no primary model (meta key primary); it cannot be checked against one")
-    cfg = model_config_from_dict(meta["model"])
-    start = init_group if init_group is not None else initial_group(ckpt)
-    if init:
-        cfg, sd = surgery.swap_embeddings(cfg, sd, start)
-    group = surgery.language_group(sd)
-    _, pcfg, psd = _primary(str(Path(meta["primary"]).resolve()))
-    primary = mlm_metrics(*surgery.swap_embeddings(pcfg, psd, group), batches, device)
-    bias_only = primary if init else mlm_metrics(*surgery.swap_embeddings(
-        pcfg, psd, {k: (start[k] if k == surgery.TOKENS else v) for k, v in group.items()}), batches, device)
-    # A multi-depth mini-model (§7) is scored at the depth Step 2 was training at (its first one at step 0).
-    phases = meta.get("depth_phases") or [[None]]
-    depth = phases[0 if init else -1][0]
-    mini = mlm_metrics(cfg, sd, batches, device, depth) if system_of(meta["system"]).mini else None
-    step, f = (0, 0.0) if init else (meta["step"], meta["flops"])
-    return {"kind": "target", "system": meta.get("system"), "lang": meta.get("lang"), "step": step, "flops": f,
-            "v100_days": flops.to_v100_days(f), "sequences": sum(len(b["input_ids"]) for b in batches),
-            "targets": primary["targets"], "mini_loss": mini and mini["loss"], "mini_acc": mini and mini["acc"],
-            "primary_loss": primary["loss"], "primary_acc": primary["acc"],
-            "bias_only_loss": bias_only["loss"], "bias_only_acc": bias_only["acc"],
-            "mini_layers": (depth or cfg.num_layers) if mini else None, "primary_layers": pcfg.num_layers}
-
+from .align_rows import (INIT, ROWS_VERSION, Settings, eval_batches, fit_data, initial_group, mlm_metrics, mlm_model,
+                         row_for, training_corpus)
+from .heldout import heldout_corpus, heldout_text
+from .mlm_measure import head_features, two_heads, unigram_metrics
 
 # ---------------------------------------------------------------- runs, held-out text, cache
 
@@ -199,66 +83,14 @@ def adapt_runs(path: Path) -> tuple[list[Path], Path | None]:
     return [path], out
 
 
-def heldout_text(lang: str, texts: dict[str, str], out: Path | None) -> Path:
-    """The held-out text of `lang`: the one given, else the held-out slice of the recipe output's prepared corpus
-    (OUT/data/<lang>/, `mm-ds prepare --heldout`), else its generated world's (written on demand)."""
-    if lang in texts:
-        if not Path(texts[lang]).is_file():
-            raise ConfigError(f"held-out text {texts[lang]} for {lang} does not exist")
-        return Path(texts[lang])
-    sliced = prepared_heldout(out / "data" / lang) if out is not None else None
-    if sliced is not None:
-        return sliced
-    if out is not None and (out / "world" / "world.json").is_file():
-        have = out / "world" / HELDOUT / f"{lang}.txt"
-        return have if have.is_file() else write_heldout(out / "world", lang)
-    raise ConfigError(f"no held-out {lang} text: give --text {lang}=FILE (target text that Step 2 did not train on), "
-                      f"prepare {lang} with `mm-ds prepare --heldout FRACTION`, or check a run inside a recipe output "
-                      f"with a generated world")
-
-
-def prepared_heldout(corpus_dir: Path) -> Path | None:
-    """The held-out slice a prepared corpus recorded in its meta.json (None: none, or no corpus)."""
-    try:
-        held = json.loads((corpus_dir / "meta.json").read_text()).get("heldout")
-    except (OSError, ValueError):
-        return None
-    return corpus_dir / held["file"] if held and held["lines"] and (corpus_dir / held["file"]).is_file() else None
-
-
-HELDOUT_BYTES = 16 << 20
-"""Held-out text read per language: its first 16 MiB (whole lines), far more than a check's sequences need; a
-held-out slice of a CC-100-sized corpus is gigabytes."""
-
-
-def heldout_corpus(text: Path, lang: str, tokenizer: str, root: Path) -> Path:
-    """The first HELDOUT_BYTES of `text` encoded with `tokenizer` (mm-ds prepare's format) under root/heldout/,
-    once per (text, tokenizer)."""
-    with open(text, "rb") as fh:
-        head = fh.read(HELDOUT_BYTES)
-        if fh.read(1):  # cut at a line end
-            head = head[:head.rfind(b"\n") + 1]
-    h = hashlib.sha256(Path(tokenizer).read_bytes())  # contents, not names: a rewritten file is a new corpus
-    h.update(head)
-    where = root / "heldout" / f"{lang}.{h.hexdigest()[:12]}"
-    source = where.with_name(where.name + ".txt")
-    if not source.is_file():  # its name is its content's hash: one that is there is complete (written atomically)
-        source.parent.mkdir(parents=True, exist_ok=True)
-        source.with_suffix(".tmp").write_bytes(head)
-        source.with_suffix(".tmp").replace(source)
-    try:
-        prepare(lang, [str(source)], str(where), spm_model=tokenizer, workers=1, progress=False)
-    except ValueError:  # another text, or the tree moved (prepare records absolute paths): it is only a cache
-        shutil.rmtree(where, ignore_errors=True)
-        prepare(lang, [str(source)], str(where), spm_model=tokenizer, workers=1, progress=False)
-    return where
-
-
-def row_fingerprint(ckpt: Path, primary: str, heldout: Path, settings: Settings, tag: str) -> str:
+def row_fingerprint(ckpt: Path, primary: str, heldout: Path, settings: Settings, tag: str,
+                    corpus: Path | None = None) -> str:
     """Changes when any input of a row changes: the checkpoint's and the primary model's manifests, the held-out
-    corpus (its name is a hash of the text and the tokenizer), the settings. No paths: a moved tree keeps its rows."""
+    corpus (its name is a hash of the text and the tokenizer), the training corpus the refit reads (its meta.json),
+    the settings. No paths: a moved tree keeps its rows."""
     h = hashlib.sha256(json.dumps([asdict(settings), tag, heldout.name, ROWS_VERSION]).encode())
-    for f in (checkpoint.manifest_of(ckpt), checkpoint.manifest_of(primary)):
+    extra = [corpus / "meta.json"] if corpus else []
+    for f in [checkpoint.manifest_of(ckpt), checkpoint.manifest_of(primary)] + extra:
         h.update(f.read_bytes() if f.is_file() else b"-")
     return h.hexdigest()
 
@@ -290,19 +122,22 @@ def align_run(run: Path, texts: dict[str, str], out: Path | None, settings: Sett
     results = root / system / lang if out is not None else root
     results.mkdir(parents=True, exist_ok=True)
     heldout = heldout_corpus(heldout_text(lang, texts, out), lang, meta["tokenizer"], root)
-    batches = start = None
+    corpus = training_corpus(meta, out)
+    batches = start = fit = None
     rows = []
     for tag, ckpt in [(INIT, ckpts[0])] + [(c.name, c) for c in ckpts]:
         def compute():
-            nonlocal batches, start
+            nonlocal batches, start, fit
             batches = batches or eval_batches(heldout, meta["run_config"]["data"], settings)
             start = start or initial_group(ckpts[0])
-            return row_for(ckpt, batches, device, init=tag == INIT, init_group=start)
-        rows.append(_cached(results / f"{tag}.json", row_fingerprint(ckpt, meta["primary"], heldout, settings, tag),
-                            compute))
+            fit = fit or fit_data(corpus, meta["run_config"]["data"], settings, batches)
+            return row_for(ckpt, batches, device, init=tag == INIT, init_group=start, fit=fit)
+        rows.append(_cached(results / f"{tag}.json",
+                            row_fingerprint(ckpt, meta["primary"], heldout, settings, tag, corpus), compute))
     r = rows[-1]
     say(f"[mm-ds] align {system} {lang}: {len(rows)} points; at step {r['step']} held-out MLM accuracy of the primary "
-        f"with its embeddings {100 * r['primary_acc']:.1f}% (step 0: {100 * rows[0]['primary_acc']:.1f}%)")
+        f"with its embeddings {100 * r['primary_acc']:.1f}% (step 0: {100 * rows[0]['primary_acc']:.1f}%; unigram "
+        f"{100 * r['unigram_acc']:.1f}%)")
     return rows
 
 
@@ -336,14 +171,16 @@ def source_rows(out: Path, settings: Settings = Settings(), device="cpu", say=pr
                 batches[tokenizer] = eval_batches(heldout, data, settings)
             meta, sd = checkpoint.load_final(run)
             cfg = model_config_from_dict(meta["model"])
-            if which == "primary" and cfg.secondary_head_layer is not None:  # its prediction is the main head's
-                cfg, sd = surgery.drop_secondary_head(cfg, sd)
-            m = mlm_metrics(cfg, sd, batches[tokenizer], device)
+            if which == "primary" and cfg.secondary_head_layer is not None:  # its prediction is the main head's,
+                model = mlm_model(cfg, sd, device)  # beside it: that head read with the secondary head's bias
+                m = two_heads(model, head_features(model, batches[tokenizer], device))
+            else:
+                m = mlm_metrics(cfg, sd, batches[tokenizer], device)
             u = unigram_metrics(corpus, batches[tokenizer]) if (corpus / "meta.json").is_file() else \
                 {"loss": None, "acc": None}
-            return {"kind": "source", "system": system, "model": which, "lang": lang, "layers": cfg.num_layers,
-                    "sequences": sum(len(b["input_ids"]) for b in batches[tokenizer]), "targets": m["targets"],
-                    "loss": m["loss"], "acc": m["acc"], "unigram_loss": u["loss"], "unigram_acc": u["acc"]}
+            return m | {"kind": "source", "system": system, "model": which, "lang": lang, "layers": cfg.num_layers,
+                        "sequences": sum(len(b["input_ids"]) for b in batches[tokenizer]),
+                        "unigram_loss": u["loss"], "unigram_acc": u["acc"]}
         rows.append(_cached(out / "align" / "source" / f"{which}.{system}.json",
                             row_fingerprint(run, str(run), heldout, settings, "source"), compute))
     u = rows[0]["unigram_acc"]

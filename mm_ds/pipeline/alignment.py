@@ -13,9 +13,11 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError
-from ..eval.align import Settings, align, align_run, prepared_heldout, source_rows
+from ..eval.align import Settings, adapt_runs, align, align_run, source_rows
+from ..eval.align_diagnose import diagnose_run
+from ..eval.heldout import prepared_heldout
 from ..recipe import data_path, prepare_options
-from ..report.align_report import align_table, write_align
+from ..report.align_report import align_table, diagnosis_table, write_align
 from ..report.report import mlm_report
 from ..runtime import checkpoint
 
@@ -75,15 +77,40 @@ def main(argv: list[str]) -> int:
                    "(default: %(default)s)")
     p.add_argument("--seed", type=int, default=Settings.seed,
                    help="seed of the evaluation masks (default: %(default)s)")
+    p.add_argument("--fit-sequences", type=int, help="training sequences the output-bias refit reads per checkpoint "
+                   "(default: as many as --sequences)")
     p.add_argument("--report", help="directory for align.md, align.csv, align_<lang>.png and mlm/ (default: "
                    "OUT/report, or RUN/align/report for one run)")
+    p.add_argument("--diagnose", type=int, metavar="FIT_SEQUENCES", help="also read each run's control and last "
+                   "checkpoint four ways (step bias, bias refit, a fresh linear read-out, beside the mini-model and "
+                   "the unigram predictor) fitting on this many training sequences: align_diagnosis.md (minutes per "
+                   "run)")
+    p.add_argument("--readout-classes", type=int, default=2048, help="--diagnose's read-out predicts this many of "
+                   "the most frequent pieces and 'other' (default: %(default)s)")
     a = p.parse_args(argv)
-    if a.sequences < 1:
-        raise ConfigError(f"--sequences {a.sequences} must be at least 1")
-    rows, out = align(Path(a.path), parse_texts(a.text), Settings(a.sequences, a.seed),
-                      device="cuda" if torch.cuda.is_available() else "cpu")
+    for flag, n in (("--sequences", a.sequences), ("--fit-sequences", a.fit_sequences), ("--diagnose", a.diagnose)):
+        if n is not None and n < 1:
+            raise ConfigError(f"{flag} {n} must be at least 1")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows, out = align(Path(a.path), parse_texts(a.text), Settings(a.sequences, a.seed, 16, a.fit_sequences),
+                      device=device)
     where = out if (Path(a.path) / "adapt").is_dir() else Path(a.path) / "align"  # one run: its own files
-    written = write_rows(rows, where, Path(a.report) if a.report else where / "report")
+    report = Path(a.report) if a.report else where / "report"
+    written = write_rows(rows, where, report)
     print(align_table(rows))
+    if a.diagnose:
+        written += diagnose(Path(a.path), parse_texts(a.text), out, Settings(a.sequences, a.seed, 16, a.diagnose),
+                            a.readout_classes, device, report)
     print(f"wrote {', '.join(str(w) for w in written)}")
     return 0
+
+
+def diagnose(path: Path, texts: dict[str, str], out: Path | None, settings: Settings, classes: int, device,
+             report: Path) -> list[Path]:
+    """`--diagnose`: each run's control and last checkpoint read four ways, to report/align_diagnosis.{md,jsonl}."""
+    found = [row for run in adapt_runs(path)[0]
+             for row in diagnose_run(run, texts, out, settings, classes, device)]
+    checkpoint.write_text_atomic(report / "align_diagnosis.md", diagnosis_table(found) + "\n")
+    checkpoint.write_text_atomic(report / "align_diagnosis.jsonl", "".join(json.dumps(r) + "\n" for r in found))
+    print(diagnosis_table(found))
+    return [report / "align_diagnosis.md", report / "align_diagnosis.jsonl"]

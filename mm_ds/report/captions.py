@@ -44,17 +44,17 @@ class Measure:
 
 MEASURES = {MLM: Measure(
     metric="held-out target-language MLM accuracy (%)",
-    of=" of the primary model with the Step-2 checkpoint's embeddings swapped in",
+    of=" of the primary model with the Step-2 checkpoint's embeddings swapped in, read through its main head with "
+       "the output bias refit on the target's training text (the same for every system)",
     runs="one Step-2 run per system and language, no finetuning, no seeds; the same masked held-out tokens at every "
          "checkpoint: {n}",
     runs_label="1 Step-2 run",
     runs_noun="Step-2 runs",
     sample="the n masked held-out tokens (one run: seeds 1, no between-seed variance)",
     control="the primary model with the untrained target embeddings Step 2 starts from (step 0: its score before "
-            "Step 2 learns anything)",
-    levels="no chance level: read a score against its control (ctrl) and against the bias-only column of align.md "
-           "in the directory above (the control's embeddings with the output bias Step 2 learnt: the target's piece "
-           "frequencies alone)")}
+            "Step 2 learns anything), read the same way",
+    levels="no chance level: read a score against its control (ctrl) and against the unigram row (the target's "
+           "training-shard piece frequencies on the same tokens: what frequencies alone give)")}
 """The levels that are no task of mm_ds/data/tasks.py: the MLM level (the alignment check's rows)."""
 
 

@@ -150,6 +150,13 @@ def mlm_results(rows: Iterable[dict]) -> tuple[list[Result], dict[tuple[str, str
     return results, controls
 
 
+def mlm_baselines(rows: Iterable[dict]) -> dict[tuple[str, str], float]:
+    """(task MLM, lang) -> the target unigram predictor's held-out accuracy % on the alignment check's tokens (the
+    MLM-level Table 2's baseline row); absent in rows written before 2026-11-27."""
+    return {(MLM, r["lang"]): 100 * float(r["unigram_acc"]) for r in rows
+            if r.get("kind", "target") == "target" and r.get("unigram_acc") is not None}
+
+
 def source_scores(raw: Iterable[dict]) -> dict[tuple[str, str, str], float]:
     """(task, lang, SYSTEM) -> the source-language score `mm-ds run` records for each system (its primary model
     finetuned and scored in English, no swap): Table 2's source column."""

@@ -33,7 +33,7 @@ from .analyses import write_sweeps
 from .curves import Crossing, Key, group_curves, time_to_target
 from ..model.flops import EXA
 from .mdtable import cost, days_cell, fmt, md
-from .records import Result, load_results, mlm_results, read_records, recorded, source_scores
+from .records import Result, load_results, mlm_baselines, mlm_results, read_records, recorded, source_scores
 from .significance import TEST, Margin, margin_of, margin_table
 from ..systems import REFERENCE, SYSTEMS, SystemNameError, sort_key
 from .table2 import format_table2, table2
@@ -62,6 +62,7 @@ class Report:
     margins: dict[tuple[str, str], Margin] = field(default_factory=dict)  # (task, lang) -> reference vs control
     over_control: bool = False  # targets are a fraction of the improvement over the control (MLM level)
     headline: list[str] = field(default_factory=list)  # the tasks Figure 1's headline (task "avg") averages
+    baselines: dict[str, dict[tuple[str, str], float]] = field(default_factory=dict)  # row -> (task, lang) -> score
 
     @property
     def target_phrase(self) -> str:
@@ -357,6 +358,8 @@ def mlm_report(align_rows: list[dict], out: Path, plots: bool = True) -> tuple[R
     if not results:
         return None, []
     report = build_report(results, controls=controls, over_control=True)
+    if baseline := mlm_baselines(align_rows):
+        report.baselines["unigram"] = baseline
     return report, write_report(report, Path(out) / MLM_DIR, plots=plots)
 
 

@@ -46,10 +46,15 @@ def format_table2(report: Report, task: str, rows: list[dict] | None = None) -> 
         c = r["controls"][l]
         return fmt(r["scores"][l]) + ("" if c is None or r["scores"][l] is None else f" (ctrl {fmt(c)})")
 
+    base = [[name, "-", "-"] + ["-"] * len(src) + [fmt(b.get((task, l))) for l in L]
+            + [fmt(mean(b[(task, l)] for l in L)) if all((task, l) in b for l in L) else "-"]
+            for name, b in report.baselines.items() if any(t == task for t, _ in b)]
     table = md(["system", "Step-2 EFLOPs", "V100-days"] + src + L + ["avg"], [
         [r["system"], cost(r["eflops"]), cost(r["v100_days"])] + [fmt(r["sources"].get(l)) for l in src]
-        + [cell(r, l) for l in L] + [fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in rows])
+        + [cell(r, l) for l in L] + [fmt(r["avg"]) + ("*" if r["avg_partial"] else "")] for r in rows] + base)
     source = f" {', '.join(src)}: the primary model finetuned and scored in {', '.join(src)} (no swap)." if src else ""
+    source += (f" {', '.join(n for n, *_ in base)}: a baseline, no Step 2 (the target's training-shard piece "
+               f"frequencies on the same tokens)." if base else "")
     about = (captions.scores(task, report.seeds.get(task, ()), report.world, ctrl, report.examples(task)) + source
              + f" avg: over {', '.join(L)}; * = fewer languages than the task has. Cost: Step 2 to its last "
              "checkpoint (the largest over languages).")
