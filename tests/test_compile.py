@@ -288,6 +288,7 @@ def _check_cases(ranks: list[dict]) -> None:
     assert all((v == 0) == k.startswith("pretrain") for k, v in frozen.items()), frozen
 
 
+@pytest.mark.ranks
 def test_every_stage_kind_trains_compiled_as_it_trains_eager(two_ranks):
     ranks, _ = two_ranks
     assert {c["kind"] for c in ranks[0]["cases"]} == set(KINDS)
@@ -295,6 +296,7 @@ def test_every_stage_kind_trains_compiled_as_it_trains_eager(two_ranks):
     _check_cases(ranks)
 
 
+@pytest.mark.ranks
 def test_a_compiled_run_resumes_to_the_uninterrupted_runs_weights(two_ranks):
     ranks, _ = two_ranks
     for r in ranks[0]["resumes"]:
@@ -307,6 +309,7 @@ def test_a_compiled_run_resumes_to_the_uninterrupted_runs_weights(two_ranks):
 
 
 @pytest.mark.compile_full
+@pytest.mark.ranks
 def test_compiled_runs_killed_at_random_points_resume_bitwise(tmp_path):
     """tests/fault_harness.py's CI subset with train.compile (inductor) on every run: real processes killed (a rank,
     the launcher, a save), resumed with the same command, final weights bitwise those of an uninterrupted compiled
@@ -319,6 +322,7 @@ def test_compiled_runs_killed_at_random_points_resume_bitwise(tmp_path):
 
 
 @pytest.mark.compile_full
+@pytest.mark.ranks
 def test_every_stage_kind_under_every_config_with_inductor_for_20_updates(corpus, tmp_path):
     ranks, _ = _two_ranks(corpus, tmp_path, _plan(full=True), timeout=3600)
     _check_cases(ranks)
