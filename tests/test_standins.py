@@ -11,22 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from netns import LOGIN_PATH, Nodes, Unavailable, cluster_env, login_env
+from netns import LOGIN_PATH, Nodes, cluster_env, login_env, nodes_or_skip
 
 ECHO = 'echo "$(hostname) $SLURM_PROCID $SLURM_LOCALID $SLURM_NODEID $SLURM_STEP_TASKS_PER_NODE $PMI_RANK $PMI_SIZE"'
 
 
 @pytest.fixture(scope="module")
 def nodes():
-    n = Nodes(2)
-    try:
-        n.up()
-    except Unavailable as e:
-        pytest.skip(str(e))
-    try:
-        yield n
-    finally:
-        n.down()
+    yield from nodes_or_skip(2)
 
 
 def on_node0(nodes: Nodes, tmp_path: Path, command: str, hydra: bool = False, **settings) -> subprocess.CompletedProcess:
