@@ -182,12 +182,17 @@ def run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: dic
         raise stop.Stopped(seen.name if seen else None, f"stopped by {seen.name if seen else 'a signal to its ranks'}"
                                                          f"; its output is in {log}")
     if proc.returncode != 0:
-        with open(log, errors="replace") as f:
-            f.seek(start)
-            lines = f.read().splitlines(keepends=True)
-        # A rank's error (cli.main's one line) before the last lines: many ranks' launcher lines can push it out.
-        errors = [line for line in lines[:-15] if " error: " in line and "mm-ds " in line][-3:]
-        shown = "".join(errors + (["...\n"] if errors else []) + lines[-15:])
-        raise StageFailed(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}; its output is in {log}:\n"
-                          f"{shown}\nFix the cause and re-run the same `mm-ds run` command: finished stage runs are "
-                          f"skipped and interrupted ones resume")
+        raise failure_of(f"`{' '.join(cmd)}`", proc.returncode, log, start)
+
+
+def failure_of(what: str, code: int, log: Path, offset: int) -> StageFailed:
+    """`what` failed with `code`: the log, its last lines from `offset` (this attempt's), and what to do."""
+    with open(log, errors="replace") as f:
+        f.seek(offset)
+        lines = f.read().splitlines(keepends=True)
+    # A rank's error (cli.main's one line) before the last lines: many ranks' launcher lines can push it out.
+    errors = [line for line in lines[:-15] if " error: " in line and "mm-ds " in line][-3:]
+    shown = "".join(errors + (["...\n"] if errors else []) + lines[-15:])
+    return StageFailed(f"{what} failed with exit code {code}; its output is in {log}:\n{shown}\nFix the cause and "
+                       f"re-run the same `mm-ds run` command: finished stage runs are skipped and interrupted ones "
+                       f"resume")

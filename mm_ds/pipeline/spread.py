@@ -41,7 +41,7 @@ from ..runtime.launch import is_loopback, launch_env, rank_command
 from ..stages.resolve import StageRun, resolve
 from ..stages.command import published_as_built
 from ..runtime.rundir import LOGS, logs_dir
-from .progress import Follow, StageFailed, Watched, say
+from .progress import Follow, StageFailed, Watched, failure_of, say
 
 STEPS = ("pretrain", "build_mini", "adapt")
 """The data-parallel steps whose runs may go side by side (Step 3's runs are single-device: mm_ds/pipeline/pack.py)."""
@@ -270,11 +270,4 @@ def start(run: StageRun, group: Group, log: Path) -> tuple[subprocess.Popen, int
 
 def failure(run: StageRun, proc: subprocess.Popen, log: Path, offset: int) -> StageFailed:
     """As progress.run_logged says it: the exit code, the log, its last lines of this attempt, what to do."""
-    with open(log, errors="replace") as f:
-        f.seek(offset)
-        lines = f.read().splitlines(keepends=True)
-    errors = [line for line in lines[:-15] if " error: " in line and "mm-ds " in line][-3:]
-    shown = "".join(errors + (["...\n"] if errors else []) + lines[-15:])
-    return StageFailed(f"{run.name} failed with exit code {proc.returncode}; its output is in {log}:\n{shown}\nFix "
-                       f"the cause and re-run the same `mm-ds run` command: finished stage runs are skipped and "
-                       f"interrupted ones resume")
+    return failure_of(run.name, proc.returncode, log, offset)
