@@ -44,7 +44,7 @@ from ..runtime.rundir import logs_dir
 from . import extend_card
 from ..data.inputs import chunks, resolve_inputs, split_lines
 from ..data.tokenizer import check_tokenizer
-from ..interop.importers import inspect_hf
+from ..interop.hf_import import inspect_hf
 from ..interop.spm import InteropError
 from ..data.corpus import prepare
 from ..interop import export, import_hf
