@@ -31,7 +31,7 @@ TOOL_COMMANDS = {
     "score": ("mm_ds.eval.score:main", "score a predictions file as the official evaluation scripts would"),
     "flops": ("mm_ds.pipeline.costs:main", "analytic training FLOPs and V100-days of a recipe's stages"),
     "plan": ("mm_ds.tools.plan:main", "time, GPU-hours, communication and disk of a recipe's stages on a GPU cluster"),
-    "report": ("mm_ds.report.report:main", "tables, curves and speedups from evaluated checkpoints"),
+    "report": ("mm_ds.report.command:main", "tables, curves and speedups from evaluated checkpoints"),
     "align": ("mm_ds.pipeline.alignment:main", "alignment check: held-out target MLM of each Step-2 mini-model and "
               "of its primary model with those embeddings (no task data)"),
     "import": ("mm_ds.interop:import_main", "an HF/XLM-R, fairseq or DeepSpeed checkpoint as an mm-ds Step-1 run"),

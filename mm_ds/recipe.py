@@ -109,34 +109,10 @@ class Recipe:
         return self.eval_splits.get(task, self.eval_split)
 
     def check(self, where: str) -> None:
-        for s in self.systems:
-            try:
-                system_of(s)
-            except SystemNameError as e:
-                raise ConfigError(f"{where}: systems: {e}") from None
-        self.systems = [system_of(s).name for s in self.systems]  # minijoint@02 -> minijoint@2: one run dir
-        if len(set(self.systems)) < len(self.systems):
-            raise ConfigError(f"{where}: systems lists a system twice: {self.systems}")
-        bad = [t for t in self.tasks if t not in TASKS]
-        if bad:
-            raise ConfigError(f"{where}: unknown task(s) {bad}{did_you_mean(bad[0], TASKS)}; choose from "
-                              f"{', '.join(TASKS)}")
-        if not self.langs:
-            raise ConfigError(f"{where}: a recipe needs at least one target language (langs)")
-        if not self.tasks and not self.align_sequences:
-            raise ConfigError(f"{where}: a recipe needs a task (tasks), or the MLM-level measure (align_sequences > 0) "
-                              f"to measure its target languages by")
-        if self.world is None:
-            missing = [lang for lang in [self.source_lang, *self.langs] if lang not in self.text]
-            if missing:
-                raise ConfigError(f"{where}: no text inputs for language(s) {missing}; add them under text:")
-            if self.tasks and not self.task_root:
-                raise ConfigError(f"{where}: task_root is unset (the directory with the task files)")
-        else:
-            bad = [lang for lang in self.langs if lang not in PRESETS]
-            if bad:
-                raise ConfigError(f"{where}: language(s) {bad} are not generated-world languages "
-                                  f"({', '.join(PRESETS)})")
+        """Every key, in the keys' order; errors start with `where` (the recipe's name). Normalises what it checks:
+        system names, english_minis, early_checkpoints, launch."""
+        self._check_runs(where)
+        self._check_data_sources(where)
         try:  # prepare: and world: are passed on as they are; typed here only to be checked
             check_numbers(vars(self) | {"prepare": from_dict(PrepareKeys, self.prepare, prefix="prepare."),
                                         "world": from_dict(WorldKeys, self.world or {}, prefix="world.")}, RANGES)
@@ -156,6 +132,44 @@ class Recipe:
         launch = resolve_launch(from_dict(LaunchConfig, self.launch, prefix="launch."))  # before any data work
         # the hostfile's node count, when it decides it, is written into every stage command
         self.launch = {k: getattr(launch, k) for k in {**self.launch, **({"nodes": 0} if launch.hostfile else {})}}
+        self._check_stages(where)
+
+    def _check_runs(self, where: str) -> None:
+        """systems, tasks and target languages: what the recipe runs, and something to measure it by."""
+        for s in self.systems:
+            try:
+                system_of(s)
+            except SystemNameError as e:
+                raise ConfigError(f"{where}: systems: {e}") from None
+        self.systems = [system_of(s).name for s in self.systems]  # minijoint@02 -> minijoint@2: one run dir
+        if len(set(self.systems)) < len(self.systems):
+            raise ConfigError(f"{where}: systems lists a system twice: {self.systems}")
+        bad = [t for t in self.tasks if t not in TASKS]
+        if bad:
+            raise ConfigError(f"{where}: unknown task(s) {bad}{did_you_mean(bad[0], TASKS)}; choose from "
+                              f"{', '.join(TASKS)}")
+        if not self.langs:
+            raise ConfigError(f"{where}: a recipe needs at least one target language (langs)")
+        if not self.tasks and not self.align_sequences:
+            raise ConfigError(f"{where}: a recipe needs a task (tasks), or the MLM-level measure (align_sequences > 0) "
+                              f"to measure its target languages by")
+
+    def _check_data_sources(self, where: str) -> None:
+        """Where the data comes from: text inputs per language and task_root, or the generated world's languages."""
+        if self.world is None:
+            missing = [lang for lang in [self.source_lang, *self.langs] if lang not in self.text]
+            if missing:
+                raise ConfigError(f"{where}: no text inputs for language(s) {missing}; add them under text:")
+            if self.tasks and not self.task_root:
+                raise ConfigError(f"{where}: task_root is unset (the directory with the task files)")
+        else:
+            bad = [lang for lang in self.langs if lang not in PRESETS]
+            if bad:
+                raise ConfigError(f"{where}: language(s) {bad} are not generated-world languages "
+                                  f"({', '.join(PRESETS)})")
+
+    def _check_stages(self, where: str) -> None:
+        """mode, a preset per stage the recipe runs, overrides that name a stage."""
         if self.mode not in ("per_stage", "one_job"):
             raise ConfigError(f"{where}: mode={self.mode!r}; use per_stage or one_job")
         for stage in ("pretrain", "adapt", *(["finetune"] if self.tasks else [])):  # no tasks, no Step 3

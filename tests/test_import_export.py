@@ -15,7 +15,7 @@ from mm_ds.runtime import checkpoint
 from mm_ds.config import ModelConfig, to_dict
 from mm_ds.model.heads import RobertaForTask
 from mm_ds.interop import InteropError, export, export_main, import_hf, import_main
-from mm_ds.interop.importers import FAIRSEQ_KEYS, import_fairseq
+from mm_ds.interop.fairseq_import import FAIRSEQ_KEYS, import_fairseq
 from mm_ds.model.model import RobertaMLM
 from mm_ds.tokens import PAD
 

@@ -13,10 +13,6 @@ MAX_LINES = 400
 MAX_FUNCTION_LINES = 60
 LONG_MODULES = {
     # module: why it is still longer (each is one subject; the split it awaits is named)
-    "mm_ds/data/corpus.py": "`mm-ds prepare` end to end (held out, encode, prepare, decode): decode is the seam",
-    "mm_ds/interop/importers.py": "three formats in (HF, fairseq, DeepSpeed), one section each: a module per format",
-    "mm_ds/pipeline/extend.py": "`mm-ds extend`'s inputs, check, run and command line: the check is the seam",
-    "mm_ds/report/report.py": "the report's records -> tables -> files and its command: the command is the seam",
     "mm_ds/runtime/bringup.py": "every launcher's rank variables and where ranks meet: the srun rules are the seam",
     "mm_ds/runtime/dist.py": "collectives (the only caller) and bring-up: the runtime split's distribution/ parts them",
     "mm_ds/runtime/ds_config.py": "the engine JSON read, completed and validated: validation is the seam",
@@ -25,12 +21,6 @@ LONG_MODULES = {
 }
 """Modules over MAX_LINES; an entry that fits again is removed (test_the_allow_lists_are_current)."""
 LONG_FUNCTIONS = {
-    "mm_ds/data/corpus.py:_prepare_into": "one streaming pass (train the tokenizer, encode, shard) over the text",
-    "mm_ds/data/corpus.py:prepare": "`mm-ds prepare`'s inputs resolved and checked before any work, in order",
-    "mm_ds/data/world/writer.py:generate_world": "the generated world's files in the order they depend on each other",
-    "mm_ds/interop/export.py:export": "one checkpoint -> an HF directory: weights, config, tokenizer, card, in order",
-    "mm_ds/pipeline/check.py:_check_data": "one check per input of a recipe's data, each a few lines",
-    "mm_ds/recipe.py:check": "one rule per recipe key, in the keys' order",
     "mm_ds/runtime/engine.py:_train": "the one training loop, read top to bottom as nanoGPT's: its pieces are helpers",
 }
 """Functions over MAX_FUNCTION_LINES (path:name), with why they read better whole."""

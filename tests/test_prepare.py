@@ -268,7 +268,7 @@ def test_errors_leave_nothing_that_looks_complete(tmp_path, monkeypatch, case):
     elif case == "interrupted":
         def boom(*a, **k):
             raise KeyboardInterrupt
-        monkeypatch.setattr(corpus_mod._ShardWriter, "finish", boom)
+        monkeypatch.setattr(corpus_mod.ShardWriter, "finish", boom)
         exc, msg = KeyboardInterrupt, None
     else:  # a SentencePiece model with SentencePiece's default ids (<unk>=0 <s>=1 </s>=2)
         spm.SentencePieceTrainer.train(input=str(good), model_prefix=str(tmp_path / "foreign"), vocab_size=100,

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from mm_ds.report import records
+from mm_ds.report import command, records
 from mm_ds.report import report as R
 from mm_ds.model.flops import EXA, V100_DAY_FLOPS, stage_flops_per_step
 
@@ -234,7 +234,7 @@ def test_main_writes_tables_csv_json_and_pngs(tmp_path, capsys):
     (tmp_path / "more.jsonl").write_text(json.dumps(dict(system="BL_BASE", task="xnli", lang="de", step=20000,
                                                          flops=None, v100_days=2.0, score=None)) + "\n")
     out = tmp_path / "out"
-    assert R.main([str(tmp_path / "results.csv"), str(tmp_path / "more.jsonl"), "--out", str(out)]) == 0
+    assert command.main([str(tmp_path / "results.csv"), str(tmp_path / "more.jsonl"), "--out", str(out)]) == 0
     for name in ("tables.md", "report.json", "warnings.txt", "curves.csv", "final_scores.csv",
                  "time_to_target.csv", "speedups.csv", "speedup_summary.csv",
                  "curves_avg.png", "curves_xnli.png", "speedup.png"):
@@ -253,7 +253,7 @@ def test_main_writes_tables_csv_json_and_pngs(tmp_path, capsys):
 
 def test_main_without_usable_records(tmp_path, capsys):
     (tmp_path / "r.json").write_text("[]")
-    assert R.main([str(tmp_path / "r.json"), "--out", str(tmp_path / "o")]) == 2
+    assert command.main([str(tmp_path / "r.json"), "--out", str(tmp_path / "o")]) == 2
     assert "no usable records" in capsys.readouterr().err
 
 
@@ -316,7 +316,7 @@ def test_captions_give_the_official_or_the_worlds_chance_and_the_seeds(tmp_path,
     rows = run_rows(seeds=5)
     rows += [dict(r, task="xquad") for r in rows if r["task"] == "xnli"]
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert R.main([str(tmp_path / "results.jsonl"), "--out", str(tmp_path / "official"), "--no-plots"]) == 0
+    assert command.main([str(tmp_path / "results.jsonl"), "--out", str(tmp_path / "official"), "--no-plots"]) == 0
     tables = (tmp_path / "official" / "tables.md").read_text()
     assert "xnli: accuracy (%), mean over 5 finetuning seeds; chance 33.3 (always the most frequent label, on " \
            "the official test files)" in tables
@@ -337,7 +337,7 @@ def test_captions_give_the_official_or_the_worlds_chance_and_the_seeds(tmp_path,
            "seeds; chance 0.0 (F1 floor" in tables
     (tmp_path / "world").mkdir()
     (tmp_path / "world" / "world.json").write_text("{}")  # as `mm-ds run` leaves it beside results.jsonl
-    assert R.main([str(tmp_path / "results.jsonl"), "--out", str(tmp_path / "world_out"), "--no-plots"]) == 0
+    assert command.main([str(tmp_path / "results.jsonl"), "--out", str(tmp_path / "world_out"), "--no-plots"]) == 0
     world = (tmp_path / "world_out" / "tables.md").read_text()
     assert "chance 50.0 (always the most frequent label, on the generated world's test files)" in world
     assert "pawsx: accuracy (%) of BL_BASE's last checkpoint and its ctrl, mean over 5 finetuning seeds; chance " \

@@ -23,7 +23,8 @@ Steps, all streaming (the corpus is never held in memory):
      chunks per worker in flight; this thread splits the next chunks into lines, turns finished ones into
      numpy arrays and appends them to shards of about `shard_tokens` tokens (cut at line boundaries). One
      process: a pool of processes did the same work with ~30% more CPU time (pickling, a parent competing
-     with its workers for the cores), and Python int lists of ids kept the threads from scaling.
+     with its workers for the cores), and Python int lists of ids kept the threads from scaling. The code of
+     this step: mm_ds.data.encode.
 
 Every non-blank line becomes its ids followed by EOS; a line that encodes to no token (empty, whitespace)
 is blank, i.e. a document boundary. Lines that are not text (invalid UTF-8, control bytes such as NUL) are
@@ -50,10 +51,7 @@ import json
 import os
 import shutil
 import sys
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -61,11 +59,12 @@ from tqdm import tqdm
 
 from mm_ds import tokens
 from mm_ds.data.blocks import cache_file, write_cache
-from mm_ds.data.inputs import InputSource, chunks, not_text_error, resolve_inputs, split_lines, total_bytes
+from mm_ds.data.encode import ShardWriter, encoded_chunks
+from mm_ds.data.inputs import InputSource, not_text_error, resolve_inputs, total_bytes
 from mm_ds.data.shards import (FORMAT_VERSION, META_FILE, SPM_MODEL_FILE, SPM_VOCAB_FILE, TokenCorpus,
-                               shard_dtype, shard_files)
-from mm_ds.data.tokenizer import (MODEL_TYPES, Encoded, check_spm, check_tokenizer, decoder, encoder,
-                                  is_tokenizer_json, reservoir_sample, train_spm)
+                               shard_dtype)
+from mm_ds.data.tokenizer import (MODEL_TYPES, check_spm, check_tokenizer, decoder, is_tokenizer_json,
+                                  reservoir_sample, train_spm)
 
 
 TOKENIZER_JSON = "tokenizer.json"  # a reused Hugging Face tokenizer's name in the corpus (spm_model: its file)
@@ -85,153 +84,11 @@ def is_heldout(line: bytes, fraction: float) -> bool:
     digest = hashlib.blake2b(text, digest_size=8, person=b"mm-ds-heldout").digest()
     return int.from_bytes(digest, "big") < fraction * 2 ** 64
 
-# ----------------------------------------------------------------------------------------------- encode
 
-@dataclass
-class _Encoded:
-    ids: np.ndarray  # all lines' ids, each followed by EOS, shard dtype
-    lengths: np.ndarray  # int64 tokens per line, EOS included
-    doc_starts: np.ndarray  # int64 chunk-local line indices preceded by a blank line in this chunk
-    trailing_blank: bool  # the chunk ends with a blank line: the next chunk's first line opens a document
-    skipped: int
-    heldout: list[str]  # the chunk's held-out lines, stripped, in order
-    source_bytes: int = 0  # compressed bytes consumed, for the progress bar (set by `_encoded_chunks`)
-
-
-class _Encoder:
-    """Turns a block of raw lines into shard arrays: `split` (Python), `encode` (the tokenizer, GIL released),
-    `arrays` (numpy)."""
-
-    def __init__(self, model_path: str, dtype: str, heldout: float = 0.0):
-        self.encode = encoder(model_path)  # one thread: `_encoded_chunks` runs one call per worker thread
-        self.dtype = np.dtype(dtype)
-        self.heldout = heldout
-
-    def __call__(self, block: bytes) -> _Encoded:
-        lines, skipped, held = self.split(block)
-        return self.arrays(self.encode(lines), skipped, held)
-
-    def split(self, block: bytes) -> tuple[list[str], int, list[str]]:
-        """(lines to encode, lines skipped as not text, held-out lines stripped)."""
-        lines, skipped = split_lines(block)
-        held = []
-        if self.heldout > 0:  # taken out before encoding: a held-out line after a blank one leaves the next line
-            keep = []         # opening the document, as it would have
-            for line in lines:
-                raw = line.encode("utf-8")
-                (held if is_heldout(raw, self.heldout) else keep).append(line)
-            lines, held = keep, [line.strip() for line in held]
-        return lines, skipped, held
-
-    def arrays(self, encoded: Encoded, skipped: int, held: list[str]) -> _Encoded:
-        """The encoded lines as shard arrays. Surrounding whitespace was dropped by the tokenizer, so a line is
-        blank exactly when it encoded to no token."""
-        flat, lens = encoded
-        blank = lens == 0
-        content = ~blank
-        lens = lens[content] + 1
-        out = np.empty(int(lens.sum()), dtype=self.dtype)
-        is_eos = np.zeros(len(out), dtype=bool)
-        is_eos[np.cumsum(lens) - 1] = True
-        out[is_eos] = tokens.EOS
-        out[~is_eos] = flat
-        # Content lines right after a blank line open a document (numbered among content lines).
-        opens = content & np.concatenate([[False], blank[:-1]])
-        doc_starts = (np.cumsum(content) - 1)[opens]
-        return _Encoded(out, lens, doc_starts.astype(np.int64), bool(len(blank) and blank[-1]), skipped, held)
-
-
-def _source_chunks(sources: list[InputSource]) -> Iterator[tuple[bytes, bool, int, int]]:
-    """`chunks`, each with the index of the input it comes from."""
-    for i, src in enumerate(sources):
-        for block, first, consumed in chunks([src]):
-            yield block, first, consumed, i
-
-
-def _encoded_chunks(sources: list[InputSource], model_path: str, dtype: np.dtype,
-                    workers: int, heldout: float = 0.0) -> Iterator[tuple[_Encoded, bool, int]]:
-    """(encoded chunk, starts a new input, index of that input) in corpus order, encoding on `workers` threads."""
-    enc = _Encoder(model_path, dtype.str, heldout)
-    if workers <= 1:
-        for block, first, consumed, i in _source_chunks(sources):
-            r = enc(block)
-            r.source_bytes = consumed
-            yield r, first, i
-        return
-    # Each worker thread encodes whole chunks (GIL released) while this one splits the next chunks into
-    # lines, turns finished ones into arrays and the caller writes them; 2 chunks per worker in flight.
-    with ThreadPoolExecutor(workers, thread_name_prefix="mm-ds-encode") as pool:
-        pending: deque = deque()
-        for block, first, consumed, i in _source_chunks(sources):
-            lines, skipped, held = enc.split(block)
-            pending.append((pool.submit(enc.encode, lines), skipped, held, first, consumed, i))
-            if len(pending) >= 2 * workers:
-                yield _collect(enc, pending.popleft())
-        while pending:
-            yield _collect(enc, pending.popleft())
-
-
-def _collect(enc: _Encoder, item: tuple) -> tuple[_Encoded, bool, int]:
-    encoded, skipped, held, first, consumed, i = item
-    r = enc.arrays(encoded.result(), skipped, held)
-    r.source_bytes = consumed
-    return r, first, i
-
-
-class _ShardWriter:
-    """Appends encoded lines to shard files of about `shard_tokens` tokens, cut at line boundaries."""
-
-    def __init__(self, out_dir: Path, dtype: np.dtype, shard_tokens: int):
-        self.dir, self.dtype, self.shard_tokens = out_dir, dtype, shard_tokens
-        self.shards: list[dict] = []
-        self._file = None
-
-    def _open(self) -> None:
-        self._name = f"shard_{len(self.shards):05d}"
-        self._file = open(shard_files(self.dir, self._name)[0], "wb")
-        self._lens: list[np.ndarray] = []
-        self._docs: list[np.ndarray] = []
-        self._lines = self._tokens = 0
-
-    def _close(self) -> None:
-        if self._file is None:
-            return
-        self._file.close()
-        _, idx_path, docs_path = shard_files(self.dir, self._name)
-        offsets = np.concatenate([[0], np.cumsum(np.concatenate(self._lens))]).astype(np.int64)
-        docs = np.concatenate(self._docs).astype(np.int64)
-        np.save(idx_path, offsets)
-        np.save(docs_path, docs)
-        self.shards.append({"name": self._name, "num_lines": self._lines, "num_tokens": self._tokens,
-                            "num_documents": len(docs)})
-        self._file = None
-
-    def add(self, ids: np.ndarray, lens: np.ndarray, doc_starts: np.ndarray) -> None:
-        """Append lines (`ids` = their concatenated tokens); `doc_starts` are indices into `lens`."""
-        ends = np.cumsum(lens)
-        line = tok = 0
-        while line < len(lens):
-            if self._file is None:
-                self._open()
-            room = self.shard_tokens - self._tokens
-            n = int(np.searchsorted(ends[line:] - tok, room, side="right"))
-            if n == 0 and self._lines == 0:
-                n = 1  # a single line longer than a shard still goes into one shard
-            if n == 0:
-                self._close()
-                continue
-            stop_tok = int(ends[line + n - 1])
-            ids[tok:stop_tok].tofile(self._file)
-            self._lens.append(lens[line:line + n])
-            d = doc_starts[(doc_starts >= line) & (doc_starts < line + n)]
-            self._docs.append(d - line + self._lines)
-            self._lines += n
-            self._tokens += stop_tok - tok
-            line, tok = line + n, stop_tok
-
-    def finish(self) -> list[dict]:
-        self._close()
-        return self.shards
+def _held_out(settings: dict) -> Callable[[bytes], bool] | None:
+    """The held-out rule at the fraction `settings` asks for, on raw lines; None where no line is held out."""
+    fraction = settings.get("heldout", 0.0)
+    return (lambda line: is_heldout(line, fraction)) if fraction else None
 
 
 # ----------------------------------------------------------------------------------------------- prepare
@@ -276,23 +133,8 @@ def prepare(lang: str, inputs: list[str], out_dir: str, *, vocab_size: int = 500
     (`is_heldout`), written to heldout.txt. `seq_lens`: pack the corpus into MLM blocks of these lengths and
     write their caches (mm_ds/data/blocks.py), also into a corpus prepared before, so that no training stage
     packs them at its start."""
-    if not lang or "/" in lang:
-        raise ValueError(f"--lang {lang!r} must be a language code such as 'de'")
-    if shard_tokens < 1:
-        raise ValueError(f"--shard-tokens must be positive, got {shard_tokens}")
-    if not 0.0 < character_coverage <= 1.0:
-        raise ValueError(f"--character-coverage must be in (0, 1], got {character_coverage}")
-    if sample_sentences < 1:
-        raise ValueError(f"--sample-sentences must be positive, got {sample_sentences}")
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"--model-type {model_type!r}: choose one of {', '.join(MODEL_TYPES)}")
-    if any(n < 2 for n in seq_lens):
-        raise ValueError(f"--seq-len {' '.join(map(str, seq_lens))}: a block needs at least 2 tokens (<s> and one)")
-    if not 0.0 <= heldout < 1.0:
-        raise ValueError(f"--heldout {heldout} must be a fraction of the lines in [0, 1), e.g. 0.01 (0: none)")
-    if spm_model is None and vocab_size <= len(tokens.SPECIAL_IDS):
-        raise ValueError(f"--vocab-size {vocab_size} leaves no room beyond the {len(tokens.SPECIAL_IDS)} "
-                         "special tokens; pass a larger --vocab-size")
+    _check_arguments(lang, shard_tokens, character_coverage, sample_sentences, model_type, seq_lens, heldout,
+                     vocab_size, spm_model)
     if spm_model is not None:
         if not os.path.isfile(spm_model):
             raise FileNotFoundError(f"tokenizer {spm_model} does not exist: prepare reuses this file (spm_model) "
@@ -331,6 +173,29 @@ def prepare(lang: str, inputs: list[str], out_dir: str, *, vocab_size: int = 500
     return meta
 
 
+def _check_arguments(lang: str, shard_tokens: int, character_coverage: float, sample_sentences: int,
+                     model_type: str, seq_lens: tuple[int, ...], heldout: float, vocab_size: int,
+                     spm_model: str | None) -> None:
+    """`prepare`'s arguments checked before any work, in order, each error naming its flag."""
+    if not lang or "/" in lang:
+        raise ValueError(f"--lang {lang!r} must be a language code such as 'de'")
+    if shard_tokens < 1:
+        raise ValueError(f"--shard-tokens must be positive, got {shard_tokens}")
+    if not 0.0 < character_coverage <= 1.0:
+        raise ValueError(f"--character-coverage must be in (0, 1], got {character_coverage}")
+    if sample_sentences < 1:
+        raise ValueError(f"--sample-sentences must be positive, got {sample_sentences}")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"--model-type {model_type!r}: choose one of {', '.join(MODEL_TYPES)}")
+    if any(n < 2 for n in seq_lens):
+        raise ValueError(f"--seq-len {' '.join(map(str, seq_lens))}: a block needs at least 2 tokens (<s> and one)")
+    if not 0.0 <= heldout < 1.0:
+        raise ValueError(f"--heldout {heldout} must be a fraction of the lines in [0, 1), e.g. 0.01 (0: none)")
+    if spm_model is None and vocab_size <= len(tokens.SPECIAL_IDS):
+        raise ValueError(f"--vocab-size {vocab_size} leaves no room beyond the {len(tokens.SPECIAL_IDS)} "
+                         "special tokens; pass a larger --vocab-size")
+
+
 def _pack_blocks(out: Path, seq_lens: tuple[int, ...], progress: bool) -> None:
     corpus = TokenCorpus(out) if seq_lens else None
     for seq_len in seq_lens:
@@ -341,60 +206,18 @@ def _pack_blocks(out: Path, seq_lens: tuple[int, ...], progress: bool) -> None:
 def _prepare_into(tmp: Path, lang: str, sources: list[InputSource], settings: dict, dtype: np.dtype,
                   vocab_size: int, character_coverage: float, sample_sentences: int, workers: int,
                   shard_tokens: int, seed: int, spm_model: str | None, progress: bool) -> dict:
-    model_path = tmp / SPM_MODEL_FILE
-    sampled = 0
+    """Steps 1-3 into `tmp`: the tokenizer (reused, or trained on a sample), the shards, meta.json last."""
     if spm_model is not None:
-        if is_tokenizer_json(spm_model):  # named as what it is: TokenCorpus finds it through meta.json
-            model_path = tmp / TOKENIZER_JSON
-        shutil.copyfile(spm_model, model_path)
-        vocab_src = Path(spm_model).with_suffix(".vocab")
-        if vocab_src.is_file():
-            shutil.copyfile(vocab_src, tmp / SPM_VOCAB_FILE)
+        model_path, sampled = _reuse_tokenizer(tmp, spm_model), 0
     else:
-        heldout = settings.get("heldout", 0.0)
-        sample, seen = reservoir_sample(sources, sample_sentences, seed, progress,
-                                        exclude=(lambda line: is_heldout(line, heldout)) if heldout else None)
-        if not sample:
-            raise ValueError(f"inputs {settings['inputs']} contain no non-blank UTF-8 line; nothing to "
-                             "prepare, check --input")
-        _log(progress, f"training SentencePiece ({vocab_size} pieces) on {len(sample)} of {seen} lines")
-        train_spm(sample, tmp / "spm", vocab_size, character_coverage, workers, seed, settings["model_type"])
-        sampled = len(sample)
-        del sample
-        reached = check_spm(model_path)
+        model_path, sampled, reached = _train_tokenizer(tmp, sources, settings, vocab_size, character_coverage,
+                                                        sample_sentences, workers, seed, progress)
         if reached < vocab_size:
             print(f"warning: the {lang} corpus supports only {reached} of the {vocab_size} pieces asked for "
                   "(--vocab-size); using the smaller vocabulary, recorded in meta.json", file=sys.stderr)
             vocab_size, dtype = reached, shard_dtype(reached)
-
-    writer = _ShardWriter(tmp, dtype, shard_tokens)
-    skipped, new_doc, held = 0, True, 0
-    text, not_text = [0] * len(sources), [0] * len(sources)  # non-blank lines per input
-    total = total_bytes(sources)
-    held_path = tmp / HELDOUT_FILE if "heldout" in settings else os.devnull
-    with tqdm(total=total, unit="B", unit_scale=True, desc=f"encode {lang}", disable=not progress,
-              file=sys.stderr) as bar, open(held_path, "w", encoding="utf-8") as held_out:
-        for r, first, i in _encoded_chunks(sources, str(model_path), dtype, workers, settings.get("heldout", 0.0)):
-            text[i] += len(r.lengths) + len(r.heldout)
-            not_text[i] += r.skipped
-            held_out.writelines(line + "\n" for line in r.heldout)
-            held += len(r.heldout)
-            # A document opens at each input's first line and after blank lines, also across chunks.
-            new_doc = new_doc or first
-            doc_starts = r.doc_starts
-            if len(r.lengths):
-                if new_doc and (len(doc_starts) == 0 or doc_starts[0] != 0):
-                    doc_starts = np.concatenate([[0], doc_starts])
-                new_doc = r.trailing_blank
-            else:
-                new_doc = new_doc or r.trailing_blank
-            writer.add(r.ids, r.lengths, doc_starts)
-            skipped += r.skipped
-            bar.update(r.source_bytes)
-    shards = writer.finish()
-    for src, good, bad in zip(sources, text, not_text):  # a file whose head was text, then not
-        if error := not_text_error(src.describe(), good + bad, bad, "in the whole file"):
-            raise error
+    shards, skipped, held = _encode_shards(tmp, lang, sources, settings, model_path, dtype, workers, shard_tokens,
+                                           progress)
     num_lines = sum(s["num_lines"] for s in shards)
     if num_lines == 0:
         raise ValueError(f"inputs {settings['inputs']} contain no non-blank UTF-8 line; nothing to prepare")
@@ -417,6 +240,68 @@ def _prepare_into(tmp: Path, lang: str, sources: list[InputSource], settings: di
     _log(progress, f"prepared {lang}: {meta['num_lines']} lines, {meta['num_tokens']} tokens, "
                    f"{meta['num_documents']} documents in {len(shards)} shard(s)")
     return meta
+
+
+def _reuse_tokenizer(tmp: Path, spm_model: str) -> Path:
+    """Step 1 with `spm_model=`: the given tokenizer (and its .vocab beside it) copied into the corpus."""
+    model_path = tmp / SPM_MODEL_FILE
+    if is_tokenizer_json(spm_model):  # named as what it is: TokenCorpus finds it through meta.json
+        model_path = tmp / TOKENIZER_JSON
+    shutil.copyfile(spm_model, model_path)
+    vocab_src = Path(spm_model).with_suffix(".vocab")
+    if vocab_src.is_file():
+        shutil.copyfile(vocab_src, tmp / SPM_VOCAB_FILE)
+    return model_path
+
+
+def _train_tokenizer(tmp: Path, sources: list[InputSource], settings: dict, vocab_size: int,
+                     character_coverage: float, sample_sentences: int, workers: int, seed: int,
+                     progress: bool) -> tuple[Path, int, int]:
+    """Steps 1-2: SentencePiece trained on a sample of the lines (never a held-out one); returns (its model, the
+    lines sampled, the vocabulary it reached)."""
+    model_path = tmp / SPM_MODEL_FILE
+    sample, seen = reservoir_sample(sources, sample_sentences, seed, progress, exclude=_held_out(settings))
+    if not sample:
+        raise ValueError(f"inputs {settings['inputs']} contain no non-blank UTF-8 line; nothing to "
+                         "prepare, check --input")
+    _log(progress, f"training SentencePiece ({vocab_size} pieces) on {len(sample)} of {seen} lines")
+    train_spm(sample, tmp / "spm", vocab_size, character_coverage, workers, seed, settings["model_type"])
+    return model_path, len(sample), check_spm(model_path)
+
+
+def _encode_shards(tmp: Path, lang: str, sources: list[InputSource], settings: dict, model_path: Path,
+                   dtype: np.dtype, workers: int, shard_tokens: int, progress: bool) -> tuple[list[dict], int, int]:
+    """Step 3: every line into shards in `tmp` (a held-out one into heldout.txt instead); returns (the shards, the
+    lines skipped as not text, the lines held out). An input that turns out not to be text is refused."""
+    writer = ShardWriter(tmp, dtype, shard_tokens)
+    skipped, new_doc, held = 0, True, 0
+    text, not_text = [0] * len(sources), [0] * len(sources)  # non-blank lines per input
+    total = total_bytes(sources)
+    held_path = tmp / HELDOUT_FILE if "heldout" in settings else os.devnull
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"encode {lang}", disable=not progress,
+              file=sys.stderr) as bar, open(held_path, "w", encoding="utf-8") as held_out:
+        for r, first, i in encoded_chunks(sources, str(model_path), dtype, workers, _held_out(settings)):
+            text[i] += len(r.lengths) + len(r.heldout)
+            not_text[i] += r.skipped
+            held_out.writelines(line + "\n" for line in r.heldout)
+            held += len(r.heldout)
+            # A document opens at each input's first line and after blank lines, also across chunks.
+            new_doc = new_doc or first
+            doc_starts = r.doc_starts
+            if len(r.lengths):
+                if new_doc and (len(doc_starts) == 0 or doc_starts[0] != 0):
+                    doc_starts = np.concatenate([[0], doc_starts])
+                new_doc = r.trailing_blank
+            else:
+                new_doc = new_doc or r.trailing_blank
+            writer.add(r.ids, r.lengths, doc_starts)
+            skipped += r.skipped
+            bar.update(r.source_bytes)
+    shards = writer.finish()
+    for src, good, bad in zip(sources, text, not_text):  # a file whose head was text, then not
+        if error := not_text_error(src.describe(), good + bad, bad, "in the whole file"):
+            raise error
+    return shards, skipped, held
 
 
 def _log(enabled: bool, msg: str) -> None:

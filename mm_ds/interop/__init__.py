@@ -1,16 +1,17 @@
 """Start from any existing English model, hand results to the Hugging Face ecosystem (paper §2.2: MINIPOST
 starts from an existing pretrained model).
 
-    mm-ds import --from hf DIR --out RUN [--tokenizer FILE | --no-tokenizer]     importers.import_hf
-    mm-ds import --from fairseq DIR --out RUN [--trust-pickle]                   importers.import_fairseq
-    mm-ds import --from deepspeed CKPT --out RUN                                 importers.import_deepspeed
+    mm-ds import --from hf DIR --out RUN [--tokenizer FILE | --no-tokenizer]     hf_import.import_hf
+    mm-ds import --from fairseq DIR --out RUN [--trust-pickle]                   fairseq_import.import_fairseq
+    mm-ds import --from deepspeed CKPT --out RUN                                 deepspeed_import.import_deepspeed
     mm-ds export SRC --out HF_DIR [--lang-from ADAPT_RUN] [--mini]               export.export
 
 An import writes `RUN/final/` (model.safetensors, mm_ds.json with stage "pretrain", step 0, FLOPs 0 and
 `imported_from`, its tokenizer: spm.model, or tokenizer.json for a model without a SentencePiece model such as
-roberta-base): `parent=RUN` for build-mini (MINIPOST) and adapt (BL_BASE). Key tables: interop.hf (HF_KEYS,
-HF_TASK_KEYS), importers.FAIRSEQ_KEYS (fairseq). Tokenizers: interop.vocab (which, and their rows), interop.spm
-and interop.hf_vocab (their layouts); the exported transformers tokenizer: interop.hf_tokenizer.
+roberta-base): `parent=RUN` for build-mini (MINIPOST) and adapt (BL_BASE); what every import shares:
+interop.importers. Key tables: interop.hf (HF_KEYS, HF_TASK_KEYS), fairseq_import.FAIRSEQ_KEYS (fairseq).
+Tokenizers: interop.vocab (which, and their rows), interop.spm and interop.hf_vocab (their layouts); the exported
+transformers tokenizer: interop.hf_tokenizer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import argparse
 import json
 
 from .export import export
-from .importers import import_deepspeed, import_fairseq, import_hf
+from .deepspeed_import import import_deepspeed
+from .fairseq_import import import_fairseq
+from .hf_import import import_hf
 from .spm import InteropError
 
 __all__ = ["InteropError", "export", "export_main", "import_deepspeed", "import_fairseq", "import_hf",

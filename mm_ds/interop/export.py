@@ -77,20 +77,7 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
     cfg = model_config_from_dict(meta["model"])
     task_type = task_type_of(meta)  # None: an MLM, not a finetuned model
     notes = []
-    if task_type is None and cfg.secondary_head_layer is not None:
-        if mini:
-            cfg, sd = surgery.extract_minijoint(cfg, sd)
-            notes.append(f"mini-model: layers 1-{cfg.num_layers} and the secondary head of the MINIJOINT model")
-            if cfg.secondary_head_layer is not None:  # multi-depth: HF has one head, the deepest mini-model's
-                notes.append(f"multi-depth: the deepest mini-model; its heads after layers {cfg.secondary_depths} "
-                             f"are dropped")
-                cfg, sd = surgery.drop_secondary_head(cfg, sd)
-        else:
-            cfg, sd = surgery.drop_secondary_head(cfg, sd)
-            notes.append("MINIJOINT: main head exported; `mm-ds export --mini` exports the secondary head's mini-model")
-    elif mini:
-        raise InteropError(f"--mini exports a MINIJOINT model's secondary head, but {src} has none "
-                           f"(model.secondary_head_layer is null{', task type ' + task_type if task_type else ''})")
+    cfg, sd = _one_head(cfg, sd, task_type, mini, src, notes)
     lang = meta.get("lang")
     spm_path = tokenizer or meta.get("tokenizer")
     if lang_from is not None:
@@ -115,6 +102,37 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
         notes.append("no tokenizer recorded: exported without one")
     hf_tok = _hf_tokenizer(spm_path, cfg.max_positions, notes) if spm_path is not None else None
 
+    hf_cfg, hf_sd = _hf_model(cfg, sd, meta, task_type)
+    _write_dir(Path(out), hf_cfg, hf_sd, spm_path, hf_tok, meta | {"exported_from": str(Path(src).resolve())},
+               force, lang)
+    return {"out": str(out), "architecture": ARCHS[task_type], "lang": lang, "vocab_size": cfg.vocab_size,
+            "num_layers": cfg.num_layers, "tokenizer": str(spm_path) if spm_path else None,
+            "tokenizer_class": type(hf_tok).__name__ if hf_tok is not None else None, "notes": notes}
+
+
+def _one_head(cfg: ModelConfig, sd: dict, task_type: str | None, mini: bool, src: str | Path,
+              notes: list[str]) -> tuple[ModelConfig, dict]:
+    """The model with the one MLM head HF has: a MINIJOINT model's main head, or with `mini` its secondary head's
+    mini-model (the deepest of a multi-depth model); any other model as it is."""
+    if task_type is None and cfg.secondary_head_layer is not None:
+        if mini:
+            cfg, sd = surgery.extract_minijoint(cfg, sd)
+            notes.append(f"mini-model: layers 1-{cfg.num_layers} and the secondary head of the MINIJOINT model")
+            if cfg.secondary_head_layer is not None:  # multi-depth: HF has one head, the deepest mini-model's
+                notes.append(f"multi-depth: the deepest mini-model; its heads after layers {cfg.secondary_depths} "
+                             f"are dropped")
+                cfg, sd = surgery.drop_secondary_head(cfg, sd)
+        else:
+            cfg, sd = surgery.drop_secondary_head(cfg, sd)
+            notes.append("MINIJOINT: main head exported; `mm-ds export --mini` exports the secondary head's mini-model")
+    elif mini:
+        raise InteropError(f"--mini exports a MINIJOINT model's secondary head, but {src} has none "
+                           f"(model.secondary_head_layer is null{', task type ' + task_type if task_type else ''})")
+    return cfg, sd
+
+
+def _hf_model(cfg: ModelConfig, sd: dict, meta: dict, task_type: str | None) -> tuple[dict, dict]:
+    """(config.json, state dict) of the HF architecture for `task_type` (ARCHS), a task model's labels named."""
     hf_cfg = hf.hf_config(cfg) | {"architectures": [ARCHS[task_type]]}
     if task_type is None:
         hf_sd = hf.to_hf_roberta(cfg, sd)
@@ -126,11 +144,7 @@ def export(src: str | Path, out: str | Path, lang_from: str | Path | None = None
                    "label2id": {s: i for i, s in enumerate(names)}}
         if task_type == "pair_classification":
             hf_cfg["classifier_dropout"] = None  # = hidden_dropout_prob, as in our head
-    _write_dir(Path(out), hf_cfg, hf_sd, spm_path, hf_tok, meta | {"exported_from": str(Path(src).resolve())},
-               force, lang)
-    return {"out": str(out), "architecture": ARCHS[task_type], "lang": lang, "vocab_size": cfg.vocab_size,
-            "num_layers": cfg.num_layers, "tokenizer": str(spm_path) if spm_path else None,
-            "tokenizer_class": type(hf_tok).__name__ if hf_tok is not None else None, "notes": notes}
+    return hf_cfg, hf_sd
 
 
 def _hf_tokenizer(spm_path, max_length: int, notes: list[str]):

@@ -1,5 +1,5 @@
 """A source model's tokenizer as an import takes it: found beside the weights (or given), the piece of each
-embedding row in the source's layout, and written again with the rows in mm-ds's layout (importers._finish).
+embedding row in the source's layout, and written again with the rows in mm-ds's layout (importers.finish_import).
 
     SentencePiece model   spm.model (an mm-ds export), sentencepiece.bpe.model (XLM-R), ...: interop.spm
     Hugging Face          the directory's own fast tokenizer (roberta-base's byte-level BPE: vocab.json +

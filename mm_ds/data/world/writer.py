@@ -12,7 +12,7 @@ import lzma
 import random
 import time
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from .grammar import LEXICON, NAMES, Sampler
 from .languages import ENGLISH, Renderer, get_language
@@ -103,34 +103,25 @@ def _task_sizes(task_sizes: dict[str, int] | None, sentences: int, target_senten
     return sizes
 
 
-def generate_world(out_dir: str | Path, *, seed: int = 0, languages: Sequence[str] = ("t1", "t2"),
-                   sentences: int = 80_000, target_sentences: int = 40_000,
-                   task_sizes: dict[str, int] | None = None, compress: bool = False) -> dict:
-    """Generate the world under `out_dir`; returns the manifest also written to `world.json`.
+class _Files:
+    """The world's files under `out`, each listed (relative to it) for world.json as it is written."""
 
-    sentences: English raw-text sentences (pretraining); target_sentences: per target language (Step 2).
-    task_sizes: overrides of DEFAULT_TASK_SIZES. compress: write text/<lang>.txt.xz instead of .txt.
-    """
-    sizes = _task_sizes(task_sizes, sentences, target_sentences)
-    langs = [get_language(c) for c in languages]
-    if "en" in languages or len(set(languages)) != len(languages):
-        raise ValueError(f"languages lists target languages once each (English is always made): {languages}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    sampler = Sampler(seed)
-    rng = lambda part: random.Random(f"{seed}:{part}")  # noqa: E731  one independent stream per part
-    renderers = {"en": Renderer(ENGLISH, seed), **{l.code: Renderer(l, seed) for l in langs}}
-    files: list[str] = []
+    def __init__(self, out: Path):
+        self.out, self.names = out, []
 
-    def put(rel: str, text: str) -> None:
+    def put(self, rel: str, text: str) -> None:
         if rel.endswith(".xz"):
-            (out / rel).parent.mkdir(parents=True, exist_ok=True)
-            (out / rel).write_bytes(lzma.compress(text.encode("utf-8")))
+            (self.out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (self.out / rel).write_bytes(lzma.compress(text.encode("utf-8")))
         else:
-            _write(out / rel, text)
-        files.append(rel)
+            _write(self.out / rel, text)
+        self.names.append(rel)
 
-    # Tasks: English train; dev and test rendered in every language from the same items.
+
+def _write_tasks(files: _Files, sampler: Sampler, rng: Callable[[str], random.Random], sizes: dict[str, int],
+                 renderers: dict[str, Renderer]) -> None:
+    """Tasks: English train; dev and test rendered in every language from the same items."""
+    put = files.put
     en = renderers["en"]
     nli = {s: nli_items(sampler, rng(f"nli:{s}"), sizes["nli_train" if s == "train" else s], f"{s}-")
            for s in ("train", "dev", "test")}
@@ -149,14 +140,18 @@ def generate_world(out_dir: str | Path, *, seed: int = 0, languages: Sequence[st
             put(f"mlqa/{s}-context-{code}-question-{code}.json", squad_json(r, qa[s]))
         put(f"xquad/xquad.{code}.json", squad_json(r, qa["test"]))
 
-    # Raw text: each language samples its own sentences (monolingual, not parallel, like CC-100).
+
+def _write_text(files: _Files, sampler: Sampler, rng: Callable[[str], random.Random],
+                renderers: dict[str, Renderer], sentences: int, target_sentences: int, compress: bool) -> dict:
+    """Raw text: each language samples its own sentences (monolingual, not parallel, like CC-100). Returns each
+    language's entry of world.json (its sizes and its overlap with English)."""
     en_types = set(renderers["en"].map.values())
     lang_info = {}
     for code, r in renderers.items():
         n = sentences if code == "en" else target_sentences
         lines = corpus(sampler, r, rng(f"text:{code}"), n)
-        put(f"text/{code}.txt" + (".xz" if compress else ""), "\n".join(lines) + "\n")
-        put(f"lexicon/{code}.tsv", _tsv(("en", code), sorted(r.map.items())))
+        files.put(f"text/{code}.txt" + (".xz" if compress else ""), "\n".join(lines) + "\n")
+        files.put(f"lexicon/{code}.tsv", _tsv(("en", code), sorted(r.map.items())))
         toks = [t for line in lines for t in line.split()]
         types = set(r.map.values())
         lang_info[code] = {
@@ -166,6 +161,29 @@ def generate_world(out_dir: str | Path, *, seed: int = 0, languages: Sequence[st
             "type_overlap": round(len(types & en_types) / len(types), 4),
             "token_overlap": round(sum(t in en_types for t in toks) / max(len(toks), 1), 4),
         }
+    return lang_info
+
+
+def generate_world(out_dir: str | Path, *, seed: int = 0, languages: Sequence[str] = ("t1", "t2"),
+                   sentences: int = 80_000, target_sentences: int = 40_000,
+                   task_sizes: dict[str, int] | None = None, compress: bool = False) -> dict:
+    """Generate the world under `out_dir`; returns the manifest also written to `world.json`.
+
+    sentences: English raw-text sentences (pretraining); target_sentences: per target language (Step 2).
+    task_sizes: overrides of DEFAULT_TASK_SIZES. compress: write text/<lang>.txt.xz instead of .txt.
+    """
+    sizes = _task_sizes(task_sizes, sentences, target_sentences)
+    langs = [get_language(c) for c in languages]
+    if "en" in languages or len(set(languages)) != len(languages):
+        raise ValueError(f"languages lists target languages once each (English is always made): {languages}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sampler = Sampler(seed)
+    rng = lambda part: random.Random(f"{seed}:{part}")  # noqa: E731  one independent stream per part
+    renderers = {"en": Renderer(ENGLISH, seed), **{l.code: Renderer(l, seed) for l in langs}}
+    files = _Files(out)
+    _write_tasks(files, sampler, rng, sizes, renderers)
+    lang_info = _write_text(files, sampler, rng, renderers, sentences, target_sentences, compress)
 
     manifest = {
         "format": FORMAT, "seed": seed, "source": "en", "languages": lang_info,
@@ -175,7 +193,7 @@ def generate_world(out_dir: str | Path, *, seed: int = 0, languages: Sequence[st
                     "intransitive_verbs": len(LEXICON.intransitive), "adjectives": len(LEXICON.adjectives)},
         "tasks": {"xnli": {"labels": list(NLI_LABELS)}, "pawsx": {"labels": ["0", "1"], "1": "the doer is a person"},
                   "squad": {"note": "mlqa/*test* and xquad/* hold the same questions"}},
-        "files": sorted(files + ["world.json"]),
+        "files": sorted(files.names + ["world.json"]),
     }
     _write(out / "world.json", _json(manifest, indent=1))
     return manifest
