@@ -9,9 +9,10 @@ eager kernels: they compile in seconds and equal the eager losses bit for bit), 
 with dropout, compiled, resumed from its first checkpoint across its depth switch, to the uninterrupted run's weights.
 In this process: the graphs and graph breaks of the multi-depth MLM and the QA model, and the detectors' own tests.
 Behind the `compile_full` marker (`make test-compile`: 17 minutes on 2 cores shared at load 11, a fresh inductor
-cache): every stage kind under every one of the four configs with inductor, and every kind resumed; and
-tests/fault_harness.py's subset with train.compile on (real processes killed, resumed bitwise). The split: compiling a
-graph costs seconds of CPU (inductor: tens), 28 of them do not fit `make test`'s budget.
+cache): every stage kind under every one of the four configs with inductor, and every kind resumed;
+tests/fault_harness.py's subset with train.compile on (real processes killed, resumed bitwise); and an inductor
+embedding's backward, the same bit for bit at every pass on 2 threads (the cause of inexact compiled resumes). The
+split: compiling a graph costs seconds of CPU (inductor: tens), 28 of them do not fit `make test`'s budget.
 """
 
 import json
