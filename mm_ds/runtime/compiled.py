@@ -24,8 +24,8 @@ seeded from torch's, which the loop seeds per micro-step (a resumed compiled run
 they are not the masks of eager CPU dropout: compiled and eager runs agree within rounding only at dropout 0.
 
 Exact resume. A compiled run retraces itself bitwise only if its kernels are deterministic. Inductor's C++ kernels
-add into a tensor at repeated indices with atomic adds from every OpenMP thread (the backward of the token, position
-and type embeddings: `index_put` with accumulate), in whatever order the threads meet: with more than one thread per
+add into a tensor at repeated indices with atomic adds from every OpenMP thread (the backward of the token and
+position embeddings: `index_put` with accumulate), in whatever order the threads meet: with more than one thread per
 rank, two runs from the same seed differ in the last bits of the embeddings' gradients, and a resumed run is not the
 uninterrupted one. `compile_forward` therefore turns on torch's deterministic algorithms (warn only, uninitialized
 memory left unfilled) while an inductor-compiled module lives on a CPU (`Compiled.deterministic`): inductor then calls
