@@ -10,8 +10,13 @@ A case builds its stage twice from one config (its module's `build()`; the paren
 product's zero-update path writes), once with train.compile and once without, each through `engine.build_engine` on
 the 2 ranks, and steps the two engines in turn with `engine.train_step`: per update each side's summed loss on this
 rank, the compiled side's graphs, graph breaks and recompiles, which of the compiled engine's frozen parameters are
-not bitwise what the stage built (in the engine's dtype), which trainable ones are (the same comparison: it must see
-those move), and the largest difference of the trainable ones from the eager side's at the end.
+not bitwise what the stage built (in the engine's dtype), which trainable ones are (it must see those move), and the
+largest difference of the trainable ones from the eager side's at the end. A trainable parameter is read as the
+optimizer holds it (`held`): under bf16 its fp32 master, since the bf16 copy of a weight near 1.0 moves only once the
+master has moved by half a bf16 step there (2^-9): finetuning's LayerNorm weights at lr 1e-5 never do in 20 updates,
+eager or compiled (`copy_unmoved`, each side's trainable parameters whose model-dtype copy is as built). A case's
+optional "stuck" names a trainable parameter whose gradient a hook zeroes on both sides (no weight decay on it): a
+truly frozen trainable parameter, which the check must find.
 A resume trains the compiled stage through `engine.train` twice: uninterrupted to the end, and from a copy of that
 run rolled back to its first checkpoint (as a killed run leaves it), with --resume; their final/ weights are compared.
 """
@@ -98,6 +103,25 @@ class Runs:
         return self.build(module, system, parent, [*own, *extra])
 
 
+def held(engine) -> dict[str, torch.Tensor]:
+    """Each parameter of `engine` as its optimizer holds it: a trainable one's fp32 master under ZeRO 1-2 and bf16
+    (DeepSpeed's full copy, gathered: a collective every rank calls), else the module's own."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    out = {}
+    for n, p in engine.module.named_parameters():
+        master = safe_get_full_fp32_param(p) if p.requires_grad else None
+        out[n] = (master if master is not None else p).detach()
+    return out
+
+
+def as_built(engine, built_as: dict[str, torch.Tensor], now: dict[str, torch.Tensor]) -> set[str]:
+    """The parameters `now` holds bitwise as the stage built them: in the module's dtype first (a bf16 engine's
+    master is the fp32 of its bf16 copy), then in the held one's."""
+    module = dict(engine.module.named_parameters())
+    return {n for n, v in built_as.items() if torch.equal(now[n], v.to(module[n].dtype).to(now[n].dtype))}
+
+
 def case(runs: Runs, c: dict, rank: int, world: int) -> dict:
     extra = [f"ds_config={c['ds_config']}", f"train.steps={c['updates']}", f"model.dropout={c['dropout']}",
              f"train.compile_backend={c['backend']}"]
@@ -109,6 +133,8 @@ def case(runs: Runs, c: dict, rank: int, world: int) -> dict:
     built = {side: eng.build_engine(stage, world) for side, stage in stages.items()}
     for b in built.values():
         b.engine.train()
+        if c.get("stuck"):
+            b.engine.module.get_parameter(c["stuck"]).register_hook(torch.zeros_like)
     losses = {side: [] for side in stages}
     t0 = time.perf_counter()
     for step in range(c["updates"]):
@@ -116,14 +142,17 @@ def case(runs: Runs, c: dict, rank: int, world: int) -> dict:
             sums, _, _ = eng.train_step(built[side].engine, stages[side], step, rank, built[side].geo)
             losses[side].append(float(sums["loss"]))
     engine = built["compiled"].engine
-    held = dict(engine.module.named_parameters())
-    moved = {n for n, v in built_as.items() if not torch.equal(held[n].detach(), v.to(held[n].dtype))}
+    unmoved = as_built(engine, built_as, held(engine))
     trainable = {n for n in built_as if stages["compiled"].trainable(n)}
-    eager = dict(built["eager"].engine.module.named_parameters())
+    copies = {side: as_built(b.engine, built_as, {n: p.detach() for n, p in b.engine.module.named_parameters()})
+              for side, b in built.items()}
+    eager, mine = dict(built["eager"].engine.module.named_parameters()), dict(engine.module.named_parameters())
     diff = max(float((eager[n].detach().float() - p.detach().float()).abs().max())
-               for n, p in held.items() if p.requires_grad)
+               for n, p in mine.items() if p.requires_grad)
     out = {**c, "losses": losses, "stats": built["compiled"].compiled.stats(), "frozen": len(built_as) - len(trainable),
-           "frozen_moved": sorted(moved - trainable), "trainable_unmoved": sorted(trainable - moved),
+           "frozen_moved": sorted(set(built_as) - unmoved - trainable),
+           "trainable_unmoved": sorted(trainable & unmoved),
+           "copy_unmoved": {side: sorted(trainable & u) for side, u in copies.items()},
            "trainable_max_diff": diff, "seconds": time.perf_counter() - t0, "breaks": compiled.graph_break_reasons()}
     for b in built.values():
         eng.release(b.engine)

@@ -23,6 +23,16 @@ Dropout. Compiled, mm_ds/model/model.py's `dropout` is `F.dropout`: inductor dra
 seeded from torch's, which the loop seeds per micro-step (a resumed compiled run retraces the uninterrupted one), but
 they are not the masks of eager CPU dropout: compiled and eager runs agree within rounding only at dropout 0.
 
+Exact resume. A compiled run retraces itself bitwise only if its kernels are deterministic. Inductor's C++ kernels
+add into a tensor at repeated indices with atomic adds from every OpenMP thread (the backward of the token and
+position embeddings: `index_put` with accumulate), in whatever order the threads meet: with more than one thread per
+rank, two runs from the same seed differ in the last bits of the embeddings' gradients, and a resumed run is not the
+uninterrupted one. `compile_forward` therefore turns on torch's deterministic algorithms (warn only, uninitialized
+memory left unfilled) while an inductor-compiled module lives on a CPU (`Compiled.deterministic`): inductor then calls
+ATen's `index_put_` (serial on a CPU) for those adds. Dynamo guards on the setting, so it holds for every call, not
+only the compile; eager CPU kernels are deterministic already. On a GPU it is left as it is (Triton's atomic adds are
+faster; the exact-resume tests run on CPUs).
+
 Compile time. Graphs compile at their first call (the backward at its first backward), inside updates; torch's
 compile callbacks count the seconds (`seconds()`; per compiled module, `Compiled`), which the log rows take out of
 the throughput (mm_ds/runtime/train_log.py) and `engine.train_step` reports on rank 0 as they happen (`news`).
@@ -49,7 +59,7 @@ backward, run by eager kernels: compiles in seconds; for tests and for telling a
 DISABLE = "TORCHDYNAMO_DISABLE"
 
 _clock = {"seconds": 0.0, "started": None, "hooked": False, "current": None, "counters": (0, 0)}
-_state = {"disabled_by_us": False}
+_state = {"disabled_by_us": False, "deterministic_was": None}
 _live: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its Compiled
 
 
@@ -152,6 +162,8 @@ class Compiled:
     """dynamo's "frame/compile" id of each trace: a frame traced again is a recompile (a new mask, depth, shape)."""
     said: float = 0.0
     """Compile seconds already reported by `news`."""
+    deterministic: bool = False
+    """Whether this module holds torch's deterministic algorithms on (`deterministic`): inductor on a CPU."""
 
     def stats(self) -> dict[str, float]:
         """Graphs, graph breaks, recompiles and compile seconds of this module so far."""
@@ -168,10 +180,29 @@ class Compiled:
                 f"{s['compile_s']:.1f} s); compile time is left out of tokens_per_s")
 
 
+def deterministic(on: bool) -> None:
+    """Hold torch's deterministic algorithms on (warn only, uninitialized memory left unfilled) for a compiled module
+    (module docstring: Exact resume), or give back what was set before once no live module holds them. A setting the
+    user made (deterministic algorithms already on) is left as it is."""
+    if on and _state["deterministic_was"] is None:
+        if torch.are_deterministic_algorithms_enabled():
+            return
+        _state["deterministic_was"] = torch.utils.deterministic.fill_uninitialized_memory
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = False  # a fill of every torch.empty: time, no help
+    elif not on and _state["deterministic_was"] is not None and not any(m.deterministic for m in _live.values()):
+        torch.use_deterministic_algorithms(False)
+        torch.utils.deterministic.fill_uninitialized_memory = _state["deterministic_was"]
+        _state["deterministic_was"] = None
+
+
 def compile_forward(module: torch.nn.Module, backend: str, max_graphs: int) -> Compiled:
     """Compile `module.forward` in place (the engine's module: state-dict keys unchanged); `release` undoes it."""
     _hook_clock()
-    made = _live[module] = Compiled(backend, max_graphs)
+    device = next(module.parameters(), torch.empty(0)).device
+    made = _live[module] = Compiled(backend, max_graphs, deterministic=backend == "inductor" and device.type == "cpu")
+    if made.deterministic:
+        deterministic(True)
     fn = torch.compile(type(module).forward.__get__(module), backend=backend, dynamic=False,
                        recompile_limit=max_graphs, isolate_recompiles=True)
 
@@ -194,4 +225,5 @@ def release(module: torch.nn.Module) -> None:
     if (made := _live.pop(module, None)) is not None:
         if _clock["current"] is made:
             _clock["current"] = None
+        deterministic(False)
         gc.unfreeze()  # what was frozen after its compiles may be collected with the engine
