@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from paths import SHARED_DATA
+from support.paths import SHARED_DATA
 from support import lanes
 from support.lanes import pytest_runtest_protocol  # noqa: F401 (a hook: the test that starts a process)
-from textgen import write_corpus
+from support.textgen import write_corpus
 
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

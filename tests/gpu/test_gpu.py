@@ -1,7 +1,7 @@
 """On CUDA GPUs: what no CPU machine can run. `make test-gpu` on a machine with one or more GPUs (under 8 minutes on
 one GPU; `make test-gpu LONG=1` adds the `gpu_long` cases); without CUDA every test here is skipped. It ends with a
-summary to paste (tests/gpu/conftest.py). The checks that need no GPU live in tests/gpu_checks.py and beside this file
-(gpu_thresholds.py, device_waits.py), where CPU tests (tests/test_gpu_checks.py) show that they can fail.
+summary to paste (tests/gpu/conftest.py). The checks that need no GPU live in tests/support/gpu_checks.py and beside
+this file (gpu_thresholds.py, device_waits.py), where CPU tests (tests/test_gpu_checks.py) show that they can fail.
 
 On one GPU:
 - the paper-shape update: Step 1 of BL_BASE and MINIJOINT as the paper presets run it (bf16 under ZeRO 1, 32 x 512
@@ -37,7 +37,7 @@ import torch
 import yaml
 
 import gpu_thresholds
-from gpu_checks import (attention_calls, describe_transports, frozen_mismatches, fused_attention_problems,
+from support.gpu_checks import (attention_calls, describe_transports, frozen_mismatches, fused_attention_problems,
                         nccl_transports, sdpa_backend, sdpa_kernels_run, transport_problems)
 from mm_ds.runtime import checkpoint
 from mm_ds.model.model import LANGUAGE_PARAMS, is_language_param
