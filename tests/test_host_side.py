@@ -236,6 +236,7 @@ def test_rank_0_opens_no_file_in_the_training_thread_outside_checkpoints(bf16_ru
     assert [json.loads(line)["step"] for line in Path(logs, "train.jsonl").read_text().splitlines()] == [3, 6]
 
 
+@pytest.mark.ranks
 def test_no_rank_waits_for_rank_0s_log_row(bf16_run):
     """A row update has one collective of mm-ds's more than a quiet one, on every rank: the log window's."""
     ds_config, ranks = bf16_run

@@ -2,6 +2,7 @@
 that starts them fails before anything runs."""
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -21,11 +22,19 @@ def test_what_starts_ranks():
     assert starts_ranks([sys.executable, "-m", "mm_ds.cli", "run", "tiny", "--check"]) is None
     assert starts_ranks([sys.executable, "-m", "mm_ds.cli", "prepare", "--lang", "en"]) is None
     assert starts_ranks(["git", "status"]) is None
+    rank = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    started = "a rank (RANK and WORLD_SIZE in its environment)"
+    assert starts_ranks([sys.executable, "tests/compile_ranks.py", "CORPUS", "WORK", "plan.json"], rank) == started
+    assert starts_ranks([sys.executable, "-c", "import mm_ds.runtime.dist"], rank) == started  # whatever it runs
+    assert starts_ranks([sys.executable, "tests/compile_ranks.py"], {"PATH": "/usr/bin", "WORLD_SIZE": "2"}) is None
+    assert starts_ranks([sys.executable, "-c", "pass"]) is None  # inherited: a test standing in a rank's variables
 
 
 def test_an_unmarked_test_that_starts_ranks_fails_before_they_start():  # a test that cannot fail is a defect
     with pytest.raises(pytest.fail.Exception, match="starts deepspeed but is not marked"):
         subprocess.run(["deepspeed", "--num_gpus", "2", "no-such-script.py"])
+    with pytest.raises(pytest.fail.Exception, match="starts a rank .RANK and WORLD_SIZE in its environment. but is not"):
+        subprocess.run([sys.executable, "-c", "pass"], env=os.environ | {"RANK": "0", "WORLD_SIZE": "1"})
     assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
 
 

@@ -21,10 +21,18 @@ LAUNCHING = {"run", "run-job", "extend", "probe", "bench", *STAGES}
 """`mm-ds` commands that train or launch (a stage command trains in the process it starts, or launches ranks)."""
 NOT_LAUNCHING = {"--check", "--dry-run", "--list-stage-runs", "-h", "--help"}
 """Options with which those commands stop before anything starts."""
+RANK_ENV = {"RANK", "WORLD_SIZE"}
+"""A process given both in its environment (as a launcher gives them to its ranks) is a rank, whatever it runs: tests
+start ranks by hand (tests/compile_ranks.py, tests/support/host_reads.py, tests/support/comm_record.py, a `python -c`
+rank), with no launcher to see. Only an environment given to the process counts: one inherited from a test that stands
+in a rank's variables in its own process (tests/test_bringup.py) starts no rank."""
 
 
-def starts_ranks(argv) -> str | None:
-    """What `argv` (a process's command line) starts that makes a test a `ranks` one, or None."""
+def starts_ranks(argv, env=None) -> str | None:
+    """What `argv` (a process's command line) with `env` (the environment given to it; None: inherited) starts that
+    makes a test a `ranks` one, or None."""
+    if env is not None and RANK_ENV <= set(env):
+        return "a rank (RANK and WORLD_SIZE in its environment)"
     args = shlex.split(argv) if isinstance(argv, str) else [str(a) for a in argv]
     for i, a in enumerate(args):
         name = Path(a).name
@@ -43,7 +51,8 @@ _popen_init = subprocess.Popen.__init__
 
 def _guarded_init(self, args, *rest, **kwargs):
     item = _running[-1] if _running else None
-    if item is not None and not any(item.get_closest_marker(m) for m in MARKS) and (what := starts_ranks(args)):
+    env = kwargs.get("env", rest[9] if len(rest) > 9 else None)  # Popen's 11th parameter
+    if item is not None and not any(item.get_closest_marker(m) for m in MARKS) and (what := starts_ranks(args, env)):
         pytest.fail(f"{item.nodeid} starts {what} but is not marked: add @pytest.mark.ranks (make test-fast leaves "
                     f"such tests out)", pytrace=False)
     _popen_init(self, args, *rest, **kwargs)
