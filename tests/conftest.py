@@ -20,6 +20,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "rehearsal: the real-data rehearsal (`make rehearsal`), minutes of per-stage runs")
     config.addinivalue_line("markers", "ranks: starts ranks or a pipeline (seconds to minutes each); `make test-fast` "
                                        "runs the rest")
+    config.addinivalue_line("markers", "engine: builds a DeepSpeed engine or compiles a model (torch.compile) in the "
+                                       "test's own process (seconds each); `make test-fast` leaves it out")
     config.addinivalue_line("markers", "compile_full: train.compile's full matrix, every stage kind x engine config "
                                        "with inductor (`make test-compile`, ~20 minutes)")
     lanes.guard()

@@ -1,5 +1,5 @@
-"""The fast lane's mark is kept honest (tests/support/lanes.py): what counts as starting ranks, and an unmarked test
-that starts them fails before anything runs."""
+"""The fast lane's marks are kept honest (tests/support/lanes.py): what counts as starting ranks, and an unmarked test
+that starts them or builds a DeepSpeed engine fails before it does."""
 
 import ast
 import os
@@ -36,6 +36,15 @@ def test_an_unmarked_test_that_starts_ranks_fails_before_they_start():  # a test
     with pytest.raises(pytest.fail.Exception, match="starts a rank .RANK and WORLD_SIZE in its environment. but is not"):
         subprocess.run([sys.executable, "-c", "pass"], env=os.environ | {"RANK": "0", "WORLD_SIZE": "1"})
     assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
+
+
+def test_an_unmarked_test_that_builds_an_engine_fails_before_it_does():
+    import deepspeed
+    import torch
+
+    with pytest.raises(pytest.fail.Exception, match="builds a DeepSpeed engine .deepspeed.initialize. in its own "
+                                                    "process but is not marked: add @pytest.mark.engine"):
+        deepspeed.initialize(model=torch.nn.Linear(2, 2), config={"train_batch_size": 1})
 
 
 def port_helpers(source: str) -> list[str]:

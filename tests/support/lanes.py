@@ -1,6 +1,8 @@
 """The fast lane: `make test-fast` runs every test but those marked `ranks` (they start ranks or a pipeline, seconds
-to minutes each). The mark is kept honest here: an unmarked test that starts a launcher, a rank or a launching
-`mm-ds` command fails at once, naming what it started, instead of slowing the fast lane down unnoticed.
+to minutes each) or `engine` (they build a DeepSpeed engine or compile a model in the test's own process, seconds
+each). The marks are kept honest here: an unmarked test that starts a launcher, a rank or a launching `mm-ds` command,
+or calls `deepspeed.initialize`, fails at once, naming what it did, instead of slowing the fast lane down unnoticed.
+(`torch.compile` is to be guarded the same way once tests/test_compile.py's in-process compiles carry `engine`.)
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from mm_ds.stages.resolve import STAGES
 
 MARKS = ("ranks", "rehearsal", "gpu")
 """Tests with one of these marks may start ranks (the last two are kept out of `make test-fast` too)."""
+IN_PROCESS_MARKS = ("engine", *MARKS)
+"""Tests with one of these marks may build an engine or compile a model in their own process."""
 LAUNCHERS = {"deepspeed", "mpirun", "mpiexec", "srun", "sbatch", "torchrun", "pdsh", "rank.py"}
 """Programs whose start is a rank's, or a launch of ranks."""
 LAUNCHING = {"run", "run-job", "extend", "probe", "bench", *STAGES}
@@ -58,6 +62,28 @@ def _guarded_init(self, args, *rest, **kwargs):
     _popen_init(self, args, *rest, **kwargs)
 
 
+def _in_process(what: str, original):
+    """`original` (deepspeed.initialize), failing an unmarked test that calls it."""
+    def guarded(*args, **kwargs):
+        item = _running[-1] if _running else None
+        if item is not None and not any(item.get_closest_marker(m) for m in IN_PROCESS_MARKS):
+            pytest.fail(f"{item.nodeid} {what} in its own process but is not marked: add @pytest.mark.engine "
+                        f"(make test-fast leaves such tests out)", pytrace=False)
+        return original(*args, **kwargs)
+    guarded.guarded = original
+    return guarded
+
+
+def _guard_in_process() -> None:
+    """Looked up at call time (`deepspeed.initialize(...)` in mm_ds/runtime/engine.py), so replacing the module
+    attribute sees every call. Done before the first test rather than at configure: the process that only hands tests
+    to xdist's workers need not import DeepSpeed."""
+    import deepspeed
+
+    if not hasattr(deepspeed.initialize, "guarded"):
+        deepspeed.initialize = _in_process("builds a DeepSpeed engine (deepspeed.initialize)", deepspeed.initialize)
+
+
 def guard() -> None:
     """From conftest's pytest_configure: every process a test starts passes `starts_ranks`."""
     subprocess.Popen.__init__ = _guarded_init
@@ -65,6 +91,7 @@ def guard() -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
+    _guard_in_process()
     _running.append(item)
     try:
         yield
