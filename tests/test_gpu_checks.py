@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
 from support.gpu_checks import (attention_calls, describe_transports, frozen_mismatches, fused_attention_problems,
-                        nccl_transports, sdpa_backend, sdpa_kernels_run, summary, transport_problems)
+                                nccl_transports, sdpa_backend, sdpa_kernels_run, summary, transport_problems)
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_DIR = ROOT / "tests" / "gpu"

@@ -48,12 +48,20 @@ def test_an_unmarked_test_that_builds_an_engine_fails_before_it_does():
 
 
 def port_helpers(source: str) -> list[str]:
-    """Functions of a test file that pick a free port themselves (mm_ds.runtime.dist.free_port is the one helper)."""
-    return re.findall(r"^\s*def (_?free_port)\(", source, flags=re.M)
+    """Functions of a test file that pick a free port themselves (mm_ds.runtime.dist.free_port is the one helper): one
+    named so, or one that returns a socket's port (`return s.getsockname()[1]`). A test that holds a port busy (a
+    socket bound for the test's length) returns none."""
+    named = re.findall(r"^\s*def (_?free_port)\(", source, flags=re.M)
+    return named + [f.name for f in ast.walk(ast.parse(source)) if isinstance(f, ast.FunctionDef)
+                    and f.name not in named and any(isinstance(r, ast.Return) and "getsockname()[1]" in ast.unparse(r)
+                                                    for r in ast.walk(f))]
 
 
 def test_ports_come_from_one_helper():
     assert port_helpers("def _free_port() -> int:\n    ...\n") == ["_free_port"]  # the scan finds one
+    assert port_helpers("def port():\n    with socket.socket() as s:\n        s.bind(('', 0))\n"
+                        "        return s.getsockname()[1]\n") == ["port"]  # and one named otherwise
+    assert port_helpers("def test_busy():\n    with socket.socket() as s:\n        port = s.getsockname()[1]\n") == []
     tests = Path(__file__).parent
     assert {p.name: found for p in sorted(tests.rglob("*.py")) if p.name != "test_lanes.py"
             and (found := port_helpers(p.read_text()))} == {}
