@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine; each creates .venv in the checkout first.
 #   make demo   the main job on the embedded default (generated world, 2 CPU ranks)
-#   make test   the test suite (CPU); `make test-fast`: all but the tests that start ranks or a pipeline
+#   make test   the test suite (CPU); `make test-fast`: all but those that start ranks, a pipeline or an engine
 # Install order matters: torch pinned first (an unpinned range pulls GBs of CUDA wheels on CPU machines),
 # then deepspeed without build isolation (its build imports torch), then the rest. constraints.txt holds the
 # versions the tests ran with. DeepSpeed's FusedAdam (the bf16 engine configs' optimizer) is compiled at
@@ -40,10 +40,12 @@ test: $(STAMP)
 test-compile: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests/test_compile.py -m compile_full
 
-# The fast lane, under a minute: every test but those marked `ranks` (they start ranks or a pipeline;
-# tests/support/lanes.py fails an unmarked one that does).
+# The fast lane, under a minute: every test but those marked `ranks` (they start ranks or a pipeline) or `engine`
+# (they build a DeepSpeed engine or compile a model in the test's process); tests/support/lanes.py fails an unmarked
+# one that does.
 test-fast: $(STAMP)
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m "not rehearsal and not ranks" -n 2 --dist loadfile
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m "not rehearsal and not ranks and not engine" -n 2 \
+	    --dist loadfile
 
 # On a machine with CUDA GPUs: what CPU machines cannot run (tests/gpu), under 8 minutes on one GPU (LONG=1 adds the
 # per-stage pipeline cases), ending with a summary to paste (also written to gpu-summary.txt). Stops first, saying

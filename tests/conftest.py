@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from paths import SHARED_DATA
+from support.paths import SHARED_DATA
 from support import lanes
 from support.lanes import pytest_runtest_protocol  # noqa: F401 (a hook: the test that starts a process)
-from textgen import write_corpus
+from support.textgen import write_corpus
 
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -20,6 +20,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "rehearsal: the real-data rehearsal (`make rehearsal`), minutes of per-stage runs")
     config.addinivalue_line("markers", "ranks: starts ranks or a pipeline (seconds to minutes each); `make test-fast` "
                                        "runs the rest")
+    config.addinivalue_line("markers", "engine: builds a DeepSpeed engine or compiles a model (torch.compile) in the "
+                                       "test's own process (seconds each); `make test-fast` leaves it out")
     config.addinivalue_line("markers", "compile_full: train.compile's full matrix, every stage kind x engine config "
                                        "with inductor (`make test-compile`, ~20 minutes)")
     lanes.guard()

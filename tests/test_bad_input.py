@@ -21,7 +21,7 @@ from mm_ds.config import ConfigError, LaunchConfig
 from mm_ds.data import task_files, tasks
 from mm_ds.data.corpus import prepare
 from mm_ds.data.shards import TokenCorpus
-from textgen import write_corpus
+from support.textgen import write_corpus
 
 
 # ---------------------------------------------------------------- configs

@@ -114,6 +114,7 @@ def test_setup_peak_prepare_peer_and_targets_are_reported(report):
     assert "| Step 2, mini-model" in stdout
 
 
+@pytest.mark.ranks
 def test_every_stage_is_timed_compiled_against_eager_in_turn(report):
     rep, stdout = report
     assert set(rep["compiled"]) == set(COMPILED)
@@ -126,6 +127,7 @@ def test_every_stage_is_timed_compiled_against_eager_in_turn(report):
     assert "train.compile (aot_eager) against eager" in stdout
 
 
+@pytest.mark.ranks
 def test_the_profile_puts_an_update_in_parts_that_add_up(report):
     rep, stdout = report
     prof = rep["profile"]

@@ -1,5 +1,5 @@
-"""Every one of DeepSpeed's runners, built by DeepSpeed itself (tests/ds_runner.py: its `runner.main` on the exact
-command mm-ds produces, up to the process it would start) for 3 of a hostfile's 4 nodes x 2 ranks: the nodes, the
+"""Every one of DeepSpeed's runners, built by DeepSpeed itself (tests/support/ds_runner.py: its `runner.main` on the
+exact command mm-ds produces, up to the process it would start) for 3 of a hostfile's 4 nodes x 2 ranks: the nodes, the
 ranks per node, the script, rank 0's address and what reaches the other nodes' ranks are asserted on the command
 each runner would start. Where a runner cannot work with mm-ds's settings, mm-ds says so before the launch."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ds_runner import runner_command
+from support.ds_runner import runner_command
 from mm_ds.config import ConfigError, LaunchConfig
 from mm_ds.runtime import launch, runners
 from mm_ds.runtime.environment import VARIABLES, LAUNCHER, forwarded

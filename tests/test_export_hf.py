@@ -16,7 +16,7 @@ from mm_ds.data.tokenizer import check_spm, train_spm
 from mm_ds.model.heads import RobertaForTask
 from mm_ds.interop import export
 from mm_ds.model.model import RobertaMLM
-from textgen import sentences
+from support.textgen import sentences
 
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")

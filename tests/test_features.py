@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 import torch
-from paths import SHARED_DATA
+from support.paths import SHARED_DATA
 
 from mm_ds.data.features import (collate_pairs, collate_qa, context_pieces, decode_spans, encode_pair,
                                  pair_features, qa_features, truncate_longest_first)

@@ -1,4 +1,4 @@
-"""The GPU suite's checks that need no GPU (tests/gpu_checks.py, tests/gpu/gpu_thresholds.py,
+"""The GPU suite's checks that need no GPU (tests/support/gpu_checks.py, tests/gpu/gpu_thresholds.py,
 tests/gpu/device_waits.py), run on CPU: each fails when it should, and sees on CPU what tests/gpu/test_gpu.py will
 show it on the GPUs; the paper-shape update's own script (tests/gpu/paper_update.py) runs its flow here at a tiny
 shape. The suite itself must import and skip here, and keep what its source promises: "over NCCL" tests skip below
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
-from gpu_checks import (attention_calls, describe_transports, frozen_mismatches, fused_attention_problems,
-                        nccl_transports, sdpa_backend, sdpa_kernels_run, summary, transport_problems)
+from support.gpu_checks import (attention_calls, describe_transports, frozen_mismatches, fused_attention_problems,
+                                nccl_transports, sdpa_backend, sdpa_kernels_run, summary, transport_problems)
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_DIR = ROOT / "tests" / "gpu"

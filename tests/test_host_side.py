@@ -2,7 +2,7 @@
 checkpoint updates (DeepSpeed's that no setting removes are named), no file opened by rank 0's training thread
 and no rank waiting for rank 0's log rows, batches built ahead (bitwise the batches the loop would build),
 masked positions without `nonzero`, and a non-finite update skipped on the device. The counter is
-tests/host_reads.py; `mm-ds bench` measures the host's time."""
+tests/support/host_reads.py; `mm-ds bench` measures the host's time."""
 
 import json
 import subprocess
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from host_reads import HostReads, summary
+from support.host_reads import HostReads, summary
 from mm_ds.config import ModelConfig
 from mm_ds.data.mlm import MLMBatches
 from mm_ds.data.shards import TokenCorpus
@@ -116,7 +116,7 @@ def test_prefetch_errors_order_and_shutdown():
 
 def _reads(corpus: Path, out: Path, stage: str, ds_config: str, env=None, *overrides: str, world: int = 1
            ) -> list[dict]:
-    """tests/host_reads.py on `world` ranks started as a launcher starts them: each rank's records."""
+    """tests/support/host_reads.py on `world` ranks started as a launcher starts them: each rank's records."""
     import os
 
     from mm_ds.runtime.dist import free_port
@@ -126,8 +126,8 @@ def _reads(corpus: Path, out: Path, stage: str, ds_config: str, env=None, *overr
         ranks = {} if world == 1 else {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                                        "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "host_reads.py"), str(corpus), str(out), stage,
-                                       ds_config, *overrides], env=(env or os.environ) | ranks,
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "support" / "host_reads.py"), str(corpus), str(out),
+                                       stage, ds_config, *overrides], env=(env or os.environ) | ranks,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
         outs = [p.communicate(timeout=600) for p in procs]
@@ -141,7 +141,7 @@ def _reads(corpus: Path, out: Path, stage: str, ds_config: str, env=None, *overr
 def test_the_counter_counts_syncs_stream_and_event_waits_and_files():  # a test that cannot fail is a defect
     from deepspeed.accelerator import get_accelerator
 
-    from host_reads import AsyncDevice, allowed_by
+    from support.host_reads import AsyncDevice, allowed_by
 
     reads = HostReads()
     with reads, AsyncDevice(reads):
@@ -236,6 +236,7 @@ def test_rank_0_opens_no_file_in_the_training_thread_outside_checkpoints(bf16_ru
     assert [json.loads(line)["step"] for line in Path(logs, "train.jsonl").read_text().splitlines()] == [3, 6]
 
 
+@pytest.mark.ranks
 def test_no_rank_waits_for_rank_0s_log_row(bf16_run):
     """A row update has one collective of mm-ds's more than a quiet one, on every rank: the log window's."""
     ds_config, ranks = bf16_run

@@ -1,7 +1,8 @@
-"""The fast lane's mark is kept honest (tests/support/lanes.py): what counts as starting ranks, and an unmarked test
-that starts them fails before anything runs."""
+"""The fast lane's marks are kept honest (tests/support/lanes.py): what counts as starting ranks, and an unmarked test
+that starts them or builds a DeepSpeed engine fails before it does."""
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -21,21 +22,46 @@ def test_what_starts_ranks():
     assert starts_ranks([sys.executable, "-m", "mm_ds.cli", "run", "tiny", "--check"]) is None
     assert starts_ranks([sys.executable, "-m", "mm_ds.cli", "prepare", "--lang", "en"]) is None
     assert starts_ranks(["git", "status"]) is None
+    rank = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    started = "a rank (RANK and WORLD_SIZE in its environment)"
+    assert starts_ranks([sys.executable, "tests/compile_ranks.py", "CORPUS", "WORK", "plan.json"], rank) == started
+    assert starts_ranks([sys.executable, "-c", "import mm_ds.runtime.dist"], rank) == started  # whatever it runs
+    assert starts_ranks([sys.executable, "tests/compile_ranks.py"], {"PATH": "/usr/bin", "WORLD_SIZE": "2"}) is None
+    assert starts_ranks([sys.executable, "-c", "pass"]) is None  # inherited: a test standing in a rank's variables
 
 
 def test_an_unmarked_test_that_starts_ranks_fails_before_they_start():  # a test that cannot fail is a defect
     with pytest.raises(pytest.fail.Exception, match="starts deepspeed but is not marked"):
         subprocess.run(["deepspeed", "--num_gpus", "2", "no-such-script.py"])
+    with pytest.raises(pytest.fail.Exception, match="starts a rank .RANK and WORLD_SIZE in its environment. but is not"):
+        subprocess.run([sys.executable, "-c", "pass"], env=os.environ | {"RANK": "0", "WORLD_SIZE": "1"})
     assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
 
 
+def test_an_unmarked_test_that_builds_an_engine_fails_before_it_does():
+    import deepspeed
+    import torch
+
+    with pytest.raises(pytest.fail.Exception, match="builds a DeepSpeed engine .deepspeed.initialize. in its own "
+                                                    "process but is not marked: add @pytest.mark.engine"):
+        deepspeed.initialize(model=torch.nn.Linear(2, 2), config={"train_batch_size": 1})
+
+
 def port_helpers(source: str) -> list[str]:
-    """Functions of a test file that pick a free port themselves (mm_ds.runtime.dist.free_port is the one helper)."""
-    return re.findall(r"^\s*def (_?free_port)\(", source, flags=re.M)
+    """Functions of a test file that pick a free port themselves (mm_ds.runtime.dist.free_port is the one helper): one
+    named so, or one that returns a socket's port (`return s.getsockname()[1]`). A test that holds a port busy (a
+    socket bound for the test's length) returns none."""
+    named = re.findall(r"^\s*def (_?free_port)\(", source, flags=re.M)
+    return named + [f.name for f in ast.walk(ast.parse(source)) if isinstance(f, ast.FunctionDef)
+                    and f.name not in named and any(isinstance(r, ast.Return) and "getsockname()[1]" in ast.unparse(r)
+                                                    for r in ast.walk(f))]
 
 
 def test_ports_come_from_one_helper():
     assert port_helpers("def _free_port() -> int:\n    ...\n") == ["_free_port"]  # the scan finds one
+    assert port_helpers("def port():\n    with socket.socket() as s:\n        s.bind(('', 0))\n"
+                        "        return s.getsockname()[1]\n") == ["port"]  # and one named otherwise
+    assert port_helpers("def test_busy():\n    with socket.socket() as s:\n        port = s.getsockname()[1]\n") == []
     tests = Path(__file__).parent
     assert {p.name: found for p in sorted(tests.rglob("*.py")) if p.name != "test_lanes.py"
             and (found := port_helpers(p.read_text()))} == {}

@@ -1,4 +1,4 @@
-"""Two nodes on one machine (tests/netns.py: a network namespace, a host name and an /etc/hosts per node, the
+"""Two nodes on one machine (tests/support/netns.py: a network namespace, a host name and an /etc/hosts per node, the
 Debian-style "127.0.1.1 <own name>" line included), each node's processes started with only what a remote node
 receives, two ranks on each. A stage completes and resumes
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from netns import MM_DS, STANDINS, Nodes, cluster_env, launch, login_env, remote_env, nodes_or_skip
+from support.netns import MM_DS, STANDINS, Nodes, cluster_env, launch, login_env, remote_env, nodes_or_skip
 from test_launchers import assert_trained_and_resumed, free_port, stage_args
 
 ROOT = Path(__file__).resolve().parents[1]

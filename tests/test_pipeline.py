@@ -494,7 +494,7 @@ def test_check_says_how_the_groups_run_and_refuses_what_cannot(tmp_path, monkeyp
 def test_only_prepare_prepares_the_data_apart(tmp_path, capsys):
     """`--only prepare` prepares the recipe's languages and nothing else (`--lang`: some of them), is idempotent,
     and with --check lists them; a missing input is named before any work; `mm-ds run` then finds the data ready."""
-    from textgen import write_corpus
+    from support.textgen import write_corpus
 
     from mm_ds.pipeline import run as pipeline
     from mm_ds.pipeline.prepare import prepare_data

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rehearsal_tasks import build as build_tasks
+from support.rehearsal_tasks import build as build_tasks
 from mm_ds.pipeline import run as pipeline
 from mm_ds import recipe as recipe_mod
 from mm_ds.pipeline.stage_runs import stage_runs

@@ -1,7 +1,7 @@
 """What the bf16 engine configs send between ranks, recorded: Step 2 (the body frozen, the language group training)
 on 2 CPU ranks under bf16_zero{1,2,3}.json, each rank recording every collective DeepSpeed makes
-(tests/comm_record.py). Gradients are reduced in fp32 (the configs accumulate in fp32; a bf16 reduction would round
-them first), weights gathered in bf16, `mm-ds plan`'s model (mm_ds/tools/plan.py) predicts the recorded traffic,
+(tests/support/comm_record.py). Gradients are reduced in fp32 (the configs accumulate in fp32; a bf16 reduction would
+round them first), weights gathered in bf16, `mm-ds plan`'s model (mm_ds/tools/plan.py) predicts the recorded traffic,
 and the frozen weights the engine trained beside are the parent's rounded to bf16 (MM_DS_DUMP_FROZEN, the
 tests/gpu check, here on CPU)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpu_checks import frozen_mismatches
+from support.gpu_checks import frozen_mismatches
 from mm_ds.runtime import checkpoint, ds_config
 from mm_ds.runtime.dist import free_port
 from mm_ds.model.model import is_language_param
@@ -27,7 +27,7 @@ STEPS, ACCUM = 4, 2
 PLAN_OP = {"all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce", "reduce": "reduce",
            "reduce_scatter": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter", "all_gather": "all_gather",
            "all_gather_into_tensor": "all_gather", "all_gather_base": "all_gather", "all_gather_coalesced": "all_gather"}
-"""DeepSpeed's backend calls (tests/comm_record.py) as mm_ds/tools/plan.py names the collectives."""
+"""DeepSpeed's backend calls (tests/support/comm_record.py) as mm_ds/tools/plan.py names the collectives."""
 GRADS = [op for op, name in PLAN_OP.items() if "reduce" in name]
 GATHERS = [op for op, name in PLAN_OP.items() if name == "all_gather"]
 SCALARS = 4
@@ -57,8 +57,9 @@ def run_two_ranks(argv: list[str], tmp: Path) -> list[list[dict]]:
         env = os.environ | {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                             "MM_DS_DUMP_FROZEN": str(tmp / "frozen")}
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "comm_record.py"), str(tmp / f"rank{r}.jsonl"), *argv],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "support" / "comm_record.py"),
+                                       str(tmp / f"rank{r}.jsonl"), *argv], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=300)[0] for p in procs]
     for p, o in zip(procs, outs):
         assert p.returncode == 0, o[-3000:]

@@ -1,5 +1,6 @@
 """The real-data rehearsal (`make rehearsal`): `mm-ds run tests/rehearsal.yaml` end to end on the public text and
-task files in ../shared/data (the English training files made first, tests/rehearsal_tasks.py), with the paper recipe's structure (the four systems, per-stage launches of 2 ranks under the
+task files in ../shared/data (the English training files made first, tests/support/rehearsal_tasks.py), with the
+paper recipe's structure (the four systems, per-stage launches of 2 ranks under the
 deepspeed launcher, the paper presets and their bf16 engine config, four tasks over languages with holes in
 coverage, two finetuning seeds, training curves). It takes minutes of process start-ups, so `make test`
 leaves it out; CI runs it after the suite. It proves the path runs, not that a tiny model transfers."""
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rehearsal_tasks import build as build_tasks
+from support.rehearsal_tasks import build as build_tasks
 from mm_ds.runtime import checkpoint
 from mm_ds.runtime.dist import free_port  # not 29500: another run on the machine may hold DeepSpeed's default
 from mm_ds.pipeline.stage_runs import stage_runs

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from import_walk import graph, layout, rank_starts, walk
+from support.import_walk import graph, layout, rank_starts, walk
 from mm_ds.config import ConfigError
 from mm_ds.runtime import checkpoint, launch, resolved
 from mm_ds.runtime.dist import free_port
@@ -61,9 +61,9 @@ def test_a_rank_given_only_the_run_directory_trains_the_stage(corpus, tmp_path):
 
 
 def test_nothing_on_a_stage_rank_parses_a_command_line_or_reads_a_validation_variable():
-    """Every module a stage's rank enters (tests/import_walk.py: mm_ds/rank.py's stage_rank and what it imports):
-    no argparse and no sys.argv outside a `main` run as a script, and no environment read of a variable that says
-    what the launching side checked."""
+    """Every module a stage's rank enters (tests/support/import_walk.py: mm_ds/rank.py's stage_rank and what it
+    imports): no argparse and no sys.argv outside a `main` run as a script, and no environment read of a variable that
+    says what the launching side checked."""
     L = layout(ROOT)
     g = graph(L)
     g["mm_ds.rank"] = set()

@@ -1,4 +1,4 @@
-"""Every launcher's real command, executed across two emulated nodes of two ranks each (tests/netns.py).
+"""Every launcher's real command, executed across two emulated nodes of two ranks each (tests/support/netns.py).
 
 `mm-ds probe` runs on node 0 as a user would type it: it builds the launcher's command with
 `mm_ds.runtime.launch.command` and runs it for real. For `launch.launcher=deepspeed` that is DeepSpeed's own
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from netns import MM_DS, STANDINS, Nodes, cluster_env, launch, login_env, python_without_openmpi, nodes_or_skip
+from support.netns import MM_DS, STANDINS, Nodes, cluster_env, launch, login_env, python_without_openmpi, nodes_or_skip
 from standins import cluster
 from test_launchers import free_port
 

@@ -1,7 +1,7 @@
 """The stand-ins of tests/standins do what the real tools do with what the launcher tests give them, and refuse what
 the real tools refuse: srun's layout, task variables and refusals; hydra's placement, MPMD blocks and PMI
 variables; pdsh's %n and -S; pkill on a node touching that node's processes only; a broken node's missing Python
-environment. Shell commands on two emulated nodes (tests/netns.py), a few seconds in all."""
+environment. Shell commands on two emulated nodes (tests/support/netns.py), a few seconds in all."""
 
 import os
 import subprocess
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from netns import LOGIN_PATH, Nodes, cluster_env, login_env, nodes_or_skip
+from support.netns import LOGIN_PATH, Nodes, cluster_env, login_env, nodes_or_skip
 
 ECHO = 'echo "$(hostname) $SLURM_PROCID $SLURM_LOCALID $SLURM_NODEID $SLURM_STEP_TASKS_PER_NODE $PMI_RANK $PMI_SIZE"'
 

@@ -531,11 +531,11 @@ def test_a_stop_to_a_pack_is_passed_to_its_run_which_saves_and_no_other_run_star
 
 @pytest.mark.ranks
 def test_sigterm_to_one_rank_of_two_namespace_nodes_stops_both_and_resumes_bitwise(corpus, step1, tmp_path):
-    """`deepspeed --no_ssh --node_rank K` on two emulated nodes (tests/netns.py), a rank each: SIGTERM to node 1's
-    rank alone, at a random update; both nodes' ranks save and exit 75 (their peer's flag reaches them through the
+    """`deepspeed --no_ssh --node_rank K` on two emulated nodes (tests/support/netns.py), a rank each: SIGTERM to node
+    1's rank alone, at a random update; both nodes' ranks save and exit 75 (their peer's flag reaches them through the
     lagged all-reduce over the nodes' link), and resuming on both finishes bitwise as the 2-rank reference."""
     import psutil
-    from netns import VENV_BIN, Nodes, Unavailable, remote_env, wait_all
+    from support.netns import VENV_BIN, Nodes, Unavailable, remote_env, wait_all
 
     ref, _, _ = step1
     nodes = Nodes(2)

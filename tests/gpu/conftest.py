@@ -1,7 +1,7 @@
 """The GPU suite's summary: after `make test-gpu`, a few lines a person can paste into an issue (the machine, then per
 test its outcome, time and what it measured: tokens/s, MFU, peak memory, step time, the SDPA kernel, NCCL's transports;
 the tests record them with pytest's `record_property`). Printed at the end of the run and, with MM_DS_GPU_SUMMARY=FILE
-(the Makefile sets it), written there. The formatting is tests/gpu_checks.py's `summary`, checked on CPU."""
+(the Makefile sets it), written there. The formatting is tests/support/gpu_checks.py's `summary`, checked on CPU."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from gpu_checks import summary
+from support.gpu_checks import summary
 
 ROWS: dict[str, dict] = {}
 

@@ -1,7 +1,7 @@
 """On CUDA GPUs: what no CPU machine can run. `make test-gpu` on a machine with one or more GPUs (under 8 minutes on
 one GPU; `make test-gpu LONG=1` adds the `gpu_long` cases); without CUDA every test here is skipped. It ends with a
-summary to paste (tests/gpu/conftest.py). The checks that need no GPU live in tests/gpu_checks.py and beside this file
-(gpu_thresholds.py, device_waits.py), where CPU tests (tests/test_gpu_checks.py) show that they can fail.
+summary to paste (tests/gpu/conftest.py). The checks that need no GPU live in tests/support/gpu_checks.py and beside
+this file (gpu_thresholds.py, device_waits.py), where CPU tests (tests/test_gpu_checks.py) show that they can fail.
 
 On one GPU:
 - the paper-shape update: Step 1 of BL_BASE and MINIJOINT as the paper presets run it (bf16 under ZeRO 1, 32 x 512
@@ -27,7 +27,6 @@ With 2 or more GPUs (skipped below, saying what they would test), over NCCL betw
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -37,9 +36,10 @@ import torch
 import yaml
 
 import gpu_thresholds
-from gpu_checks import (attention_calls, describe_transports, frozen_mismatches, fused_attention_problems,
-                        nccl_transports, sdpa_backend, sdpa_kernels_run, transport_problems)
+from support.gpu_checks import (attention_calls, describe_transports, frozen_mismatches, fused_attention_problems,
+                                nccl_transports, sdpa_backend, sdpa_kernels_run, transport_problems)
 from mm_ds.runtime import checkpoint
+from mm_ds.runtime.dist import free_port
 from mm_ds.model.model import LANGUAGE_PARAMS, is_language_param
 
 HERE = Path(__file__).resolve().parent
@@ -53,12 +53,6 @@ def over_nccl(what: str):
     """A test of traffic between GPUs: on fewer than 2 a world of one would pass it without any; skip, saying what
     it would have tested."""
     return pytest.mark.skipif(NGPU < 2, reason=f"needs 2+ GPUs ({NGPU} here): would test, over NCCL, {what}")
-
-
-def port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def mm_ds(*argv, env=None, check=True):
@@ -82,7 +76,7 @@ def test_base_pretraining_with_fused_adam_over_nccl(corpus, tmp_path, precision,
                  "model.vocab_size=null", "data.seq_len=128", "train.steps=20", "train.warmup_steps=2",
                  f"train.global_batch={16 * NGPU}", "train.micro_batch=8", "train.log_every=5",
                  "train.checkpoint_steps=[]", f"ds_config={precision}_zero1.json", f"launch.ranks={NGPU}",
-                 f"launch.master_port={port()}", env=NCCL_INFO)
+                 f"launch.master_port={free_port()}", env=NCCL_INFO)
     log = proc.stdout + proc.stderr
     assert f"world={NGPU} micro=8 accum=2" in log and f"zero=1 {precision}; optimizer {optimizer} over FusedAdam" in log
     assert "backend nccl" in log
@@ -243,7 +237,7 @@ def _recipe(mode: str) -> dict:
                       "adapt": ["train.steps=8", "train.checkpoint_steps=[4]", *geometry],
                       "finetune": ["finetune.epochs=1", "finetune.max_train_examples=160", *geometry],
                       **{f"{s}/{y}": [f"ds_config=bf16_zero{z}.json"] for (s, y), z in zero.items()}},
-        "launch": {"ranks": NGPU, "launcher": "deepspeed", "master_port": port()}, "mode": mode, "curve": True}
+        "launch": {"ranks": NGPU, "launcher": "deepspeed", "master_port": free_port()}, "mode": mode, "curve": True}
 
 
 def logs(out: Path) -> str:

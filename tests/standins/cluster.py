@@ -1,10 +1,10 @@
 """What the stand-ins beside this file share: the emulated cluster's map, and how a process starts on a node.
 
 The stand-ins (`ssh`, `pdsh`, `srun`, `sinfo`, `scontrol`; hydra's `mpirun`/`mpiexec` and `mpiname` in hydra/)
-are put first on PATH of the launching node's processes by tests/netns.py. Each starts processes on the nodes of
+are put first on PATH of the launching node's processes by tests/support/netns.py. Each starts processes on the nodes of
 the map named by MMDS_TEST_CLUSTER (written by `Nodes.write_map`):
 
-    {"nodes": [{"name": ..., "ns": ..., "addr": ...}, ...],   tests/netns.py's nodes, in order
+    {"nodes": [{"name": ..., "ns": ..., "addr": ...}, ...],   tests/support/netns.py's nodes, in order
      "login_env": {...},      what a login on a node starts with (ssh; hydra's and SLURM's daemons run there too)
      "cpus": 64, "gpus": 2,   per node, as SLURM's configuration would list them (srun checks requests against them)
      "pmi": "",               "pmi2": srun's MpiDefault=pmi2 (its tasks get PMI_RANK/PMI_SIZE)

@@ -34,7 +34,7 @@ from standins import cluster
 VENV_BIN = Path(sys.executable).parent
 MM_DS = [sys.executable, "-m", "mm_ds.cli"]
 """`mm-ds` as a user types it, by this interpreter (its console script may have been installed for another)."""
-STANDINS = Path(__file__).resolve().parent / "standins"
+STANDINS = Path(__file__).resolve().parents[1] / "standins"
 """ssh, pdsh, srun, scontrol, sinfo; hydra/ holds hydra's mpirun (and mpiname), kept apart from OpenMPI's."""
 INTERFACE = "ens3"
 LOGIN_PATH = f"{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -103,6 +103,6 @@ def _pawsx(data: Path, out: Path) -> str:
     return rel
 
 
-if __name__ == "__main__":  # python tests/rehearsal_tasks.py DATA OUT
+if __name__ == "__main__":  # python tests/support/rehearsal_tasks.py DATA OUT
     import sys
     print(json.dumps(build(*sys.argv[1:3]), indent=1))

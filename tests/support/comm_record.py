@@ -1,5 +1,5 @@
 """Run `mm-ds ARGV` as one rank and record what DeepSpeed hands to its collectives (test-only; the product never
-imports this file): `python tests/comm_record.py OUT.jsonl ARGV...` under a launcher's environment.
+imports this file): `python tests/support/comm_record.py OUT.jsonl ARGV...` under a launcher's environment.
 
 Every collective DeepSpeed makes goes through its backend object (deepspeed.comm.torch.TorchBackend); each
 method is wrapped to append {"op", "dtype", "numel"} (numel: the elements this rank contributes) to a list, and

@@ -1,8 +1,8 @@
 """The walk from `mm-ds run` to a rank, over the import graph: which files a reader enters, in which folders, and
 where a rank climbs back up above the stage it trains.
 
-    python tests/import_walk.py                 # this checkout
-    python tests/import_walk.py --root DIR      # another checkout of mm-ds (e.g. an older commit's), its own layer table
+    python tests/support/import_walk.py               # this checkout
+    python tests/support/import_walk.py --root DIR    # another checkout (e.g. an older commit's), its own layer table
 
 The graph is tests/test_layout.py's (imports anywhere in a module, function-level ones included, and dispatch strings),
 but the CLI's command tables are followed only for the command a process runs. Three processes:
@@ -141,7 +141,7 @@ def report(root: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--root", type=Path, default=HERE.parent, help="the checkout to walk (default: this one)")
+    p.add_argument("--root", type=Path, default=HERE.parents[1], help="the checkout to walk (default: this one)")
     p.add_argument("--climbs", action="store_true", help="list every climb back up")
     a = p.parse_args(argv)
     for name, r in report(a.root.resolve()).items():

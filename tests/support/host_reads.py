@@ -22,7 +22,7 @@ recorded as "event.synchronize (lagged)": it waits only for work queued an updat
 say), never drains the queue, and is not a wait. A `.item()` of a tensor an earlier update made is a wait: on
 CUDA it synchronizes the stream, everything queued since included.
 
-    python tests/host_reads.py CORPUS OUT STAGE DS_CONFIG [key=value ...]   # prints one JSON object (`main`)
+    python tests/support/host_reads.py CORPUS OUT STAGE DS_CONFIG [key=value ...]   # prints one JSON object (`main`)
 
 It runs the real `engine.train` in a fresh process, as one rank of the world its environment describes (RANK,
 WORLD_SIZE, ...: tests/test_host_side.py starts two) or a world of one, with `engine.train_step` wrapped only to

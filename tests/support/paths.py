@@ -6,5 +6,5 @@ whichever of the two was imported first."""
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED_DATA = Path(os.environ.get("MM_DS_SHARED_DATA", ROOT.parent / "shared" / "data"))
