@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from support import call_walk
 from support.import_walk import graph, layout, rank_starts, walk
 from mm_ds.config import ConfigError
 from mm_ds.runtime import checkpoint, launch, resolved
@@ -80,6 +81,19 @@ def test_nothing_on_a_stage_rank_parses_a_command_line_or_reads_a_validation_var
                 found.append(f"{module}.{fn.name} reads a validation variable")
     assert not found, found
     assert "mm_ds.stages.runner" in seen and "mm_ds.stages.command" not in seen and "mm_ds.cli" not in seen
+
+
+@pytest.mark.ranks
+def test_a_recipes_walk_to_a_rank_is_a_handful_of_files_and_the_rank_reenters_no_orchestration():
+    """tests/support/call_walk.py on `mm-ds run tiny`: the stacks where the launching side starts the ranks, where a
+    rank builds its stage and where it first runs the model. A rank enters no module of the launching side's but
+    the exit-code wrapper every process shares (before, a rank went through the CLI and `mm-ds run`'s module)."""
+    stacks = call_walk.record(ROOT)
+    rank_files = {f for point in ("stage", "forward") for f, _ in stacks[point]}
+    assert call_walk.shared(stacks) == ["mm_ds/runtime/exits.py"], stacks
+    assert {"mm_ds/rank.py", "mm_ds/stages/runner.py", "mm_ds/runtime/engine.py"} <= rank_files, stacks
+    assert not {"mm_ds/cli.py", "mm_ds/pipeline/run.py", "mm_ds/recipe.py"} & rank_files, stacks
+    assert len(call_walk.walk(stacks)) <= 12, call_walk.walk(stacks)
 
 
 def test_what_a_stage_inherits_is_checked_by_one_function_from_a_checkpoint_and_from_configs(tmp_path):
