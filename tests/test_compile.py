@@ -67,6 +67,7 @@ def _train(model, batches, **kw):
         model(**batch, **kw)["loss"].backward()
 
 
+@pytest.mark.engine
 def test_the_mlm_compiles_without_a_graph_break_one_graph_per_mask_and_depth():
     """The multi-depth MLM at each of its depths and its full one, with and without a mask: exactly one graph each.
     (One head and one secondary head compile in the 2-rank launch below, checked for graph breaks there too.)"""
@@ -83,6 +84,7 @@ def test_the_mlm_compiles_without_a_graph_break_one_graph_per_mask_and_depth():
     assert "forward" not in model.__dict__ and compiled.of(model) is None
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("task_type, num_labels", [("extractive_qa", 0)])  # pair classification: the launch below
 def test_the_task_models_compile_without_a_graph_break(task_type, num_labels):
     model = RobertaForTask(ModelConfig(**MLM), task_type, num_labels)
@@ -102,6 +104,7 @@ def test_the_task_models_compile_without_a_graph_break(task_type, num_labels):
     assert (s["graph_breaks"], s["graphs"], s["recompiles"]) == (0, 1, 0), (s, compiled.graph_break_reasons())
 
 
+@pytest.mark.engine
 def test_the_counters_see_a_graph_break_and_a_recompile():
     """The detectors above can fail: a host read in a forward is a graph break; a new shape, a recompile; past the
     region's limit dynamo runs the frame eager (no more graphs)."""
@@ -127,6 +130,7 @@ def test_the_counters_see_a_graph_break_and_a_recompile():
     assert s["recompiles"] >= 1
 
 
+@pytest.mark.engine
 def test_a_graph_break_in_the_encoder_is_counted(monkeypatch):
     """The counters the launch's `graph_breaks == 0` reads see a break put into the layer stack: a host read in each
     layer's forward, as a `.item()` in a model change would be."""
@@ -147,6 +151,7 @@ def test_a_graph_break_in_the_encoder_is_counted(monkeypatch):
     assert s["graph_breaks"] >= 1 and s["graphs"] > 1, (s, compiled.graph_break_reasons())
 
 
+@pytest.mark.engine
 def test_dropout_compiled_keeps_the_rate_and_is_a_function_of_the_seed():
     """Compiled, mm_ds/model/model.py's CPU dropout is F.dropout (inductor's masks in production): its masks follow
     torch's seed, as the loop's per-micro-step seeding needs for an exact resume, and keep about 1 - p."""

@@ -1,5 +1,5 @@
 """The fast lane's marks are kept honest (tests/support/lanes.py): what counts as starting ranks, and an unmarked test
-that starts them or builds a DeepSpeed engine fails before it does."""
+that starts them, builds a DeepSpeed engine or compiles a model fails before it does."""
 
 import ast
 import os
@@ -45,6 +45,15 @@ def test_an_unmarked_test_that_builds_an_engine_fails_before_it_does():
     with pytest.raises(pytest.fail.Exception, match="builds a DeepSpeed engine .deepspeed.initialize. in its own "
                                                     "process but is not marked: add @pytest.mark.engine"):
         deepspeed.initialize(model=torch.nn.Linear(2, 2), config={"train_batch_size": 1})
+
+
+def test_an_unmarked_test_that_compiles_fails_when_dynamo_starts():
+    import torch
+
+    double = torch.compile(lambda x: 2 * x, backend="eager")  # compiling is lazy: nothing yet
+    with pytest.raises(pytest.fail.Exception, match=r"compiles a model .torch.compile. in its own process but is not "
+                                                    r"marked: add @pytest.mark.engine"):
+        double(torch.ones(2))
 
 
 def port_helpers(source: str) -> list[str]:

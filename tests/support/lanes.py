@@ -63,7 +63,7 @@ def _guarded_init(self, args, *rest, **kwargs):
 
 
 def _in_process(what: str, original):
-    """`original` (deepspeed.initialize), failing an unmarked test that calls it."""
+    """`original` (deepspeed.initialize; dynamo's compile-start callback), failing an unmarked test that calls it."""
     def guarded(*args, **kwargs):
         item = _running[-1] if _running else None
         if item is not None and not any(item.get_closest_marker(m) for m in IN_PROCESS_MARKS):
@@ -79,9 +79,13 @@ def _guard_in_process() -> None:
     attribute sees every call. Done before the first test rather than at configure: the process that only hands tests
     to xdist's workers need not import DeepSpeed."""
     import deepspeed
+    from torch._dynamo.callback import callback_handler
 
     if not hasattr(deepspeed.initialize, "guarded"):
         deepspeed.initialize = _in_process("builds a DeepSpeed engine (deepspeed.initialize)", deepspeed.initialize)
+        # A compile is seen where dynamo starts one (torch.compile itself only wraps: compiling is lazy). Failed is a
+        # BaseException: it leaves through dynamo's error handling to the test.
+        callback_handler.register_start_callback(_in_process("compiles a model (torch.compile)", lambda *a: None))
 
 
 def guard() -> None:
