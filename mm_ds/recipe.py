@@ -17,7 +17,7 @@ import yaml
 from .coerce import check_numbers
 from .config import ConfigError, LaunchConfig, did_you_mean, from_dict, recipe_names
 from .data.tasks import HUB, TASKS, is_hub
-from .runtime.launch import resolve as resolve_launch
+from .runtime.distributed.launch import resolve as resolve_launch
 from .systems import STAGES, SYSTEMS, SystemNameError, sort_key, system_of
 from .config import apply_overrides
 from .data.world import PRESETS

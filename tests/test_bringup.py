@@ -1,4 +1,4 @@
-"""Bring-up as a rank sees it (mm_ds/runtime/bringup.py, mm_ds/runtime/dist.py init), on one machine: which launcher's
+"""Bring-up as a rank sees it (mm_ds/runtime/distributed/bringup.py, mm_ds/runtime/distributed/dist.py init), on one machine: which launcher's
 variables name a rank (a rank may carry several launchers' sets), where an srun step's ranks meet (a stale or
 loopback MASTER_ADDR that sbatch exported), where rank 0 listens (a name with several addresses), how long ranks
 wait for one another (a rank that never comes), two ranks on one GPU (CUDA stood in), and a stage's build that
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mm_ds.config import ConfigError, LaunchConfig
-from mm_ds.runtime import bringup, dist, launch, watchdog
+from mm_ds.runtime.distributed import bringup, dist, launch, watchdog
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -320,7 +320,7 @@ def test_a_build_that_fails_on_another_rank_stops_this_one_before_training(monke
     """One node cannot read a file the stage's build needs: its ranks fail there, the others went on into the
     engine's collectives and relied on the process group to notice. They stop, saying another rank failed."""
     from mm_ds import config
-    from mm_ds.runtime.resolved import Resolved
+    from mm_ds.runtime.training.resolved import Resolved
     from mm_ds.stages import runner
 
     trained, failed = [], iter([False, True])  # reading the run directory went well; rank 1's build failed
@@ -328,7 +328,7 @@ def test_a_build_that_fails_on_another_rank_stops_this_one_before_training(monke
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(dist, "init", lambda *a, **kw: (0, 0, 2))
     monkeypatch.setattr(dist, "any_rank", lambda flag: next(failed))
-    monkeypatch.setattr("mm_ds.runtime.engine.train", lambda *a, **kw: trained.append(1))
+    monkeypatch.setattr("mm_ds.runtime.training.engine.train", lambda *a, **kw: trained.append(1))
     monkeypatch.setattr("mm_ds.stages.pretrain.build", lambda cfg: object())
     got = Resolved(tmp_path / "run", config.load("tiny/minijoint"), None, None, 2)
     with pytest.raises(dist.OtherRankFailed, match="another rank failed building the stage"):

@@ -1,6 +1,6 @@
 """The collective guard. NCCL takes device tensors only and gloo also takes host ones, so a collective on a
 tensor made on the host passes every CPU test and stops a GPU run at its first update. Every collective goes
-through mm_ds/runtime/dist.py, which puts its tensors on the accelerator's device: these tests make that so."""
+through mm_ds/runtime/distributed/dist.py, which puts its tensors on the accelerator's device: these tests make that so."""
 
 import ast
 from pathlib import Path
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_ds.runtime import dist
+from mm_ds.runtime.distributed import dist
 
-PACKAGE = Path(dist.__file__).resolve().parents[1]  # mm_ds/
+PACKAGE = Path(dist.__file__).resolve().parents[2]  # mm_ds/
 DISTRIBUTED = ("torch.distributed", "deepspeed.comm")
 # What other modules may still ask torch.distributed: nothing that moves tensors.
 HARMLESS = {"is_available", "is_initialized", "constants"}
@@ -47,8 +47,8 @@ def scan(path: Path) -> list[str]:
 
 def test_no_module_but_dist_touches_the_process_group():
     bad = [f"{p.relative_to(PACKAGE.parent)}: {o}" for p in sorted(PACKAGE.rglob("*.py"))
-           if p != PACKAGE / "runtime" / "dist.py" for o in scan(p)]
-    assert not bad, ("collectives outside mm_ds/runtime/dist.py (on GPUs they need device tensors; use mm_ds.runtime.dist): "
+           if p != PACKAGE / "runtime" / "distributed" / "dist.py" for o in scan(p)]
+    assert not bad, ("collectives outside mm_ds/runtime/distributed/dist.py (on GPUs they need device tensors; use mm_ds.runtime.distributed.dist): "
                      + "; ".join(bad))
 
 

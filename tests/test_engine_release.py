@@ -12,7 +12,7 @@ import pytest
 
 from fault_harness import TINY_MODEL
 from mm_ds.pipeline import jobs
-from mm_ds.runtime.dist import free_port
+from mm_ds.runtime.distributed.dist import free_port
 from mm_ds.stages.resolve import StageRun
 
 ONE_JOB = textwrap.dedent("""

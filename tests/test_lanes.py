@@ -30,7 +30,7 @@ def test_an_unmarked_test_that_starts_ranks_fails_before_they_start():  # a test
 
 
 def port_helpers(source: str) -> list[str]:
-    """Functions of a test file that pick a free port themselves (mm_ds.runtime.dist.free_port is the one helper)."""
+    """Functions of a test file that pick a free port themselves (mm_ds.runtime.distributed.dist.free_port is the one helper)."""
     return re.findall(r"^\s*def (_?free_port)\(", source, flags=re.M)
 
 

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from mm_ds.runtime import dist, watchdog
+from mm_ds.runtime.distributed import dist, watchdog
 
 SRUN_TASK_5_OF_8 = {"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "5",
                     "SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_STEP_NODELIST": "gpu1", "SLURM_STEP_NUM_NODES": "1",
@@ -188,7 +188,7 @@ def test_each_launcher_gives_its_ranks_their_share_of_the_cpus(rank_env, monkeyp
     """8 ranks a node each starting all-core thread pools fought over the cores: each launcher's command gives a
     rank its CPUs (or leaves every rank all of them), and the rank's thread pools take its share."""
     from mm_ds.config import LaunchConfig
-    from mm_ds.runtime import launch
+    from mm_ds.runtime.distributed import launch
 
     launch_cfg, shell, asks, rank_vars, cpus, threads = LAUNCHES[name]
     env, seen = rank_env

@@ -1,5 +1,5 @@
 """A stage run is resolved once, where its launch starts, and every rank starts from its run directory alone
-(mm_ds/stages/resolve.py, mm_ds/runtime/resolved.py, mm_ds/rank.py): the record's sums, a rank given only RUN that
+(mm_ds/stages/resolve.py, mm_ds/runtime/training/resolved.py, mm_ds/rank.py): the record's sums, a rank given only RUN that
 trains the stage, and nothing on a rank's path that parses a command line or reads a validation variable."""
 
 import ast
@@ -13,8 +13,10 @@ import pytest
 
 from import_walk import graph, layout, rank_starts, walk
 from mm_ds.config import ConfigError
-from mm_ds.runtime import checkpoint, launch, resolved
-from mm_ds.runtime.dist import free_port
+from mm_ds.runtime.checkpointing import checkpoint
+from mm_ds.runtime.distributed import launch
+from mm_ds.runtime.training import resolved
+from mm_ds.runtime.distributed.dist import free_port
 from mm_ds.stages.resolve import StageRun, resolve
 from test_launchers import TINY
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..runtime import checkpoint
+from ..runtime.checkpointing import checkpoint
 from ..model import surgery
 from ..config import ConfigError, ModelConfig, to_dict
 from ..data.tokenizer import has_our_ids

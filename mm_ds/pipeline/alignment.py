@@ -19,7 +19,7 @@ from ..eval.heldout import prepared_heldout
 from ..recipe import data_path, prepare_options
 from ..report.align_report import align_table, diagnosis_table, write_align
 from ..report.report import mlm_report
-from ..runtime import checkpoint
+from ..runtime.checkpointing import checkpoint
 
 
 def aligned_runs(recipe, out: Path | None = None) -> list[tuple[str, str]]:

@@ -34,13 +34,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runtime import checkpoint
+from ..runtime.checkpointing import checkpoint
 from .. import tokens
 from .check import Findings, check_stages
 from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict
 from ..stages.resolve import StageRun
 from ..systems import SystemNameError, system_of
-from ..runtime.rundir import logs_dir
+from ..runtime.checkpointing.rundir import logs_dir
 from . import extend_card
 from ..data.inputs import chunks, resolve_inputs, split_lines
 from ..data.tokenizer import check_tokenizer
