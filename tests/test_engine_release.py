@@ -18,7 +18,7 @@ from mm_ds.stages.resolve import StageRun
 ONE_JOB = textwrap.dedent("""
     import gc, json, sys, weakref
     from mm_ds.pipeline import jobs
-    from mm_ds.runtime import engine
+    from mm_ds.runtime.training import engine
 
     made, seen, build, train = [], [], engine.build_engine, engine.train
 

@@ -274,7 +274,8 @@ def test_presets_log_rows_at_a_rate_scaled_to_the_stage():
 RUN_TWICE = textwrap.dedent('''
     import sys, torch
     from pathlib import Path
-    from mm_ds.runtime import checkpoint, engine
+    from mm_ds.runtime.checkpointing import checkpoint
+    from mm_ds.runtime.training import engine
     from mm_ds import config
     from mm_ds.stages import pretrain
 
@@ -329,7 +330,7 @@ def test_tf32_follows_the_precision_and_the_key(monkeypatch):
 
 HOOKS = textwrap.dedent("""
     import json, sys, torch, deepspeed
-    from mm_ds.runtime import dist
+    from mm_ds.runtime.distributed import dist
     dist.init()
     for ds in json.loads(sys.stdin.read()):
         ds.update(train_batch_size=2, train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=2)

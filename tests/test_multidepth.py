@@ -219,7 +219,8 @@ def test_recipe_costs_count_step2_per_depth():
 STAGE_SCRIPT = textwrap.dedent('''
     import shutil, sys, torch
     from pathlib import Path
-    from mm_ds.runtime import checkpoint, engine
+    from mm_ds.runtime.checkpointing import checkpoint
+    from mm_ds.runtime.training import engine
     from mm_ds.config import ModelConfig, RunConfig, TrainConfig, LaunchConfig
     from mm_ds.model.model import RobertaMLM, is_language_param
     from mm_ds.runtime.training.phases import DepthSchedule

@@ -101,7 +101,7 @@ sys.exit(75)
 """, sys.argv[1]])
 rank.wait()
 '''
-PARENT = ("import sys; from mm_ds.runtime import stop; "
+PARENT = ("import sys; from mm_ds.runtime.distributed import stop; "
           "sys.exit(stop.run_child([sys.executable, '-c', sys.argv[1], sys.argv[2]]))")
 
 
@@ -121,7 +121,7 @@ def test_the_parent_passes_a_stop_to_the_launchers_group_and_waits_for_its_ranks
 
 WATCHED = r'''
 import os, signal, sys, time
-from mm_ds.runtime import watchdog
+from mm_ds.runtime.distributed import watchdog
 # A "rank" whose launcher is its parent: it records SIGTERM and goes on (as a rank whose save takes a while).
 signal.signal(signal.SIGTERM, lambda s, f: open(sys.argv[1], "a").write(f"SIGTERM {time.monotonic()}\n"))
 watchdog.start(0, poll_s=0.2)

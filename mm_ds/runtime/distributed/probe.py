@@ -16,7 +16,7 @@ import sys
 import time
 
 from ...config import ConfigError, LaunchConfig, from_dict, parse_override
-from . import dist, launch as launching
+from . import dist, launch as launching, rendezvous
 
 
 def parser() -> argparse.ArgumentParser:
@@ -61,7 +61,7 @@ def report(cfg: LaunchConfig) -> int:
     took_ms = (time.monotonic() - started) * 1000
     expected = world * (world + 1) / 2
     if rank == 0:
-        members = dist.members()
+        members = rendezvous.members()
         hosts = list(dict.fromkeys(m["host"] for m in members))
         print(f"[mm-ds probe] {world} rank(s) on {len(hosts)} node(s), {dist.backend()}, up in {joined:.1f} s", flush=True)
         for r, m in enumerate(members):
