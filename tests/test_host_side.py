@@ -192,7 +192,7 @@ DEEPSPEED_WAITS = {
 # mm-ds's own, outside log and checkpoint updates: none. A new one is declared here with its reason, e.g. a read of
 # a host copy of an earlier update's result whose event was recorded then (that event's wait is a lagged one).
 MM_DS_WAITS = {
-    ("mm_ds", "runtime/training/boundary.py read", "tolist"):
+    ("mm_ds", "training/boundary.py read", "tolist"):
         "per update: the stop/resume agreement's result (LaggedMax), read one update after its all-reduce was "
         "queued; on CUDA it is a pinned host copy behind a CUDA event recorded in the earlier update, so the read "
         "waits for that update's work only, never for the queue the host has just filled (the counter cannot tell a "
@@ -242,7 +242,7 @@ def test_no_rank_waits_for_rank_0s_log_row(bf16_run):
     for rank, result in enumerate(ranks):
         per = {u: Counter((w.split(":")[0], w.split(" ")[-1], what) for v, o, w, what in result["collectives"]
                           if v == u and o == "mm_ds") for u in (2, 3)}  # quiet, row
-        assert per[3] - per[2] == Counter({("runtime/distributed/dist.py", "all_reduce_tensor", "all_reduce"): 1}), (rank, per)
+        assert per[3] - per[2] == Counter({("distributed/dist.py", "all_reduce_tensor", "all_reduce"): 1}), (rank, per)
         assert not per[2] - per[3], (rank, per)
 
 

@@ -81,7 +81,7 @@ def test_paper_plan_numbers():
     one_node = {(r.system, r.step): r for r in plan.plan_stages(recipe_costs(load_recipe("paper")), plan.Cluster(nodes=1))}
     assert one_node[("BL_BASE", "step1")].comm_s < r.comm_s  # NVLink instead of the network
     # Each stage at its config's micro batch, at most: 12 layers at 32 per GPU, 4-6 at 64 (the host keeps ahead
-    # of a GPU: bench_host.py), down to a rank's share of 2048 (32 GPUs: 64; 64 GPUs: 32)
+    # of a GPU: tools/bench/host.py), down to a rank's share of 2048 (32 GPUs: 64; 64 GPUs: 32)
     deep = {("BL_BASE", "step1"), ("BL_BASE", "step2"), ("MINIJOINT", "step1"), ("MINIPOST", "step1")}
     assert len(rows) == 9 and all(r.micro_batch == (32 if k in deep else 64) for k, r in rows.items())
     sixty_four = plan.plan_stages(recipe_costs(load_recipe("paper")), plan.Cluster(nodes=8))

@@ -1,6 +1,6 @@
 """`mm-ds bench`: time every stage kind through the real training step, against a same-run matmul peak
 and a Hugging Face `transformers` peer, and check the CPU speed targets; on a GPU, in the paper presets' bf16
-against its datasheet peak (`bench_device`), the throughput to compare with `mm-ds plan --bench`.
+against its datasheet peak (device.py), the throughput to compare with `mm-ds plan --bench`.
 
     mm-ds bench --preset base --micro-batch 2 --json bench.json
     mm-ds bench --preset tiny --steps 2 --no-peer
@@ -24,21 +24,18 @@ own zero-update path (`engine.train` with train.steps=0: the model as built, unt
 Data. A synthetic corpus (Zipf-distributed pseudo-words, documents of sentences) is generated and prepared
 with `mm_ds.data.corpus.prepare` into a temporary directory. It cannot support a 50k-piece SentencePiece
 model, so its trained tokenizer is small and grown to the model's vocabulary with its pieces spread over
-all ids (`bench_data.spread_tokenizer`); the stages' own `MLMBatches` draw real packed, dynamically masked
+all ids (`data.spread_tokenizer`); the stages' own `MLMBatches` draw real packed, dynamically masked
 batches from it. The loader share is the time `train_step` spends fetching a batch over the step time.
 Finetuning is built from a small generated English NLI file and timed on synthetic padded sentence pairs
-(10% padding) of the benchmark's length. The peer: `bench_peer`. The ratio targets (Step 2 mini vs full, mm-ds
-vs the peer) build both sides at once and step them in turn, so that the machine's drift hits both: `bench_pairs`;
+(10% padding) of the benchmark's length. The peer: peer.py. The ratio targets (Step 2 mini vs full, mm-ds
+vs the peer) build both sides at once and step them in turn, so that the machine's drift hits both: pairs.py;
 prepare's encoding and single-process SentencePiece (the same encode calls on one thread) are timed in turn too,
-over the corpus text repeated to 48 MiB (`bench_data.prepare_corpus`).
+over the corpus text repeated to 48 MiB (`data.prepare_corpus`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
-import io
 import json
 import logging
 import os
@@ -47,149 +44,25 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from ...runtime.training import engine as eng
-from ...config import DataConfig, FinetuneConfig, MiniConfig, ModelConfig, RunConfig, TrainConfig, read_preset
-from ...runtime.training.peaks import measure_matmul_peak
-from ...systems import SYSTEMS
+from ...config import RunConfig
 from . import compile_pairs as bench_compile, device as bench_device, host as bench_host, profile as bench_profile
 from .report import print_report
 from .targets import TARGETS, evaluate_targets  # noqa: F401 (TARGETS: bench's own list)
-from .data import host_corpus, pair_batches, prepare_corpus, spread_corpus, write_pair_task
+from .data import host_corpus, prepare_corpus, spread_corpus
 from . import pairs as bench_pairs
-from .pairs import EngineSteps, alternate
+from .pairs import alternate
 from .peer import PeerSteps, RssPeak, maxrss_bytes, release_free_memory
-from ...config import from_dict
+from .stages import (PEER_STAGES, PRESETS, STAGE_RUNS, STAGE_TITLES, STAGES, Stages, base_model_cfg, matmul_peak,
+                     run_engine_stage)
 from ...runtime.training import ds_config as dsc
 from ...data.mlm import MLMBatches
 from ...data.shards import TokenCorpus
 from ...runtime.distributed import dist
-
-STAGES = ("pretrain", "pretrain_secondary", "build_mini", "adapt_full", "adapt_mini", "finetune")
-PEER_STAGES = ("pretrain", "adapt_full", "adapt_mini")  # the peer has no secondary head, bridge or task loop here
-
-
-@dataclass(frozen=True)
-class Preset:
-    model: str  # packaged model preset
-    vocab: int  # used where the model preset leaves vocab_size to the tokenizer
-    seq: int
-    mini_layers: int  # N: MINIJOINT's secondary head, the mini-model, MINIPOST's frozen bottom
-    new_layers: int  # MINIPOST's bridge
-    micro_batch: int
-    steps: int
-    warmup: int
-    corpus_mb: float  # synthetic text for the corpus
-    encode_mb: float  # that text repeated, for the encode-speed measurement
-
-
-PRESETS = {
-    "tiny": Preset("models/tiny", 4000, 128, 2, 2, micro_batch=8, steps=3, warmup=1, corpus_mb=2,
-                   encode_mb=2),
-    "small": Preset("models/small", 50000, 512, 4, 2, micro_batch=2, steps=3, warmup=1, corpus_mb=12,
-                    encode_mb=48),
-    "base": Preset("models/base", 50000, 512, 4, 2, micro_batch=2, steps=3, warmup=1, corpus_mb=12,
-                    encode_mb=48),
-}
-
-STAGE_TITLES = {
-    "pretrain": "Step 1, single head",
-    "pretrain_secondary": "Step 1, secondary head (MINIJOINT)",
-    "build_mini": "Step 1b (MINIPOST bridge)",
-    "adapt_full": "Step 2, full model",
-    "adapt_mini": "Step 2, mini-model",
-    "finetune": "Step 3, finetune (cls)",
-}
-
-# bench stage -> (stage module, system, the parent it starts from, FLOPs kind)
-STAGE_RUNS = {
-    "pretrain": ("pretrain", "bl_base", None, "pretrain"),
-    "pretrain_secondary": ("pretrain", "minijoint", None, "pretrain_secondary"),
-    "build_mini": ("build_mini", "minipost", "pretrain", "build_mini"),
-    "adapt_full": ("adapt", "bl_base", "pretrain", "adapt"),
-    "adapt_mini": ("adapt", "minijoint", "mini", "adapt"),
-    "finetune": ("finetune", "bl_base", "pretrain", "finetune"),
-}
-# parent -> (stage module, system, its own parent): BL_BASE's and MINIJOINT's pretraining, MINIJOINT's Step 1b
-PARENT_RUNS = {"pretrain": ("pretrain", "bl_base", None), "secondary": ("pretrain", "minijoint", None),
-               "mini": ("build_mini", "minijoint", "secondary")}
-
-def matmul_peak(n: int = 2048, reps: int = 5) -> dict:
-    return measure_matmul_peak(n, reps)
-
-
-def base_model_cfg(preset: Preset) -> ModelConfig:
-    mcfg = from_dict(ModelConfig, read_preset(preset.model)["model"], prefix="model.")
-    if mcfg.vocab_size is None:
-        mcfg.vocab_size = preset.vocab
-    mcfg.check()
-    return mcfg
-
-
-# ----------------------------------------------------------------------------------------------- stages
-
-class Stages:
-    """Each bench stage as its stage module builds it, from a `RunConfig` over the bench's corpus; the
-    parents are written on first use under work/parents/ by `engine.train` with zero updates."""
-
-    def __init__(self, work: Path, corpus: Path, text: Path, mcfg: ModelConfig, preset: Preset, seq: int,
-                 micro_batch: int, ds_config: str, say):
-        self.work, self.corpus, self.mcfg, self.preset, self.seq = work, corpus, mcfg, preset, seq
-        self.micro_batch, self.ds_config, self.say, self.parents = micro_batch, ds_config, say, {}
-        self.tasks = write_pair_task(work / "tasks", text)
-
-    def config(self, module: str, system: str, parent: Path | None) -> RunConfig:
-        secondary = SYSTEMS[system].step1 == "pretrain_secondary"  # the parent of MINIJOINT's extraction has one
-        model = replace(self.mcfg, secondary_head_layer=self.preset.mini_layers if secondary else None)
-        return RunConfig(stage=module, system=system, parent=str(parent or ""), model=model,
-                         data=DataConfig(corpus=str(self.corpus), seq_len=self.seq), ds_config=self.ds_config,
-                         train=TrainConfig(seed=0, global_batch=self.micro_batch, micro_batch=self.micro_batch,
-                                           log_every=10 ** 9, checkpoint_steps=[]),
-                         mini=MiniConfig(layers=self.preset.mini_layers, new_layers=self.preset.new_layers),
-                         finetune=FinetuneConfig(task="xnli", data_root=str(self.tasks), max_length=self.seq))
-
-    def build(self, module: str, system: str, parent: str | None) -> eng.Stage:
-        cfg = self.config(module, system, parent and self.parent(parent))
-        out = io.StringIO()  # the builders' progress lines: to the log, not between the tables
-        with contextlib.redirect_stdout(out):
-            stage = importlib.import_module(f"mm_ds.stages.{module}").build(cfg)
-        for line in out.getvalue().splitlines():
-            self.say(line)
-        return stage
-
-    def parent(self, name: str) -> Path:
-        if name not in self.parents:
-            stage = self.build(*PARENT_RUNS[name])
-            stage.cfg.train.steps = 0  # the model as built, untrained: a parent's shape is what the bench needs
-            with contextlib.redirect_stdout(io.StringIO()):
-                eng.train(stage, self.work / "parents" / name, progress=False)
-            self.parents[name] = self.work / "parents" / name
-        return self.parents[name]
-
-    def timed(self, name: str, steps: int) -> eng.Stage:
-        """Bench stage `name`, built by its module, with the bench's schedule and (Step 3) batches."""
-        module, system, parent, _ = STAGE_RUNS[name]
-        stage = self.build(module, system, parent)
-        stage.cfg.train = replace(stage.cfg.train, steps=steps, warmup_steps=1, lr=1e-4)  # Step 3 set its own
-        if name == "finetune":
-            stage.batches = pair_batches(stage.cfg.model.vocab_size, self.seq)
-        return stage
-
-
-def run_engine_stage(stage: eng.Stage, warmup: int, steps: int, rank: int, world: int) -> dict:
-    """The engine as `engine.train` builds it (`engine.build_engine`), and `engine.train_step` timed."""
-    steps_of = EngineSteps(stage, world, rank)
-    raw = alternate({"stage": steps_of}, warmup, steps)["stage"]
-    built = steps_of.built
-    steps_of.close()
-    return raw | {"trainable_params": built.n_train, "total_params": built.n_total,
-                  "zero_stage": dsc.zero_stage(built.ds_cfg), "grad_accum": built.geo.grad_accum,
-                  "optimizer": built.ds_cfg["optimizer"]}
-
 
 # ----------------------------------------------------------------------------------------------- report
 

@@ -1,11 +1,11 @@
 """`mm-ds bench`'s compiled against eager (train.compile, mm_ds/runtime/training/compiled.py), per stage kind.
 
 Each stage is built twice by its stage module, one with train.compile (`--compile`: inductor by default), and both
-engines are built as `engine.train` builds them and stepped in turn (`bench_pairs.alternate`, A B B A ...), so that
+engines are built as `engine.train` builds them and stepped in turn (pairs.py `alternate`, A B B A ...), so that
 the machine's drift hits both sides alike; the ratio is of their median update times. The compiled side compiles in
 its first updates (the warm-up, one more than the stage table's); an update that compiles later (a batch with
 padding after unpadded ones: its second graph) has its compile seconds taken out of its time, as the training
-log's rows do (`bench_pairs.EngineSteps`). Reported per stage: both sides' median update and tokens/s, the ratio,
+log's rows do (pairs.py `EngineSteps`). Reported per stage: both sides' median update and tokens/s, the ratio,
 the compile seconds, graphs, graph breaks and recompiles, and both sides' losses (equal at the first update: the
 same weights and batch; dropout then draws different masks, mm_ds/runtime/training/compiled.py).
 """

@@ -96,7 +96,7 @@ def prepare_corpus(work: Path, megabytes: float, encode_mb: float, vocab: int, w
     prepare's fixed start-up, ~0.05 s, does not decide the ratio). The reference is SentencePiece alone on one
     thread making the very calls prepare's workers make (`tokenizer.encoder`: its batch encode into int32
     buffers, ~1 MiB chunks of lines), over lines already split in memory: no reading, splitting, arrays or
-    writing. The two are timed in turn, three times each (A B B A A B, as bench_pairs does), and their medians
+    writing. The two are timed in turn, three times each (A B B A A B, as pairs.py does), and their medians
     compared, so that a drift of the machine hits both and one slow spell (a side 50% slower than its others,
     seen on these vCPUs) decides nothing; then prepare with one worker (its own overhead, apart from scaling)."""
     corpus, text, model, first = spread_corpus(work, megabytes, vocab, workers, log)
@@ -137,7 +137,7 @@ def prepare_corpus(work: Path, megabytes: float, encode_mb: float, vocab: int, w
 
 def host_corpus(work: Path, text: Path, vocab: int) -> Path:
     """The bench's text prepared with a `vocab`-piece tokenizer: the corpus of the host-side loop
-    (bench_host.py), whose model keeps the kernels of the vocabulary and sheds their size."""
+    (host.py), whose model keeps the kernels of the vocabulary and sheds their size."""
     prepare("xx", [str(text)], str(work / "host_corpus"), vocab_size=vocab, sample_sentences=5000, seed=0,
             progress=False)
     return work / "host_corpus"

@@ -64,7 +64,7 @@ def _named_calls(engine):
 
 
 def profile_update(steps_of, vocab: int) -> dict:
-    """Seconds per part (module docstring) of one update of `steps_of` (a `bench_pairs.EngineSteps`)."""
+    """Seconds per part (module docstring) of one update of `steps_of` (a pairs.py `EngineSteps`)."""
     for step in range(WARMUP):
         steps_of(step)
     engine = steps_of.built.engine

@@ -1,5 +1,5 @@
 """`mm-ds bench`'s speed targets: each a threshold on one figure of the run, judged on the devices whose row in
-bench_device.DEVICES names it (the CPU targets at the base shape on CPU; on a GPU, those a GPU can judge)."""
+device.py's DEVICES names it (the CPU targets at the base shape on CPU; on a GPU, those a GPU can judge)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ TARGETS = (
 def evaluate_targets(results: dict, pairs: dict, encode: dict | None, host: dict | None = None,
                      device: str = "cpu", compiled: dict | None = None) -> list[dict]:
     """Every speed target of `device` (bench_device.DEVICES) the run can judge; the ratio targets from `pairs`
-    (`bench_pairs.measure`), train.compile's from `compiled` (`bench_compile.measure`)."""
+    (pairs.py `measure`), train.compile's from `compiled` (compile_pairs.py `measure`)."""
     out, mine = [], bench_device.DEVICES[device].targets
 
     def add(key, value, ok, detail):
