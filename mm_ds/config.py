@@ -134,9 +134,9 @@ class TrainConfig:
     """Seconds from a stop signal to exit (below DeepSpeed's and SLURM's 30 s): the save is skipped if the last one
     took longer than what is left."""
     compile: bool = False
-    """torch.compile the model after deepspeed.initialize (mm_ds/runtime/training/compiled.py): one graph per shape, compiled
-    at the first updates (its time reported, left out of tokens_per_s). ZeRO 0-2 only. Off until a GPU has measured
-    it (`make test-gpu` records compiled against eager)."""
+    """torch.compile the model after deepspeed.initialize (mm_ds/runtime/training/compiled.py): one graph per shape,
+    compiled at the first updates (its time reported, left out of tokens_per_s). ZeRO 0-2 only. Off until a GPU has
+    measured it (`make test-gpu` records compiled against eager)."""
     compile_backend: str = "inductor"
     """With train.compile: inductor (generated kernels), or aot_eager (the same graphs run by eager kernels:
     compiles in seconds; tests, and telling a compiler fault from a model's)."""
@@ -220,8 +220,8 @@ class LaunchConfig:
     """Nodes to run on: the first N hosts of `hostfile` (deepspeed, mpirun) or of the allocation (srun). None: every
     host of the hostfile, else 1 (resolved once, before launch: mm_ds/runtime/distributed/launch.py `resolve`)."""
     hostfile: str = ""
-    """`HOST slots=N` per line (mm_ds/runtime/distributed/hostfile.py), for several nodes under deepspeed or mpirun. Read on the
-    machine that starts the launch only."""
+    """`HOST slots=N` per line (mm_ds/runtime/distributed/hostfile.py), for several nodes under deepspeed or mpirun.
+    Read on the machine that starts the launch only."""
     ds_launcher: str = "pdsh"
     """How `deepspeed` reaches the other nodes, one of DeepSpeed's runners: pdsh | openmpi | mvapich | slurm | mpich |
     impi (what each needs: mm_ds/runtime/distributed/runners.py)."""

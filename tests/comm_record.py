@@ -4,8 +4,8 @@ imports this file): `python tests/comm_record.py OUT.jsonl ARGV...` under a laun
 Every collective DeepSpeed makes goes through its backend object (deepspeed.comm.torch.TorchBackend); each
 method is wrapped to append {"op", "dtype", "numel"} (numel: the elements this rank contributes) to a list, and
 the engine's forward and optimizer step append {"mark": "forward" | "step"} so that a test can cut the record
-into updates. mm-ds's own collectives (mm_ds/runtime/distributed/dist.py: loss sums, flags) call torch.distributed directly and are
-not recorded. The list is written to OUT.jsonl when the rank leaves.
+into updates. mm-ds's own collectives (mm_ds/runtime/distributed/dist.py: loss sums, flags) call torch.distributed
+directly and are not recorded. The list is written to OUT.jsonl when the rank leaves.
 """
 
 import json

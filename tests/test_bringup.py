@@ -1,8 +1,8 @@
-"""Bring-up as a rank sees it (mm_ds/runtime/distributed/bringup.py, mm_ds/runtime/distributed/dist.py init), on one machine: which launcher's
-variables name a rank (a rank may carry several launchers' sets), where an srun step's ranks meet (a stale or
-loopback MASTER_ADDR that sbatch exported), where rank 0 listens (a name with several addresses), how long ranks
-wait for one another (a rank that never comes), two ranks on one GPU (CUDA stood in), and a stage's build that
-fails on one rank. Across emulated nodes, with every launcher: tests/test_runners_on_nodes.py."""
+"""Bring-up as a rank sees it (mm_ds/runtime/distributed/bringup.py, mm_ds/runtime/distributed/dist.py init), on one
+machine: which launcher's variables name a rank (a rank may carry several launchers' sets), where an srun step's ranks
+meet (a stale or loopback MASTER_ADDR that sbatch exported), where rank 0 listens (a name with several addresses), how
+long ranks wait for one another (a rank that never comes), two ranks on one GPU (CUDA stood in), and a stage's build
+that fails on one rank. Across emulated nodes, with every launcher: tests/test_runners_on_nodes.py."""
 
 import os
 import socket

@@ -1,6 +1,6 @@
-"""The environment guard (mm_ds/runtime/distributed/environment.py). A launcher hands a remote node's ranks only part of the launching
-shell's environment, so a rank that decides a collective from a variable that did not reach every rank calls
-other collectives than its peers and the run hangs (MM_DS_VALIDATED under mpirun did, before the ranks read a
+"""The environment guard (mm_ds/runtime/distributed/environment.py). A launcher hands a remote node's ranks only part of
+the launching shell's environment, so a rank that decides a collective from a variable that did not reach every rank
+calls other collectives than its peers and the run hangs (MM_DS_VALIDATED under mpirun did, before the ranks read a
 resolved run directory instead). These tests scan the
 package: every variable it reads is in the table (mm_ds/runtime/faults.py's test fault points are the user's, as a
 whole), and none that may differ between ranks is read in a function that calls a collective, except as rank

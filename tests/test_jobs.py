@@ -1,6 +1,6 @@
-"""One job format and one rank-side queue loop (mm_ds/pipeline/jobs.py, mm_ds/runtime/distributed/jobs.py `serve`): every kind of
-work item survives its file; the loop counts what its pieces came to, stops on a stop signal or a broken rank, and
-is the only loop over a queue in the package."""
+"""One job format and one rank-side queue loop (mm_ds/pipeline/jobs.py, mm_ds/runtime/distributed/jobs.py `serve`):
+every kind of work item survives its file; the loop counts what its pieces came to, stops on a stop signal or a broken
+rank, and is the only loop over a queue in the package."""
 
 import ast
 import signal
@@ -70,8 +70,8 @@ def test_a_stop_ends_the_queue_loop_with_stopped():
 
 
 def test_the_queue_loop_is_the_only_one():
-    """Nothing but mm_ds/runtime/distributed/jobs.py claims from a queue: Step 3, Step 4 and the alignment check go through
-    `serve`."""
+    """Nothing but mm_ds/runtime/distributed/jobs.py claims from a queue: Step 3, Step 4 and the alignment check go
+    through `serve`."""
     found = []
     for p in sorted(PACKAGE.rglob("*.py")):
         if p == PACKAGE / "runtime" / "distributed" / "jobs.py":

@@ -284,8 +284,8 @@ def names_deepspeed_files(text: str) -> list[str]:
 
 
 def test_only_the_checkpoint_module_knows_deepspeeds_layout():
-    """A module that needs something from an engine checkpoint asks mm_ds/runtime/checkpointing/checkpoint.py for it: one module
-    changes when DeepSpeed's layout does."""
+    """A module that needs something from an engine checkpoint asks mm_ds/runtime/checkpointing/checkpoint.py for it:
+    one module changes when DeepSpeed's layout does."""
     bad = {str(p.relative_to(PACKAGE.parent)): found for p in sorted(PACKAGE.rglob("*.py"))
            if p != LAYOUT_OWNER and (found := names_deepspeed_files(p.read_text()))}
     assert bad == {}, f"these name DeepSpeed's checkpoint files; add a function to {LAYOUT_OWNER.name} instead: {bad}"
@@ -301,8 +301,8 @@ def test_the_layout_scan_finds_deepspeeds_file_names():  # a test that cannot fa
 
 RUN_TREE_NAMES = ("checkpoints", "final", "frozen", "logs", "train.jsonl", "run_config.yaml", "ds_config.json",
                   "resolved.json")
-"""The names of a run directory's parts (and of `mm-ds run`'s OUT/logs/), spelt out in mm_ds/runtime/checkpointing/rundir.py only:
-everyone else asks it (`logs_dir`, `train_log`, `checkpoints_dir`, FINAL, ...)."""
+"""The names of a run directory's parts (and of `mm-ds run`'s OUT/logs/), spelt out in
+mm_ds/runtime/checkpointing/rundir.py only: everyone else asks it (`logs_dir`, `train_log`, `checkpoints_dir`, FINAL, ...)."""
 RUN_TREE_OWNER = PACKAGE / "runtime" / "checkpointing" / "rundir.py"
 META_KEYS = {"frozen"}
 """Names that are also checkpoint meta keys (mm_ds.json's "frozen": the frozen weights' path), as dict keys."""

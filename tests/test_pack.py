@@ -1,7 +1,7 @@
-"""Many small runs packed onto a launch's devices (mm_ds/pipeline/pack.py, mm_ds/runtime/distributed/jobs.py): each single-device run gets one
-device under every launcher's environment, the ranks share one queue of jobs, and Step 4 builds one model per
-unit and reads each Step-2 checkpoint once for every task. The packed launch itself, with a killed run resumed
-alone, is tests/test_pipeline_resume.py's; the one job's, tests/test_pipeline.py's."""
+"""Many small runs packed onto a launch's devices (mm_ds/pipeline/pack.py, mm_ds/runtime/distributed/jobs.py): each
+single-device run gets one device under every launcher's environment, the ranks share one queue of jobs, and Step 4
+builds one model per unit and reads each Step-2 checkpoint once for every task. The packed launch itself, with a killed
+run resumed alone, is tests/test_pipeline_resume.py's; the one job's, tests/test_pipeline.py's."""
 
 import json
 from collections import Counter

@@ -1,6 +1,6 @@
 """A stage run is resolved once, where its launch starts, and every rank starts from its run directory alone
-(mm_ds/stages/resolve.py, mm_ds/runtime/training/resolved.py, mm_ds/rank.py): the record's sums, a rank given only RUN that
-trains the stage, and nothing on a rank's path that parses a command line or reads a validation variable."""
+(mm_ds/stages/resolve.py, mm_ds/runtime/training/resolved.py, mm_ds/rank.py): the record's sums, a rank given only RUN
+that trains the stage, and nothing on a rank's path that parses a command line or reads a validation variable."""
 
 import ast
 import json

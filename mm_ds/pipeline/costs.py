@@ -188,8 +188,8 @@ def finetune_costs(recipe, cfgs: dict | None = None, out: Path = Path("OUT")) ->
 
 def step2_phases(cfg, depths: tuple[int, ...], steps: int | None = None) -> list[tuple[int, int, int]]:
     """(depth, updates, checkpoints) of each phase of a Step 2 of `steps` updates (default: its config's), one
-    phase unless multi-depth (mm_ds/runtime/training/phases.py). A plateau schedule's split is known only after the run: it is
-    estimated as equal shares. Checkpoints follow the config's own schedule."""
+    phase unless multi-depth (mm_ds/runtime/training/phases.py). A plateau schedule's split is known only after the run:
+    it is estimated as equal shares. Checkpoints follow the config's own schedule."""
     steps = cfg.train.steps if steps is None else steps
     if len(depths) == 1:
         return [(depths[0], steps, cfg.train.checkpoints())]

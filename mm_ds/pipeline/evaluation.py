@@ -4,8 +4,8 @@ ranks of a launch share. One unit is scored by mm_ds/eval/transfer.py; this modu
 At the paper's scale that is 4 systems x 14 languages x ~29 checkpoints x 5 seeds over four test sets, so the work
 is cut into independent units (one checkpoint, or the source language, or a control, with all its seeds) that the
 ranks of a launch share, each on its rank's device: they take pieces one at a time from a queue
-(mm_ds/runtime/distributed/jobs.py `serve`), a piece being the units that swap in one Step-2 checkpoint (one per task, and its
-control), which is read and hashed once for all of them. A unit's result is a file under OUT/eval/ keyed by a
+(mm_ds/runtime/distributed/jobs.py `serve`), a piece being the units that swap in one Step-2 checkpoint (one per task,
+and its control), which is read and hashed once for all of them. A unit's result is a file under OUT/eval/ keyed by a
 fingerprint of its inputs (manifests of the checkpoints, the task file) and of how it was scored (device type and
 precision: bf16 autocast on GPUs, fp32 on CPU): an interrupted evaluation resumes, a finished one is not redone,
 and a result scored on another kind of device is scored again, so that one table never mixes precisions.

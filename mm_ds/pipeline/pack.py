@@ -47,8 +47,8 @@ LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SI
                "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS",
                "MPI_LOCALNRANKS")
 LAUNCH_PREFIXES = ("OMPI_COMM_WORLD_", "MV2_COMM_WORLD_", "PMI_", "PMIX_RANK")
-"""What makes a process a rank of the launch (mm_ds/runtime/distributed/launch.py under_launcher, mm_ds/runtime/distributed/dist.py adopt_env): a packed
-run is a world of one, so its environment has none of it."""
+"""What makes a process a rank of the launch (mm_ds/runtime/distributed/launch.py under_launcher,
+mm_ds/runtime/distributed/rendezvous.py adopt_env): a packed run is a world of one, so its environment has none of it."""
 
 
 def complete(run: Path) -> bool:
@@ -180,8 +180,8 @@ def _wait(proc: subprocess.Popen, halted, every_s: float = 0.5) -> tuple[int, bo
 
 
 def run_pack(item: Pack) -> int:
-    """Every rank of a launch: take the pack's runs one at a time (mm_ds/runtime/distributed/jobs.py `serve`) and run each on
-    this rank's device. Raises PackFailed when any failed, `Stopped` when a stop reached any."""
+    """Every rank of a launch: take the pack's runs one at a time (mm_ds/runtime/distributed/jobs.py `serve`) and run
+    each on this rank's device. Raises PackFailed when any failed, `Stopped` when a stop reached any."""
     rank, local_rank, world = dist.init()
     env, device = _this_ranks_device(local_rank, dist.local_world_size() or world)
     count = serve(item.name, len(item.runs),
@@ -237,8 +237,8 @@ def failures(item: Pack, tail: int = 8) -> str:
 
 
 class Watch:
-    """A pack as `mm-ds run` follows it (mm_ds/pipeline/progress.py Follow): a line when one of its runs starts, finishes or
-    fails, and now and then how many are done, running and failed."""
+    """A pack as `mm-ds run` follows it (mm_ds/pipeline/progress.py Follow): a line when one of its runs starts,
+    finishes or fails, and now and then how many are done, running and failed."""
 
     def __init__(self, item: Pack, title: str, interval_s: float = INTERVAL_S):
         self.item, self.title, self.interval_s = item, title, interval_s

@@ -157,8 +157,9 @@ def after_step(step: int, rank: int, stage: str | None = None) -> None:
     if who == "launcher":
         if rank == 0:
             _kill_launcher()
-            # Stay put, as a rank busy in a long step would, until the watchdog (mm_ds/runtime/distributed/watchdog.py) stops the
-            # rank: its SIGTERM (a stop), or its SIGKILL. Without the pause a tiny run could finish before its look.
+            # Stay put, as a rank busy in a long step would, until the watchdog (mm_ds/runtime/distributed/watchdog.py)
+            # stops the rank: its SIGTERM (a stop), or its SIGKILL. Without the pause a tiny run could finish before
+            # its look.
             from .distributed import stop  # a stdlib-only leaf: no cycle, and imported only when a test fires
             deadline = time.monotonic() + 60
             while stop.requested() is None and time.monotonic() < deadline:

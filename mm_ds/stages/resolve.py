@@ -6,8 +6,8 @@ config; `mm-ds run`, the recipe check and `mm-ds extend` build them directly and
 `resolve` is the one place a stage run is checked and completed: the stage's preflight (its data and parent, which
 leaves the config as `build` makes it), the engine config through DeepSpeed's parser at the launch's world size,
 the run directory, the resume point and the checkpoint it loads; then it writes RUN/run_config.yaml, ds_config.json
-and resolved.json (mm_ds/runtime/training/resolved.py), which every rank starts from. It runs where the launch starts (the
-`mm-ds STAGE` process, `mm-ds run`), or on rank 0 of ranks that are already running (a launcher started the stage
+and resolved.json (mm_ds/runtime/training/resolved.py), which every rank starts from. It runs where the launch starts
+(the `mm-ds STAGE` process, `mm-ds run`), or on rank 0 of ranks that are already running (a launcher started the stage
 command on every rank; `mm-ds run`'s one job). `--check` runs it without what needs the machine or the data: nothing
 is written, no port bound, and a parent or corpus that is not there yet skips the checks that read it.
 """

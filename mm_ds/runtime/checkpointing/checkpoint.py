@@ -1,7 +1,7 @@
 """The one module that knows DeepSpeed's checkpoint layout: the files `engine.save_checkpoint` writes, which of
 them hold what, and how to read weights out of them without an engine. What mm-ds writes beside them (meta,
-manifest, frozen/, final/) is mm_ds/runtime/checkpointing/rundir.py's; its names are re-exported here, so that a caller reads
-checkpoints through one module.
+manifest, frozen/, final/) is mm_ds/runtime/checkpointing/rundir.py's; its names are re-exported here, so that a caller
+reads checkpoints through one module.
 
     RUN/checkpoints/
       latest                               tag of the newest *complete* checkpoint (written last)

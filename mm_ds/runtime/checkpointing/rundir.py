@@ -7,7 +7,7 @@ than spelling it (tests/test_layout.py keeps it so).
       resolved.json                        the launch's record: world size, resume point, what was verified,
                                            each file's sum (mm_ds/runtime/training/resolved.py); the ranks start from it
       logs/                                train.jsonl, and the monitors' output when enabled (CSV, TensorBoard, W&B)
-      checkpoints/                         engine checkpoints (mm_ds/runtime/checkpointing/checkpoint.py: DeepSpeed's layout)
+      checkpoints/                         engine checkpoints (runtime/checkpointing/checkpoint.py: DeepSpeed's layout)
         step_00001000/
           mm_ds.json                       meta: stage, system, lang, step, tokens, FLOPs, parent, model config
           manifest.json                    size and sha256 of every file: written last, checked on load
@@ -106,8 +106,8 @@ def write_manifest(ckpt: Path, required: list[str] = ()) -> None:
 
 
 def verify(ckpt: str | Path, checksums: bool = True) -> dict:
-    """Check a checkpoint against its manifest: sizes, and sums unless this process has (mm_ds/runtime/checkpointing/sums.py). Raises
-    CheckpointError naming the first bad file."""
+    """Check a checkpoint against its manifest: sizes, and sums unless this process has
+    (mm_ds/runtime/checkpointing/sums.py). Raises CheckpointError naming the first bad file."""
     ckpt = Path(ckpt)
     man_path = ckpt / MANIFEST
     if not man_path.is_file():

@@ -1,5 +1,6 @@
 """Bring-up, decided from strings: which rank this process is, where the ranks meet, and what to say when they
-do not all come. mm_ds/runtime/distributed/dist.py connects (the store, the process group); this module holds its rules.
+do not all come. mm_ds/runtime/distributed/rendezvous.py connects (the store, the process group); this module holds
+its rules.
 
 Every launcher names a rank's place with its own variables, and a rank may carry several launchers' sets at
 once: an srun task under `MpiDefault=pmi2` (or Cray PMI) has PMI_RANK/PMI_SIZE beside SLURM_PROCID; a rank that

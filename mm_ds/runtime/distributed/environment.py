@@ -35,7 +35,7 @@ class Variable:
 
 _SLURM = "SLURM, in every task of the job step"
 VARIABLES = {
-    # the rank's place: what the launchers set on every rank (mm_ds/runtime/distributed/dist.py adopts srun's and mpirun's own)
+    # the rank's place: what the launchers set on every rank (runtime/distributed/rendezvous.py adopts srun's and mpirun's)
     "RANK": Variable(LAUNCHER, "global rank (deepspeed, torchrun; from SLURM_PROCID / mpi4py otherwise)"),
     "WORLD_SIZE": Variable(LAUNCHER, "number of ranks"),
     "LOCAL_RANK": Variable(LAUNCHER, "rank on its node; made the device index when a task sees fewer devices"),

@@ -3,13 +3,14 @@
 Under `deepspeed`, `mpirun`, or `srun` the environment already names the rank, and the stage runs
 directly. Otherwise `launch.ranks` processes on each of `launch.nodes` nodes are started with
 `launch.launcher`: `deepspeed` (one node, or a hostfile reached through one of DeepSpeed's runners: pdsh, openmpi,
-slurm, ... as mm_ds/runtime/distributed/runners.py drives them, or one node at a time with `--no_ssh --node_rank`), `mpirun`
-(ranks found through mpi4py), or `srun`. `resolve` completes the settings once (the hostfile decides the node
+slurm, ... as mm_ds/runtime/distributed/runners.py drives them, or one node at a time with `--no_ssh --node_rank`),
+`mpirun` (ranks found through mpi4py), or `srun`. `resolve` completes the settings once (the hostfile decides the node
 count); `preflight` checks the hostfile, the machine rank 0 starts on, the executables, the master address and
 port before anything starts. `python -m mm_ds.runtime.distributed.launch KEY=VALUE...` is the launcher scripts' preflight.
 
-A launcher hands a remote node's ranks only part of the launching shell's environment (mm_ds/runtime/distributed/environment.py
-FORWARDED is added on every path), so nothing a rank decides collectively may come from it.
+A launcher hands a remote node's ranks only part of the launching shell's environment
+(mm_ds/runtime/distributed/environment.py FORWARDED is added on every path), so nothing a rank decides collectively
+may come from it.
 """
 
 from __future__ import annotations
@@ -320,16 +321,16 @@ def launch_env(launch: LaunchConfig) -> dict[str, str]:
 
 def relaunch(launch: LaunchConfig, argv: list[str], grace_s: float | None = None) -> int:
     """Start the ranks of `mm-ds ARGV` under the launcher and wait for them. A stop signal received here is passed
-    on to the launcher (mm_ds/runtime/distributed/stop.py: it runs in a session of its own); the ranks save and leave within
-    `grace_s` (train.stop_grace_s) and this returns stop.EXIT_CODE."""
+    on to the launcher (mm_ds/runtime/distributed/stop.py: it runs in a session of its own); the ranks save and leave
+    within `grace_s` (train.stop_grace_s) and this returns stop.EXIT_CODE."""
     cmd = command(launch, argv)
     print("[mm-ds] launching:", " ".join(cmd), flush=True)
     return stop.run_child(cmd, grace_s or stop.GRACE_S, env=launch_env(launch))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m mm_ds.runtime.distributed.launch KEY=VALUE...`: the launcher scripts' preflight of `launch.*` settings (the
-    keys, types and checks of `mm-ds STAGE launch.KEY=VALUE`); prints the launch (`describe`) to stderr, and with
+    """`python -m mm_ds.runtime.distributed.launch KEY=VALUE...`: the launcher scripts' preflight of `launch.*` settings
+    (the keys, types and checks of `mm-ds STAGE launch.KEY=VALUE`); prints the launch (`describe`) to stderr, and with
     --command the launcher's command as mm-ds runs it, one argument a line, after `env` and what its environment
     needs: the scripts run it with their rank program."""
     import argparse

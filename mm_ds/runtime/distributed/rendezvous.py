@@ -35,8 +35,8 @@ class RendezvousFailed(ConfigError):
 
 
 def adopt_env() -> bringup.Place:
-    """This rank's place (mm_ds/runtime/distributed/bringup.py) as torch.distributed's env:// variables: RANK, WORLD_SIZE,
-    LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT. Outside any launcher, a world of one on 127.0.0.1."""
+    """This rank's place (mm_ds/runtime/distributed/bringup.py) as torch.distributed's env:// variables: RANK,
+    WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT. Outside any launcher, a world of one on 127.0.0.1."""
     here = bringup.place(bringup.given_env())
     if here is None:
         here = bringup.Place("none", 0, 1, 0, 1, "127.0.0.1", int(os.environ.get("MASTER_PORT") or free_port()))

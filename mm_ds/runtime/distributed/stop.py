@@ -7,10 +7,10 @@ on any rank (or on the process that started the launcher) ends the run after a c
 
     ranks      SIGTERM, SIGINT, SIGUSR1 (train.stop_signals) only record the first signal: its name, when, and the
                update whose boundary will carry it (`in_flight`); the loop's update boundary makes the ranks agree
-               (mm_ds/runtime/training/boundary.py), every rank saves a `resume` checkpoint through the verified save, rank 0
-               prints one line ("stopped by SIGTERM at update N; resume with: ..."), and every rank raises `Stopped`:
-               the process exits EXIT_CODE. A later signal is counted and ignored: the save goes on, and `latest`
-               moves only once a checkpoint verified, so the previous one stays published either way.
+               (mm_ds/runtime/training/boundary.py), every rank saves a `resume` checkpoint through the verified save,
+               rank 0 prints one line ("stopped by SIGTERM at update N; resume with: ..."), and every rank raises
+               `Stopped`: the process exits EXIT_CODE. A later signal is counted and ignored: the save goes on, and
+               `latest` moves only once a checkpoint verified, so the previous one stays published either way.
     parents    the `mm-ds STAGE` process that starts the launcher and `mm-ds run` (`run_child`): the launcher runs in
                a session of its own, each stop signal this process gets is forwarded to its process group (a
                single-node `deepspeed` runner dies on SIGTERM; its per-node launchers pass SIGTERM to the ranks),
@@ -138,8 +138,8 @@ _resume_with: str | None = None
 
 
 def resume_with(command: str | None) -> None:
-    """The command that resumes this process's run, as its launching side named it (mm_ds/runtime/training/resolved.py): a
-    rank started from a run directory has no stage command line of its own."""
+    """The command that resumes this process's run, as its launching side named it (mm_ds/runtime/training/resolved.py):
+    a rank started from a run directory has no stage command line of its own."""
     global _resume_with
     _resume_with = command
 

@@ -6,10 +6,10 @@ to the ranks, but a SIGKILLed runner (a killed job, a lost login, `kill -9`) can
 resumed run over the same checkpoints. Each rank therefore watches the processes that launched it
 (parent, grandparent, ... up to `MM_DS_LAUNCH_ROOT`, the `mm-ds` process that started the launcher, or
 `mm-ds run`; without it, the ancestors that are DeepSpeed launcher processes). When one of them is gone the
-rank is stopped as a stop signal would (mm_ds/runtime/distributed/stop.py): SIGTERM first, so that it saves and leaves with its
-peers (whose launcher is gone too: a single-node `deepspeed` runner dies at once on SIGTERM, and would otherwise take
-its ranks' save with it), then SIGKILL once the grace is over (train.stop_grace_s: a rank whose peer is lost waits in
-a collective forever). Linux only (/proc); elsewhere it does nothing.
+rank is stopped as a stop signal would (mm_ds/runtime/distributed/stop.py): SIGTERM first, so that it saves and leaves
+with its peers (whose launcher is gone too: a single-node `deepspeed` runner dies at once on SIGTERM, and would
+otherwise take its ranks' save with it), then SIGKILL once the grace is over (train.stop_grace_s: a rank whose peer is
+lost waits in a collective forever). Linux only (/proc); elsewhere it does nothing.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the ranks agree on at each update boundary without waiting for the device: a stop signal seen on any rank
-(mm_ds/runtime/distributed/stop.py), and a time-based resume checkpoint due on rank 0's clock (rank-local clocks differ, so one
-rank decides for all).
+(mm_ds/runtime/distributed/stop.py), and a time-based resume checkpoint due on rank 0's clock (rank-local clocks differ,
+so one rank decides for all).
 
     the lag        after update n every rank starts a MAX all-reduce of [its first stop signal, rank 0's "a resume
                    checkpoint is due"] and reads the one it started after update n-1 (`LaggedMax`). Every rank reads

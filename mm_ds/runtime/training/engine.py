@@ -104,8 +104,8 @@ def build_engine(stage: Stage, world: int, run_dir: Path | None = None, resume: 
     """The DeepSpeed engine of `stage` on `world` ranks: the effective DeepSpeed config, the stage's frozen
     parameters frozen before `deepspeed.initialize` (which then sees only the trainable parameter groups),
     and with `run_dir` the run's files (the frozen fp32 weights) and, with `resume`, the checkpoint to load.
-    `given`: the stage run as its launching side resolved it (mm_ds/runtime/training/resolved.py), whose engine config and
-    resume point it takes; without it (mm-ds bench, tests) they are resolved here and the configs written into
+    `given`: the stage run as its launching side resolved it (mm_ds/runtime/training/resolved.py), whose engine config
+    and resume point it takes; without it (mm-ds bench, tests) they are resolved here and the configs written into
     `run_dir`. Collective when `run_dir` is given. `train` and `mm-ds bench` build theirs here."""
     import deepspeed
 
@@ -383,8 +383,8 @@ LOGGED = ("loss", "correct", "masked", "examples")  # the per-micro-step outputs
 def train_step(engine, stage: Stage, step: int, rank: int, geo: Geometry, batch_for=None
                ) -> tuple[dict[str, torch.Tensor], float, bool | torch.Tensor]:
     """One optimizer update (geo.grad_accum micro steps). Returns the summed per-micro-step logs, left on the
-    device (mm_ds/runtime/training/train_log.py reads them when a row is due), the seconds spent waiting for batches, and
-    whether the update was skipped as non-finite (`skip_nonfinite`). `batch_for(step, micro)` gives the
+    device (mm_ds/runtime/training/train_log.py reads them when a row is due), the seconds spent waiting for batches,
+    and whether the update was skipped as non-finite (`skip_nonfinite`). `batch_for(step, micro)` gives the
     batches (the loop's `Prefetcher`); by default they are built here. `mm-ds bench` times this function."""
     batch_for = batch_for or (lambda s, m: stage.batches(s, m, rank, geo))
     # Multi-depth Step 2: the depth is the schedule's when the update runs (a plateau may just have moved it).

@@ -51,8 +51,8 @@ class DepthSchedule:
         return self.depths[self.phase_for(step)]
 
     def observe(self, settled, end: int) -> None:
-        """The updates `settled` (mm_ds.runtime.training.train_log.Settled: steps, mean losses, skips; the same on every rank)
-        ran, the last of them update `end` - 1: maybe switch (plateau). The loop reads losses only at log and
+        """The updates `settled` (mm_ds.runtime.training.train_log.Settled: steps, mean losses, skips; the same on every
+        rank) ran, the last of them update `end` - 1: maybe switch (plateau). The loop reads losses only at log and
         checkpoint updates (a read on the host waits for the device), so a plateau found at an earlier update
         of the batch takes effect at `end`; the rest of the batch belongs to the old phase and is not observed."""
         if not self.plateau or len(self.starts) == len(self.depths):

@@ -8,8 +8,8 @@ cpu   the CPU figures of docs/bench.md: the engine JSON of `--ds-config` (fp32 b
 cuda  the paper presets' engine JSON (bf16, ZeRO 1: `ds_config` of presets/paper/pretrain.yaml) on the first
       visible GPU, 32 sequences per micro-step (Step 1's per-GPU micro batch in `mm-ds run paper`), batches built
       ahead and pinned as `engine.train` does, MFU against the GPU's datasheet peak in the training dtype
-      (mm_ds/runtime/training/peaks.py, or `--peak-tflops`), the GPU's peak allocated memory per stage. The timing is the
-      CPU's: `engine.train_step` through `engine.build_engine`, each update timed to its end (its loss read
+      (mm_ds/runtime/training/peaks.py, or `--peak-tflops`), the GPU's peak allocated memory per stage. The timing is
+      the CPU's: `engine.train_step` through `engine.build_engine`, each update timed to its end (its loss read
       back), the median after warm-up updates. Not run there: the transformers peer (a CPU fp32 comparison),
       prepare's encoding (a CPU job in every recipe) and the host side (the CPU's estimate of what a GPU's stage
       table measures). Its targets: Step 2's mini-model speed-up against A3, the loader's share of a step, and
