@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mm_ds.config import ConfigError, LaunchConfig
-from mm_ds.runtime.distributed import bringup, dist, launch, rendezvous, watchdog
+from mm_ds.runtime.distributed import bringup, dist, launch, rendezvous, srun, watchdog
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,10 +149,10 @@ def test_a_loopback_rendezvous_on_a_step_of_several_nodes_stops_every_rank_at_on
 
 
 def test_the_launcher_side_marks_the_address_it_chose(monkeypatch):
-    monkeypatch.setenv(bringup.MARKED, "stale-from-an-outer-launch")
-    assert launch.launch_env(LaunchConfig(launcher="srun", nodes=2, ranks=4)).get(bringup.MARKED) is None
+    monkeypatch.setenv(srun.MARKED, "stale-from-an-outer-launch")
+    assert launch.launch_env(LaunchConfig(launcher="srun", nodes=2, ranks=4)).get(srun.MARKED) is None
     env = launch.launch_env(LaunchConfig(launcher="srun", nodes=2, ranks=4, master_addr="n0-ib"))
-    assert env["MASTER_ADDR"] == env[bringup.MARKED] == "n0-ib"
+    assert env["MASTER_ADDR"] == env[srun.MARKED] == "n0-ib"
 
 
 # ---------------------------------------------------------------- where rank 0 listens

@@ -1,6 +1,6 @@
 """Bring-up, decided from strings: which rank this process is, where the ranks meet, and what to say when they
 do not all come. mm_ds/runtime/distributed/rendezvous.py connects (the store, the process group); this module holds
-its rules.
+its rules, but for where an srun step's ranks meet (mm_ds/runtime/distributed/srun.py).
 
 Every launcher names a rank's place with its own variables, and a rank may carry several launchers' sets at
 once: an srun task under `MpiDefault=pmi2` (or Cray PMI) has PMI_RANK/PMI_SIZE beside SLURM_PROCID; a rank that
@@ -18,15 +18,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import shutil
 import socket
-import subprocess
 from dataclasses import dataclass
 
 import torch
 
 from ...config import ConfigError
 from . import hostfile
+from .srun import is_ip, is_loopback, slurm_hosts, srun_master
 
 
 @dataclass(frozen=True)
@@ -80,11 +79,6 @@ RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMI_RANK")
 needs its step (`SRUN_STEP_VARS`): the batch script has SLURM_PROCID too."""
 SRUN_STEP_VARS = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")
 """Set in every task of an `srun` job step (not in the sbatch script itself, which has no SLURM_STEP_NUM_TASKS)."""
-MARKED = "MM_DS_MASTER_ADDR"
-"""Set beside MASTER_ADDR by the mm-ds process that chose it (launch.master_addr, or the hostfile's first host):
-an srun step's ranks then keep it. Any other MASTER_ADDR an srun task sees came with the environment."""
-
-
 def given_env() -> dict[str, str]:
     """This process's launcher variables (`LAUNCHER_VARS`): what every decision below is made from."""
     return dict((k, os.environ[k]) for k in LAUNCHER_VARS if k in os.environ)
@@ -189,89 +183,6 @@ def told_through_mpi(here: Place) -> str:
     return comm.bcast(socket.gethostname() if here.rank == 0 else None, root=0)
 
 
-# ---------------------------------------------------------------- where an srun step's ranks meet
-
-def srun_master(given: dict[str, str]) -> tuple[str, str]:
-    """(address, note) of an srun step's rendezvous: the step's first node, where task 0 runs. sbatch exports the
-    submitting shell's environment, so a MASTER_ADDR there may be a past job's or loopback: one that names
-    another host is not used (and said once) unless mm-ds set it (`MARKED`). A loopback address on a step of
-    several nodes stops every rank at once: each would dial its own node."""
-    first, addr = slurm_first_host(given), given.get("MASTER_ADDR", "")
-    nodes = given.get("SLURM_STEP_NUM_NODES", given.get("SLURM_NNODES", "1"))
-    known = "SLURM_STEP_NODELIST" in given or "SLURM_JOB_NODELIST" in given or nodes == "1"
-    note = ""
-    if addr and known and given.get(MARKED) != addr and not same_host(addr, first):
-        note = (f"MASTER_ADDR={addr} came with the environment (sbatch exports the submitting shell's) and is not "
-                f"this step's first node {first}, where rank 0 runs: the ranks meet at {first}. To choose another "
-                f"address of that node, set launch.master_addr (mm-ds then marks it: {MARKED})")
-        addr = first
-    addr = addr or first
-    if is_loopback(addr) and nodes.isdigit() and int(nodes) > 1:
-        raise ConfigError(f"MASTER_ADDR={addr} is loopback, but this srun step spans {nodes} nodes: every node's "
-                          f"ranks would dial their own. Unset MASTER_ADDR (the ranks meet at the step's first node, "
-                          f"{first}) or give rank 0's address with launch.master_addr")
-    return addr, note
-
-
-def same_host(a: str, b: str) -> bool:
-    """The same machine by name alone: equal names, equal short names (n01 vs n01.cluster), or both loopback."""
-    if is_loopback(a) and is_loopback(b):
-        return True
-    if _is_ip(a) or _is_ip(b):
-        return a == b
-    return a.lower().split(".")[0] == b.lower().split(".")[0]
-
-
-def slurm_first_host(given: dict[str, str] | None = None) -> str:
-    """The first node of the step (task 0's), from SLURM_STEP_NODELIST / SLURM_JOB_NODELIST; 127.0.0.1 on one."""
-    given = given_env() if given is None else given
-    nodelist = given.get("SLURM_STEP_NODELIST", given.get("SLURM_JOB_NODELIST", ""))
-    if not nodelist or given.get("SLURM_STEP_NUM_NODES", given.get("SLURM_NNODES", "1")) == "1":
-        return "127.0.0.1"
-    return slurm_hosts(nodelist)[0]
-
-
-def slurm_hosts(nodelist: str) -> list[str]:
-    """SLURM's host list ("gpu[01-04],login1") as names: `scontrol show hostnames` where SLURM is installed (the
-    same answer on every node), else expanded here."""
-    scontrol = shutil.which("scontrol")
-    if scontrol:
-        out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True)
-        if out.returncode == 0 and out.stdout.split():
-            return out.stdout.split()
-    return expand_hostlist(nodelist)
-
-
-def expand_hostlist(nodelist: str) -> list[str]:
-    """`n[1-3,07],m` -> n1 n2 n3 n07 m (one bracket a name, zero padding kept)."""
-    hosts = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,]*)", nodelist):
-        prefix, ranges, suffix = m.groups()
-        if ranges is None:
-            hosts.append(prefix + suffix)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            hosts += [f"{prefix}{i:0{len(lo)}d}{suffix}" for i in range(int(lo), int(hi or lo) + 1)]
-    return hosts
-
-
-def is_loopback(addr: str) -> bool:
-    """The address (not what it resolves to here) names each machine itself: 127.x, ::1, localhost."""
-    try:
-        return ipaddress.ip_address(addr.split("%")[0]).is_loopback
-    except ValueError:
-        return addr.lower().rstrip(".") in ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
-
-
-def _is_ip(addr: str) -> bool:
-    try:
-        ipaddress.ip_address(addr.split("%")[0])
-        return True
-    except ValueError:
-        return False
-
-
 # ---------------------------------------------------------------- where rank 0 listens
 
 def listen_on(addr: str, resolved: list[tuple], spans_nodes: bool) -> tuple[int, str, str]:
@@ -282,7 +193,7 @@ def listen_on(addr: str, resolved: list[tuple], spans_nodes: bool) -> tuple[int,
     every interface (as torch's own store would)."""
     family, where = resolved[0][0], resolved[0][4][0]
     ips = sorted({r[4][0] for r in resolved})
-    if not spans_nodes or _is_ip(addr) or is_loopback(addr):
+    if not spans_nodes or is_ip(addr) or is_loopback(addr):
         return family, where, ""
     if len(ips) == 1 and not ipaddress.ip_address(where.split("%")[0]).is_loopback:
         return family, where, ""

@@ -17,8 +17,7 @@ import torch
 
 from ...config import LaunchConfig
 from . import bringup, rendezvous, stop, watchdog
-from .bringup import (free_port, keep_freed_memory, local_world_size, set_threads, skip_shm_comm_build,  # noqa: F401
-                      slurm_first_host)
+from .bringup import free_port, keep_freed_memory, local_world_size, set_threads, skip_shm_comm_build  # noqa: F401
 
 # ---------------------------------------------------------------- rank and device
 

@@ -75,7 +75,7 @@ VARIABLES = {
     "MM_DS_LAUNCH_ROOT": Variable(MM_DS, "pid of that process: the watchdog ends a rank when it dies"),
     "MM_DS_MASTER_ADDR": Variable(MM_DS, "the MASTER_ADDR that process chose (launch.master_addr, the hostfile's first "
                                          "host): an srun task keeps a MASTER_ADDR equal to it, else uses the step's "
-                                         "first node (mm_ds/runtime/distributed/bringup.py srun_master)"),
+                                         "first node (mm_ds/runtime/distributed/srun.py srun_master)"),
     "OMPI_ALLOW_RUN_AS_ROOT": Variable(MM_DS, "lets mpirun run as root (containers); the user's value wins"),
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": Variable(MM_DS, "the same, confirmed"),
     # the user's

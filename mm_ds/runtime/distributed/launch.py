@@ -23,9 +23,10 @@ import sys
 from ...config import ConfigError, LaunchConfig, apply_overrides, from_dict
 from . import hostfile, runners
 # Which launcher's variables make a process a rank: one table (mm_ds/runtime/distributed/bringup.py LAUNCHERS).
-from .bringup import MARKED, RANK_VARS, SRUN_STEP_VARS, is_loopback, under_launcher  # noqa: F401
+from .bringup import RANK_VARS, SRUN_STEP_VARS, is_loopback, under_launcher  # noqa: F401
 from .environment import forwarded
 from .runners import bin_path as _bin
+from .srun import MARKED
 from . import stop
 
 
@@ -315,7 +316,7 @@ def launch_env(launch: LaunchConfig) -> dict[str, str]:
     env.pop(MARKED, None)  # an outer launch's mark is not this one's
     own = runner_env(resolve(launch))
     if "MASTER_ADDR" in own:
-        own[MARKED] = own["MASTER_ADDR"]  # srun's ranks keep what mm-ds chose (bringup.srun_master)
+        own[MARKED] = own["MASTER_ADDR"]  # srun's ranks keep what mm-ds chose (srun.py srun_master)
     return env | own
 
 
