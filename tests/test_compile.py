@@ -1,4 +1,4 @@
-"""train.compile (mm_ds/runtime/training/compiled.py): the models compile without a graph break into a bounded number of
+"""train.compile (mm_ds/runtime/compiled.py): the models compile without a graph break into a bounded number of
 graphs, every stage kind trains compiled on 2 CPU ranks as it trains eager, and a compiled run resumes exactly.
 
 `make test` runs one 2-rank launch (tests/compile_ranks.py, ~85 CPU-seconds, so ~45 s of `make test`'s two workers):

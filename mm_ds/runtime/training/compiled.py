@@ -25,7 +25,7 @@ they are not the masks of eager CPU dropout: compiled and eager runs agree withi
 
 Compile time. Graphs compile at their first call (the backward at its first backward), inside updates; torch's
 compile callbacks count the seconds (`seconds()`; per compiled module, `Compiled`), which the log rows take out of
-the throughput (mm_ds/runtime/training/train_log.py) and `engine.train_step` reports on rank 0 as they happen (`news`).
+the throughput (mm_ds/runtime/train_log.py) and `engine.train_step` reports on rank 0 as they happen (`news`).
 
 Importing this module imports nothing of torch's compiler stack: with train.compile off, the ranks keep
 TORCHDYNAMO_DISABLE=1 (`dynamo_switch`), which saves DeepSpeed's optimizer set-up ~1.3-2.5 s of every rank's start.
@@ -59,7 +59,7 @@ def check(compile_on: bool, backend: str, ds: dict, zero: int, path) -> None:
     if "compile" in ds:
         raise ConfigError(f"{path}: a \"compile\" block (DeepSpeed's engine.compile() and DeepCompile): mm-ds never "
                           f"calls engine.compile(), so it would do nothing; drop the block and set train.compile=true "
-                          f"(mm_ds/runtime/training/compiled.py says what that compiles)")
+                          f"(mm_ds/runtime/compiled.py says what that compiles)")
     if backend not in BACKENDS:
         raise ConfigError(f"train.compile_backend={backend!r}: choose one of {', '.join(BACKENDS)}")
     if compile_on and zero == 3:
