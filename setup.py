@@ -5,8 +5,9 @@ deepspeed with --no-build-isolation (its build imports torch), then this package
 the exact versions the tests ran with (constraints.txt).
 
 torch and deepspeed are pinned to the tested releases: what mm-ds relies on differs between releases (which
-ZeRO/bf16 optimizers skip a non-finite update by themselves, the checkpoint layouts `mm_ds/runtime/checkpoint.py` reads,
-the CPU accelerator's bf16 and FusedAdam). The other ranges start at the tested versions.
+ZeRO/bf16 optimizers skip a non-finite update by themselves, the checkpoint layouts
+`mm_ds/runtime/checkpointing/checkpoint.py` reads, the CPU accelerator's bf16 and FusedAdam). The other ranges start at
+the tested versions.
 """
 
 from glob import glob

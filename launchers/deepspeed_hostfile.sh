@@ -17,7 +17,7 @@
 set -euo pipefail
 : "${HOSTFILE:?set HOSTFILE to a file of 'HOST slots=N' lines}"
 PY=${PYTHON:-python}
-NPROC_PER_NODE=${NPROC_PER_NODE:-$("$PY" -m mm_ds.runtime.hostfile "$HOSTFILE" ${NNODES:+--nodes "$NNODES"} --slots)}
+NPROC_PER_NODE=${NPROC_PER_NODE:-$("$PY" -m mm_ds.runtime.distributed.hostfile "$HOSTFILE" ${NNODES:+--nodes "$NNODES"} --slots)}
 launch=(launcher=deepspeed hostfile="$HOSTFILE" ${NNODES:+nodes="$NNODES"} ${NPROC_PER_NODE:+ranks="$NPROC_PER_NODE"}
     ${NODE_RANK:+node_rank="$NODE_RANK"} ds_launcher="${LAUNCHER:-pdsh}" ${MASTER_ADDR:+master_addr="$MASTER_ADDR"}
     master_port="${MASTER_PORT:-29500}" ${RUN_HERE:+run_here="$RUN_HERE"})
@@ -26,9 +26,9 @@ launch=(launcher=deepspeed hostfile="$HOSTFILE" ${NNODES:+nodes="$NNODES"} ${NPR
 check=$("$PY" -m mm_ds.cli "$@" --check "${launch[@]/#/launch.}")
 # deepspeed as mm-ds starts it (one argument a line: its environment, the nodes, the runner and its arguments, rank
 # 0's address), after the same checks and the master port's; then the script every rank runs, by path.
-out=$("$PY" -m mm_ds.runtime.launch "${launch[@]}" --command ${CHECK:+--check})
+out=$("$PY" -m mm_ds.runtime.distributed.launch "${launch[@]}" --command ${CHECK:+--check})
 mapfile -t cmd <<< "$out"
-cmd+=("$("$PY" -c 'import mm_ds.runtime.launch as l; print(l.ENTRY)')" "$@")
+cmd+=("$("$PY" -c 'import mm_ds.runtime.distributed.launch as l; print(l.ENTRY)')" "$@")
 if [[ -n ${CHECK:-} ]]; then
     grep '^# ' <<< "$check" || true
     echo "would run: ${cmd[*]@Q}"

@@ -15,7 +15,7 @@
 # nothing (exit 0, or 2 with the reason).
 # mpirun is the one next to PYTHON (else on PATH), by its absolute path and with `--prefix` (its install root), so
 # the other nodes' daemons start from the same Open MPI. Forwarded to every rank with -x: PATH, MASTER_*, and what
-# mm_ds/runtime/environment.py FORWARDED lists (LD_LIBRARY_PATH, NCCL_*, TORCH_NCCL_*, FI_*, CUDA_*, ...).
+# mm_ds/runtime/distributed/environment.py FORWARDED lists (LD_LIBRARY_PATH, NCCL_*, TORCH_NCCL_*, FI_*, CUDA_*, ...).
 set -euo pipefail
 PY=${PYTHON:-python}
 if [[ -n ${NP:-} ]]; then
@@ -34,7 +34,7 @@ launch=(launcher=mpirun ${HOSTFILE:+hostfile="$HOSTFILE"} ${NNODES:+nodes="$NNOD
 check=$("$PY" -m mm_ds.cli "$@" --check "${launch[@]/#/launch.}")
 # mpirun as mm-ds starts it (one argument a line: its environment, its path and --prefix, the ranks, what it
 # forwards, the hostfile), after the same checks and the master port's.
-out=$("$PY" -m mm_ds.runtime.launch "${launch[@]}" --command ${CHECK:+--check})
+out=$("$PY" -m mm_ds.runtime.distributed.launch "${launch[@]}" --command ${CHECK:+--check})
 mapfile -t cmd <<< "$out"
 cmd+=(-x PATH ${MPIRUN_BIND---bind-to none} ${MPIRUN_ARGS:-} "$PY" -m mm_ds.cli "$@")
 if [[ -n ${CHECK:-} ]]; then

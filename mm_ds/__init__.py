@@ -15,7 +15,7 @@ class _AcceleratorNoteInRanksOnly(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not str(record.msg).startswith("Setting accelerator to CPU"):
             return True
-        from .runtime.launch import under_launcher  # only when DeepSpeed logs it: `import mm_ds` stays light
+        from .runtime.distributed.launch import under_launcher  # only when DeepSpeed logs it: `import mm_ds` stays light
         return under_launcher()
 
 

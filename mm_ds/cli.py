@@ -30,7 +30,7 @@ TOOL_COMMANDS = {
     "world": ("mm_ds.data.world:main", "generate the synthetic multilingual world (the embedded default data)"),
     "score": ("mm_ds.eval.score:main", "score a predictions file as the official evaluation scripts would"),
     "flops": ("mm_ds.pipeline.costs:main", "analytic training FLOPs and V100-days of a recipe's stages"),
-    "plan": ("mm_ds.tools.plan:main", "time, GPU-hours, communication and disk of a recipe's stages on a GPU cluster"),
+    "plan": ("mm_ds.tools.plan.plan:main", "time, GPU-hours, communication and disk of a recipe's stages on a GPU cluster"),
     "report": ("mm_ds.report.command:main", "tables, curves and speedups from evaluated checkpoints"),
     "align": ("mm_ds.pipeline.alignment:main", "alignment check: held-out target MLM of each Step-2 mini-model and "
               "of its primary model with those embeddings (no task data)"),
@@ -41,8 +41,8 @@ TOOL_COMMANDS = {
     "presets": ("mm_ds.tools.discover:presets_main", "list the packaged presets, recipes and engine configs; "
                 "--show NAME prints one"),
     "verify": ("mm_ds.tools.verify:main", "check checkpoints or final weights against their manifests"),
-    "bench": ("mm_ds.tools.bench:main", "time every stage vs. a matmul peak and transformers; CPU speed targets"),
-    "probe": ("mm_ds.runtime.probe:main", "start the ranks as a stage would (launch.KEY=VALUE): each names its "
+    "bench": ("mm_ds.tools.bench.bench:main", "time every stage vs. a matmul peak and transformers; CPU speed targets"),
+    "probe": ("mm_ds.runtime.distributed.probe:main", "start the ranks as a stage would (launch.KEY=VALUE): each names its "
               "host, local rank, device and threads; one all-reduce"),
 }
 

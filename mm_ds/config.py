@@ -120,7 +120,7 @@ class TrainConfig:
     run) before training stops with a diagnostic. 0: stop at the first. fp16 loss-scale skips do not count."""
     tf32: bool = True
     """fp32 engine configs on NVIDIA GPUs (fp32_zero1_gpu): matmuls in TF32 (10-bit mantissa, fp32 range; Ampere
-    and newer, ~8x the fp32 rate), the rate mm_ds/runtime/peaks.py's fp32 MFU column assumes. false: full fp32.
+    and newer, ~8x the fp32 rate), the rate mm_ds/runtime/training/peaks.py's fp32 MFU column assumes. false: full fp32.
     No effect in bf16/fp16 or on CPU."""
     resume_every_minutes: float = 0.0
     """Minutes between `resume` checkpoints, apart from the curve ones above (rank 0's clock decides; 0: off)."""
@@ -134,9 +134,9 @@ class TrainConfig:
     """Seconds from a stop signal to exit (below DeepSpeed's and SLURM's 30 s): the save is skipped if the last one
     took longer than what is left."""
     compile: bool = False
-    """torch.compile the model after deepspeed.initialize (mm_ds/runtime/compiled.py): one graph per shape, compiled
-    at the first updates (its time reported, left out of tokens_per_s). ZeRO 0-2 only. Off until a GPU has measured
-    it (`make test-gpu` records compiled against eager)."""
+    """torch.compile the model after deepspeed.initialize (mm_ds/runtime/training/compiled.py): one graph per shape,
+    compiled at the first updates (its time reported, left out of tokens_per_s). ZeRO 0-2 only. Off until a GPU has
+    measured it (`make test-gpu` records compiled against eager)."""
     compile_backend: str = "inductor"
     """With train.compile: inductor (generated kernels), or aot_eager (the same graphs run by eager kernels:
     compiles in seconds; tests, and telling a compiler fault from a model's)."""
@@ -218,13 +218,13 @@ class LaunchConfig:
     found at start (mpirun: rank 0's `hostname -I`; srun: the allocation's first node)."""
     nodes: int | None = None
     """Nodes to run on: the first N hosts of `hostfile` (deepspeed, mpirun) or of the allocation (srun). None: every
-    host of the hostfile, else 1 (resolved once, before launch: mm_ds/runtime/launch.py `resolve`)."""
+    host of the hostfile, else 1 (resolved once, before launch: mm_ds/runtime/distributed/launch.py `resolve`)."""
     hostfile: str = ""
-    """`HOST slots=N` per line (mm_ds/runtime/hostfile.py), for several nodes under deepspeed or mpirun. Read on the
-    machine that starts the launch only."""
+    """`HOST slots=N` per line (mm_ds/runtime/distributed/hostfile.py), for several nodes under deepspeed or mpirun.
+    Read on the machine that starts the launch only."""
     ds_launcher: str = "pdsh"
     """How `deepspeed` reaches the other nodes, one of DeepSpeed's runners: pdsh | openmpi | mvapich | slurm | mpich |
-    impi (what each needs: mm_ds/runtime/ds_runners.py)."""
+    impi (what each needs: mm_ds/runtime/distributed/runners.py)."""
     node_rank: int | None = None
     """deepspeed without ssh: start only this node's ranks (`--no_ssh --node_rank`); run the same
     command on every node with its own node_rank."""
@@ -249,7 +249,7 @@ class LaunchConfig:
         if self.launcher == "none":
             return 1
         if self.nodes is None and self.hostfile:  # a defect of the caller, not of the input
-            raise ValueError("launch.nodes is unresolved: mm_ds.runtime.launch.resolve sets it from the hostfile")
+            raise ValueError("launch.nodes is unresolved: mm_ds.runtime.distributed.launch.resolve sets it from the hostfile")
         return (self.nodes or 1) * self.ranks
 
     def check(self) -> None:
@@ -265,7 +265,7 @@ class LaunchConfig:
 class MonitorConfig:
     """Training metrics to DeepSpeed's monitors, besides logs/train.jsonl, without editing the engine JSON.
     Each writes under RUN/logs. A monitor block of the engine JSON wins over these (its keys are kept). Rank 0
-    writes log rows to them from a thread of its own, never from the training loop (mm_ds/runtime/train_log.py)."""
+    writes log rows to them from a thread of its own, never from the training loop (mm_ds/runtime/training/train_log.py)."""
 
     csv: bool = False
     """CSV files, one per metric, under RUN/logs/STAGE (DeepSpeed's csv_monitor). Off by default: logs/train.jsonl

@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def stage_rank(run_dir: str) -> int:
-    """A rank of a stage run: its run directory (mm_ds/runtime/resolved.py), built and trained."""
+    """A rank of a stage run: its run directory (mm_ds/runtime/training/resolved.py), built and trained."""
     from mm_ds.runtime.exits import outcome  # after main() has put the package on sys.path
     from mm_ds.stages.runner import train_run  # the same
 
@@ -41,7 +41,7 @@ def main() -> int:
     # Run as a script, Python puts this directory first on sys.path, where mm_ds's own modules (config, data,
     # tools, ...) would shadow top-level ones: put the package's parent there instead.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    from mm_ds.runtime.rundir import RESOLVED  # now that the line above has put the package on sys.path
+    from mm_ds.runtime.checkpointing.rundir import RESOLVED  # now that the line above has put the package on sys.path
 
     # The deepspeed launcher adds --local_rank=N; the rank is also in the environment.
     argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]

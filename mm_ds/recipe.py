@@ -17,7 +17,7 @@ import yaml
 from .coerce import check_numbers
 from .config import ConfigError, LaunchConfig, did_you_mean, from_dict, recipe_names
 from .data.tasks import HUB, TASKS, is_hub
-from .runtime.launch import resolve as resolve_launch
+from .runtime.distributed.launch import resolve as resolve_launch
 from .systems import STAGES, SYSTEMS, SystemNameError, sort_key, system_of
 from .config import apply_overrides
 from .data.world import PRESETS
@@ -67,8 +67,8 @@ class Recipe:
     """Score every Step-2 checkpoint (training curves), not only the final one."""
     english_minis: bool | list[str] = False
     """Also finetune mini-models (Step 1b's final/) on the English tasks and score them in English, beside the
-    primary models (§5.3, Table 5: does pretraining with a secondary head hurt either?): true for every mini-model system of
-    the recipe, or a list of systems (the paper: [minijoint]; those the recipe does not run are left out)."""
+    primary models (§5.3, Table 5: does pretraining with a secondary head hurt either?): true for every mini-model
+    system of the recipe, or a list of systems (the paper: [minijoint]; those the recipe does not run are left out)."""
     english_tasks: list[str] = field(default_factory=list)
     """Table 5's tasks: those the mini-models are finetuned and scored on in English, and english.md's columns
     (the paper: [xnli]). Empty: every task of the recipe; those the recipe does not run are left out."""

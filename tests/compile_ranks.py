@@ -34,10 +34,11 @@ from pathlib import Path
 import torch
 
 from mm_ds import config
-from mm_ds.runtime import checkpoint as ck
-from mm_ds.runtime import compiled, dist
-from mm_ds.runtime import engine as eng
-from mm_ds.tools.bench_data import write_pair_task
+from mm_ds.runtime.checkpointing import checkpoint as ck
+from mm_ds.runtime.training import compiled
+from mm_ds.runtime.distributed import dist
+from mm_ds.runtime.training import engine as eng
+from mm_ds.tools.bench.data import write_pair_task
 
 TINY = ["model.hidden_size=32", "model.num_layers=3", "model.num_heads=2", "model.ffn_size=64", "data.seq_len=32",
         "model.max_positions=32", "model.vocab_size=null", "train.global_batch=8", "train.micro_batch=2",

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from mm_ds.eval import align, heldout, mlm_measure
 from mm_ds.eval.mlm_measure import Fit
 from mm_ds.pipeline import alignment
-from mm_ds.runtime import checkpoint
+from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds import cli
 from mm_ds.model import surgery
 from mm_ds.config import ModelConfig, model_config_from_dict
@@ -415,8 +415,8 @@ def test_the_run_its_spread_and_the_plan_take_the_same_runs(name, tmp_path, monk
     from mm_ds.pipeline.items import runs_to_align
     from mm_ds.pipeline.stage_runs import stage_configs
     from mm_ds.recipe import load_recipe
-    from mm_ds.tools.plan import Cluster
-    from mm_ds.tools.plan_totals import plan_alignment
+    from mm_ds.tools.plan.plan import Cluster
+    from mm_ds.tools.plan.totals import plan_alignment
 
     recipe, out = load_recipe(name), tmp_path / "out"
     _prepared(out, recipe.langs)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mm_ds.runtime import checkpoint, ds_config, launch
+from mm_ds.runtime.checkpointing import checkpoint
+from mm_ds.runtime.training import ds_config
+from mm_ds.runtime.distributed import launch
 from mm_ds import config
 from mm_ds.pipeline import run as pipeline
 from mm_ds import recipe as recipe_mod

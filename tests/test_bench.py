@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mm_ds.tools import bench, bench_host, bench_pairs
+from mm_ds.tools.bench import bench, host as bench_host, pairs as bench_pairs
 
 COMPILED = ("pretrain", "adapt_mini")
 """The stages the bench test times compiled against eager: Step 1 (its target) and the mini-model's Step 2."""
@@ -186,7 +186,7 @@ def settings(*argv):
 def test_on_a_gpu_the_bench_runs_the_paper_config_against_the_gpus_peak(monkeypatch):
     """`mm-ds bench` where torch sees a GPU (faked): the paper presets' bf16 engine JSON, Step 1's per-GPU micro
     batch, more updates, the datasheet's bf16 peak; the CPU-only parts off, the GPU's targets on."""
-    from mm_ds.tools import bench_device
+    from mm_ds.tools.bench import device as bench_device
 
     cpu = settings()
     assert (cpu.device.kind, cpu.ds_config, cpu.precision, cpu.micro, cpu.peak) == ("cpu", "fp32_zero1.json", "fp32",

@@ -1,8 +1,8 @@
-"""Bring-up as a rank sees it (mm_ds/runtime/bringup.py, mm_ds/runtime/dist.py init), on one machine: which launcher's
-variables name a rank (a rank may carry several launchers' sets), where an srun step's ranks meet (a stale or
-loopback MASTER_ADDR that sbatch exported), where rank 0 listens (a name with several addresses), how long ranks
-wait for one another (a rank that never comes), two ranks on one GPU (CUDA stood in), and a stage's build that
-fails on one rank. Across emulated nodes, with every launcher: tests/test_runners_on_nodes.py."""
+"""Bring-up as a rank sees it (mm_ds/runtime/distributed/bringup.py, mm_ds/runtime/distributed/dist.py init), on one
+machine: which launcher's variables name a rank (a rank may carry several launchers' sets), where an srun step's ranks
+meet (a stale or loopback MASTER_ADDR that sbatch exported), where rank 0 listens (a name with several addresses), how
+long ranks wait for one another (a rank that never comes), two ranks on one GPU (CUDA stood in), and a stage's build
+that fails on one rank. Across emulated nodes, with every launcher: tests/test_runners_on_nodes.py."""
 
 import os
 import socket
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mm_ds.config import ConfigError, LaunchConfig
-from mm_ds.runtime import bringup, dist, launch, watchdog
+from mm_ds.runtime.distributed import bringup, dist, launch, rendezvous, srun, watchdog
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,7 +73,7 @@ def test_launch_and_bring_up_agree_on_what_makes_a_rank(rank_env):
     assert launch.under_launcher() and bringup.RANK_VARS == launch.RANK_VARS
     rank_env.pop("MV2_COMM_WORLD_SIZE")  # a rank variable alone: a rank, whose launcher's set is incomplete
     with pytest.raises(ConfigError, match="MV2_COMM_WORLD_RANK is set but MV2_COMM_WORLD_SIZE is not"):
-        dist.adopt_env()
+        rendezvous.adopt_env()
     assert {v for row in bringup.LAUNCHERS for v in (row.rank, row.world, row.local_rank, *row.local_world,
                                                      *((row.node,) if row.node else ()))} <= set(bringup.LAUNCHER_VARS)
 
@@ -92,8 +92,8 @@ def test_a_packed_run_started_by_any_launchers_rank_is_no_rank(rank_env):
 
 ADOPT = """
 import json, os, sys
-from mm_ds.runtime import dist
-dist.adopt_env()
+from mm_ds.runtime.distributed import rendezvous
+rendezvous.adopt_env()
 print(json.dumps({k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
                  | {"mpi": "mpi4py" in sys.modules}))
 """
@@ -113,10 +113,10 @@ def test_an_srun_task_under_pmi2_takes_slurms_variables_not_mpi(tmp_path):
 # ---------------------------------------------------------------- where an srun step's ranks meet
 
 def adopted(env: dict, **given: str) -> dict:
-    """dist.adopt_env() in a fresh task's environment: SRUN_PMI2 with `given` over it."""
+    """rendezvous.adopt_env() in a fresh task's environment: SRUN_PMI2 with `given` over it."""
     env.clear()
     env.update({"PATH": "/usr/bin:/bin", **SRUN_PMI2, **given})
-    dist.adopt_env()
+    rendezvous.adopt_env()
     return env
 
 
@@ -149,10 +149,10 @@ def test_a_loopback_rendezvous_on_a_step_of_several_nodes_stops_every_rank_at_on
 
 
 def test_the_launcher_side_marks_the_address_it_chose(monkeypatch):
-    monkeypatch.setenv(bringup.MARKED, "stale-from-an-outer-launch")
-    assert launch.launch_env(LaunchConfig(launcher="srun", nodes=2, ranks=4)).get(bringup.MARKED) is None
+    monkeypatch.setenv(srun.MARKED, "stale-from-an-outer-launch")
+    assert launch.launch_env(LaunchConfig(launcher="srun", nodes=2, ranks=4)).get(srun.MARKED) is None
     env = launch.launch_env(LaunchConfig(launcher="srun", nodes=2, ranks=4, master_addr="n0-ib"))
-    assert env["MASTER_ADDR"] == env[bringup.MARKED] == "n0-ib"
+    assert env["MASTER_ADDR"] == env[srun.MARKED] == "n0-ib"
 
 
 # ---------------------------------------------------------------- where rank 0 listens
@@ -196,14 +196,14 @@ def test_rank0_listens_on_every_interface_when_its_name_has_several_addresses(mo
                                         "MASTER_PORT": str(dist.free_port())})
     monkeypatch.setattr(torch.distributed, "TCPStore", _Store)
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **kw: None)
-    monkeypatch.setattr(dist, "_gloo_interface", lambda *a, **kw: None)
+    monkeypatch.setattr(rendezvous, "_gloo_interface", lambda *a, **kw: None)
     monkeypatch.setattr("deepspeed.init_distributed", lambda **kw: None)
     monkeypatch.setattr(dist, "keep_freed_memory", lambda: None)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     monkeypatch.setattr(watchdog, "start", lambda rank: [])
     dist.init()
-    assert dist._RENDEZVOUS_SOCKET.getsockname()[0] in ("0.0.0.0", "::")
-    dist._RENDEZVOUS_SOCKET.close()
+    assert rendezvous._RENDEZVOUS_SOCKET.getsockname()[0] in ("0.0.0.0", "::")
+    rendezvous._RENDEZVOUS_SOCKET.close()
 
 
 def test_where_rank0_listens():
@@ -250,8 +250,8 @@ def test_the_launch_timeouts_reach_the_store_and_the_process_group(monkeypatch):
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     monkeypatch.setattr(watchdog, "start", lambda rank: [])
     dist.init(LaunchConfig(rendezvous_timeout_s=7, collective_timeout_s=77))
-    assert seen["timeout"].total_seconds() == 77 and dist._STORE.timeout.total_seconds() == 77
-    dist._RENDEZVOUS_SOCKET.close()
+    assert seen["timeout"].total_seconds() == 77 and rendezvous.store().timeout.total_seconds() == 77
+    rendezvous._RENDEZVOUS_SOCKET.close()
 
 
 # ---------------------------------------------------------------- two ranks of a node on one GPU
@@ -263,7 +263,7 @@ torch.cuda.is_available = lambda: True
 torch.cuda.device_count = lambda: {count}
 torch.cuda.set_device = lambda i: None
 torch.cuda.get_device_properties = lambda i: types.SimpleNamespace(uuid="GPU-" + ({uuids})[i])
-from mm_ds.runtime import dist
+from mm_ds.runtime.distributed import dist
 dist.init()
 print("formed", dist.rank(), flush=True)
 dist.finish(0)
@@ -320,7 +320,7 @@ def test_a_build_that_fails_on_another_rank_stops_this_one_before_training(monke
     """One node cannot read a file the stage's build needs: its ranks fail there, the others went on into the
     engine's collectives and relied on the process group to notice. They stop, saying another rank failed."""
     from mm_ds import config
-    from mm_ds.runtime.resolved import Resolved
+    from mm_ds.runtime.training.resolved import Resolved
     from mm_ds.stages import runner
 
     trained, failed = [], iter([False, True])  # reading the run directory went well; rank 1's build failed
@@ -328,7 +328,7 @@ def test_a_build_that_fails_on_another_rank_stops_this_one_before_training(monke
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(dist, "init", lambda *a, **kw: (0, 0, 2))
     monkeypatch.setattr(dist, "any_rank", lambda flag: next(failed))
-    monkeypatch.setattr("mm_ds.runtime.engine.train", lambda *a, **kw: trained.append(1))
+    monkeypatch.setattr("mm_ds.runtime.training.engine.train", lambda *a, **kw: trained.append(1))
     monkeypatch.setattr("mm_ds.stages.pretrain.build", lambda cfg: object())
     got = Resolved(tmp_path / "run", config.load("tiny/minijoint"), None, None, 2)
     with pytest.raises(dist.OtherRankFailed, match="another rank failed building the stage"):

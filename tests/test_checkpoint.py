@@ -5,7 +5,7 @@ import shutil
 import pytest
 import torch
 
-from mm_ds.runtime import checkpoint
+from mm_ds.runtime.checkpointing import checkpoint
 
 WEIGHTS = {"w": torch.zeros(2)}
 

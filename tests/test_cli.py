@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mm_ds import cli, config
-from mm_ds.runtime import ds_config
+from mm_ds.runtime.training import ds_config
 from mm_ds.pipeline import run as pipeline
 from mm_ds.config import ConfigError
 from mm_ds.config import recipe_names
@@ -67,7 +67,7 @@ def test_deepspeeds_cpu_accelerator_note_stays_in_the_ranks_output(tmp_path, mon
     import logging
     import subprocess
 
-    from mm_ds.runtime import launch
+    from mm_ds.runtime.distributed import launch
 
     for var in (*launch.RANK_VARS, *launch.SRUN_STEP_VARS):
         monkeypatch.delenv(var, raising=False)

@@ -1,4 +1,4 @@
-"""train.compile (mm_ds/runtime/compiled.py): the models compile without a graph break into a bounded number of
+"""train.compile (mm_ds/runtime/training/compiled.py): the models compile without a graph break into a bounded number of
 graphs, every stage kind trains compiled on 2 CPU ranks as it trains eager, and a compiled run resumes exactly.
 
 `make test` runs one 2-rank launch (tests/compile_ranks.py, ~85 CPU-seconds, so ~45 s of `make test`'s two workers):
@@ -29,10 +29,10 @@ from mm_ds.config import ConfigError, ModelConfig
 from mm_ds.data import features
 from mm_ds.model.heads import RobertaForTask
 from mm_ds.model.model import RobertaMLM
-from mm_ds.runtime import compiled
-from mm_ds.runtime import ds_config as dsc
-from mm_ds.runtime.dist import free_port
-from mm_ds.runtime.train_log import LogWindow
+from mm_ds.runtime.training import compiled
+from mm_ds.runtime.training import ds_config as dsc
+from mm_ds.runtime.distributed.dist import free_port
+from mm_ds.runtime.training.train_log import LogWindow
 
 HERE = Path(__file__).resolve().parent
 FP32_TOLERANCE = 1e-5
@@ -260,7 +260,7 @@ def test_torchdynamo_disable_is_ours_while_nothing_compiles_and_the_users_otherw
 def test_a_log_rows_time_leaves_out_compile_seconds(monkeypatch):
     clock = {"now": 100.0, "compile": 0.0}
     monkeypatch.setattr(compiled, "seconds", lambda: clock["compile"])
-    monkeypatch.setattr("mm_ds.runtime.train_log.time.perf_counter", lambda: clock["now"])
+    monkeypatch.setattr("mm_ds.runtime.training.train_log.time.perf_counter", lambda: clock["now"])
     window = LogWindow(1)
     clock["now"] += 50.0
     clock["compile"] += 45.0  # 45 of the window's 50 s compiled

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from mm_ds import config
-from mm_ds.runtime import ds_config
+from mm_ds.runtime.training import ds_config
 from mm_ds.config import ConfigError
 
 

@@ -150,7 +150,7 @@ def test_the_readmes_cluster_path_checks_out_with_fake_hosts(tmp_path, monkeypat
     import os
 
     from mm_ds.pipeline import run as pipeline
-    from mm_ds.tools import plan
+    from mm_ds.tools.plan import plan
 
     commands = cluster_commands()
     assert [argv[:2] for argv in commands] == [["plan", "paper"], ["run", "paper"], ["run", "paper"]]

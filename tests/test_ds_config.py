@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mm_ds import config
-from mm_ds.runtime import ds_config
+from mm_ds.runtime.training import ds_config
 from mm_ds.config import ConfigError
 
 SHIPPED = ds_config.shipped()

@@ -12,13 +12,13 @@ import pytest
 
 from fault_harness import TINY_MODEL
 from mm_ds.pipeline import jobs
-from mm_ds.runtime.dist import free_port
+from mm_ds.runtime.distributed.dist import free_port
 from mm_ds.stages.resolve import StageRun
 
 ONE_JOB = textwrap.dedent("""
     import gc, json, sys, weakref
     from mm_ds.pipeline import jobs
-    from mm_ds.runtime import engine
+    from mm_ds.runtime.training import engine
 
     made, seen, build, train = [], [], engine.build_engine, engine.train
 

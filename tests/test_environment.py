@@ -1,6 +1,6 @@
-"""The environment guard (mm_ds/runtime/environment.py). A launcher hands a remote node's ranks only part of the launching
-shell's environment, so a rank that decides a collective from a variable that did not reach every rank calls
-other collectives than its peers and the run hangs (MM_DS_VALIDATED under mpirun did, before the ranks read a
+"""The environment guard (mm_ds/runtime/distributed/environment.py). A launcher hands a remote node's ranks only part of
+the launching shell's environment, so a rank that decides a collective from a variable that did not reach every rank
+calls other collectives than its peers and the run hangs (MM_DS_VALIDATED under mpirun did, before the ranks read a
 resolved run directory instead). These tests scan the
 package: every variable it reads is in the table (mm_ds/runtime/faults.py's test fault points are the user's, as a
 whole), and none that may differ between ranks is read in a function that calls a collective, except as rank
@@ -10,10 +10,10 @@ that returns one to a caller that decides collectively must be called as broadca
 import ast
 from pathlib import Path
 
-from mm_ds.runtime import dist
-from mm_ds.runtime.environment import FAULT_POINTS, VARIABLES
+from mm_ds.runtime.distributed import dist
+from mm_ds.runtime.distributed.environment import FAULT_POINTS, VARIABLES
 
-PACKAGE = Path(dist.__file__).resolve().parents[1]  # mm_ds/
+PACKAGE = Path(dist.__file__).resolve().parents[2]  # mm_ds/
 ENV_MAPS = {"os.environ", "environ", "env"}  # `env` is os.environ (or a copy of it) wherever the package uses it
 # Calls that are (or contain) collectives: a rank that skips one of them while its peers call it hangs them.
 COLLECTIVES = {"barrier", "all_reduce", "any_rank", "broadcast_object", "run_stage", "build_engine", "load_into_engine",
@@ -144,9 +144,9 @@ def test_every_variable_the_package_reads_is_in_the_table():
     assert not unresolved, ("environment reads whose variable the scan cannot name (use a literal or a module "
                             "constant): " + "; ".join(unresolved))
     missing = {n: w for n, w in read.items() if n not in VARIABLES}
-    assert not missing, f"read but not in mm_ds/runtime/environment.py VARIABLES (who sets it? does it reach every rank?): {missing}"
+    assert not missing, f"read but not in mm_ds/runtime/distributed/environment.py VARIABLES (who sets it? does it reach every rank?): {missing}"
     stale = sorted(set(VARIABLES) - set(read))
-    assert not stale, f"in mm_ds/runtime/environment.py but read nowhere: {stale}"
+    assert not stale, f"in mm_ds/runtime/distributed/environment.py but read nowhere: {stale}"
 
 
 def test_no_variable_that_may_differ_between_ranks_decides_a_collective():

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from mm_ds.runtime import checkpoint
+from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.config import ConfigError, ModelConfig, to_dict
 from mm_ds.data.task_files import load_split
 from mm_ds.data.tasks import TASKS

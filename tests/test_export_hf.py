@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from mm_ds.runtime import checkpoint
+from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds import tokens
 from mm_ds.config import ModelConfig, to_dict
 from mm_ds.data.features import context_pieces, encode_pair

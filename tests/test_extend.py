@@ -20,7 +20,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from mm_ds.runtime import checkpoint
+from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.model import surgery
 from mm_ds import tokens
 from mm_ds.cli import main

@@ -11,9 +11,9 @@ from mm_ds.runtime import faults
 
 PACKAGE = Path(faults.__file__).resolve().parents[1]  # mm_ds/
 PRODUCT_SETTINGS = {"MM_DS_LAUNCH_ROOT", "MM_DS_MALLOC", "MM_DS_MASTER_ADDR"}
-"""MM_DS_* variables that configure the product itself (mm_ds/runtime/watchdog.py, mm_ds/runtime/dist.py;
-mm_ds/runtime/bringup.py: the master address mm-ds chose, which srun's ranks prefer to an inherited MASTER_ADDR), not a
-test."""
+"""MM_DS_* variables that configure the product itself (mm_ds/runtime/distributed/watchdog.py,
+mm_ds/runtime/distributed/dist.py; mm_ds/runtime/distributed/bringup.py: the master address mm-ds chose, which srun's
+ranks prefer to an inherited MASTER_ADDR), not a test."""
 
 
 def env_names(path: Path) -> list[str]:

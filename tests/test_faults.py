@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_ds.runtime import checkpoint
+from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.tools import verify
 
 import fault_harness as harness

@@ -59,7 +59,7 @@ def mlm_stage(corpus):
 def test_real_mlm_batches_reach_sdpa_with_their_padding_mask(mlm_stage):
     """What the GPU test dispatches on: the model's SDPA inputs for a batch the data pipeline makes (on CPU, eval:
     in training the CPU path computes attention itself)."""
-    from mm_ds.runtime.ds_config import Geometry
+    from mm_ds.runtime.training.ds_config import Geometry
 
     batch = mlm_stage.batches(0, 0, 0, Geometry(8, 8, 1, 1))
     assert batch["attention_mask"] is not None and not batch["attention_mask"].all()  # blocks end in padding
@@ -117,7 +117,7 @@ def test_an_unknown_gpu_skips_only_after_every_check_that_needs_no_peak():
                      and a.lineno > skip.lineno]
             assert all("mfu" in a or "floor" in a for a in later), f"{name}: asserts after the skip on line " \
                                                                   f"{skip.lineno}: {later}"
-    assert skips >= 2, "the suite no longer skips for a GPU whose peak is unknown (mm_ds/runtime/peaks.py)"
+    assert skips >= 2, "the suite no longer skips for a GPU whose peak is unknown (mm_ds/runtime/training/peaks.py)"
 
 
 def module_strings(name: str) -> list[str]:

@@ -20,10 +20,10 @@ from support.host_reads import HostReads, summary
 from mm_ds.config import ModelConfig
 from mm_ds.data.mlm import MLMBatches
 from mm_ds.data.shards import TokenCorpus
-from mm_ds.runtime.ds_config import Geometry
+from mm_ds.runtime.training.ds_config import Geometry
 from mm_ds.model.heads import RobertaForTask
 from mm_ds.model.model import RobertaMLM
-from mm_ds.runtime.prefetch import Prefetcher
+from mm_ds.runtime.training.prefetch import Prefetcher
 from mm_ds.tokens import IGNORE_INDEX
 
 HERE = Path(__file__).resolve().parent
@@ -119,7 +119,7 @@ def _reads(corpus: Path, out: Path, stage: str, ds_config: str, env=None, *overr
     """tests/support/host_reads.py on `world` ranks started as a launcher starts them: each rank's records."""
     import os
 
-    from mm_ds.runtime.dist import free_port
+    from mm_ds.runtime.distributed.dist import free_port
 
     port, procs = free_port(), []
     for rank in range(world):
@@ -192,7 +192,7 @@ DEEPSPEED_WAITS = {
 # mm-ds's own, outside log and checkpoint updates: none. A new one is declared here with its reason, e.g. a read of
 # a host copy of an earlier update's result whose event was recorded then (that event's wait is a lagged one).
 MM_DS_WAITS = {
-    ("mm_ds", "runtime/boundary.py read", "tolist"):
+    ("mm_ds", "training/boundary.py read", "tolist"):
         "per update: the stop/resume agreement's result (LaggedMax), read one update after its all-reduce was "
         "queued; on CUDA it is a pinned host copy behind a CUDA event recorded in the earlier update, so the read "
         "waits for that update's work only, never for the queue the host has just filled (the counter cannot tell a "
@@ -243,7 +243,7 @@ def test_no_rank_waits_for_rank_0s_log_row(bf16_run):
     for rank, result in enumerate(ranks):
         per = {u: Counter((w.split(":")[0], w.split(" ")[-1], what) for v, o, w, what in result["collectives"]
                           if v == u and o == "mm_ds") for u in (2, 3)}  # quiet, row
-        assert per[3] - per[2] == Counter({("runtime/dist.py", "all_reduce_tensor", "all_reduce"): 1}), (rank, per)
+        assert per[3] - per[2] == Counter({("distributed/dist.py", "all_reduce_tensor", "all_reduce"): 1}), (rank, per)
         assert not per[2] - per[3], (rank, per)
 
 
@@ -275,7 +275,8 @@ def test_presets_log_rows_at_a_rate_scaled_to_the_stage():
 RUN_TWICE = textwrap.dedent('''
     import sys, torch
     from pathlib import Path
-    from mm_ds.runtime import checkpoint, engine
+    from mm_ds.runtime.checkpointing import checkpoint
+    from mm_ds.runtime.training import engine
     from mm_ds import config
     from mm_ds.stages import pretrain
 
@@ -319,7 +320,7 @@ def test_fused_adamw_skips_on_a_device_flag_without_touching_its_state():
 
 
 def test_tf32_follows_the_precision_and_the_key(monkeypatch):
-    from mm_ds.runtime import engine
+    from mm_ds.runtime.training import engine
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     engine.use_tf32(True)
     assert torch.backends.cuda.matmul.fp32_precision == torch.backends.cudnn.fp32_precision == "tf32"
@@ -330,7 +331,7 @@ def test_tf32_follows_the_precision_and_the_key(monkeypatch):
 
 HOOKS = textwrap.dedent("""
     import json, sys, torch, deepspeed
-    from mm_ds.runtime import dist
+    from mm_ds.runtime.distributed import dist
     dist.init()
     for ds in json.loads(sys.stdin.read()):
         ds.update(train_batch_size=2, train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=2)
@@ -349,7 +350,7 @@ def test_fp32_zero1_runs_no_python_hook_per_parameter_per_micro_step():
     """DeepSpeed's `contiguous_gradients` (on by default) hooks every trainable tensor's backward under ZeRO 1,
     to stage gradients it reduces only at the update's end: ~7 us per tensor per micro-step of host time. The fp32
     ZeRO-1 configs turn it off (same weights bit for bit); the GPU one holds the same ZeRO block."""
-    from mm_ds.runtime import ds_config
+    from mm_ds.runtime.training import ds_config
     shipped = json.loads(ds_config.find("fp32_zero1.json").read_text())
     assert json.loads(ds_config.find("fp32_zero1_gpu.json").read_text())["zero_optimization"] == \
         shipped["zero_optimization"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mm_ds.runtime import hostfile, launch
+from mm_ds.runtime.distributed import hostfile, launch
 from mm_ds.config import ConfigError, LaunchConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,9 +138,9 @@ def test_preflight_hostfile_and_port(tmp_path):
 def test_hostfile_cli(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("node0 slots=4\nnode1 slots=4\n")
-    ok = subprocess.run([sys.executable, "-m", "mm_ds.runtime.hostfile", str(hosts), "--nodes", "2"], capture_output=True,
+    ok = subprocess.run([sys.executable, "-m", "mm_ds.runtime.distributed.hostfile", str(hosts), "--nodes", "2"], capture_output=True,
                         text=True, cwd=ROOT)
     assert ok.returncode == 0 and "world size 8" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "mm_ds.runtime.hostfile", str(hosts), "--nproc-per-node", "8"],
+    bad = subprocess.run([sys.executable, "-m", "mm_ds.runtime.distributed.hostfile", str(hosts), "--nproc-per-node", "8"],
                          capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "slots=4" in bad.stderr

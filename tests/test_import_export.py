@@ -11,7 +11,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from mm_ds.runtime import checkpoint
+from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.config import ModelConfig, to_dict
 from mm_ds.model.heads import RobertaForTask
 from mm_ds.interop import InteropError, export, export_main, import_hf, import_main

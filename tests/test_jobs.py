@@ -1,6 +1,6 @@
-"""One job format and one rank-side queue loop (mm_ds/pipeline/jobs.py, mm_ds/runtime/jobs.py `serve`): every kind of
-work item survives its file; the loop counts what its pieces came to, stops on a stop signal or a broken rank, and
-is the only loop over a queue in the package."""
+"""One job format and one rank-side queue loop (mm_ds/pipeline/jobs.py, mm_ds/runtime/distributed/jobs.py `serve`):
+every kind of work item survives its file; the loop counts what its pieces came to, stops on a stop signal or a broken
+rank, and is the only loop over a queue in the package."""
 
 import ast
 import signal
@@ -13,8 +13,8 @@ from mm_ds.eval.align_spread import Alignment
 from mm_ds.pipeline import jobs
 from mm_ds.pipeline.evaluation import Evaluation
 from mm_ds.pipeline.pack import Pack
-from mm_ds.runtime import stop
-from mm_ds.runtime.jobs import DONE, FAILED, STOPPED, serve
+from mm_ds.runtime.distributed import stop
+from mm_ds.runtime.distributed.jobs import DONE, FAILED, STOPPED, serve
 from mm_ds.stages.resolve import StageRun
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mm_ds"
@@ -70,11 +70,11 @@ def test_a_stop_ends_the_queue_loop_with_stopped():
 
 
 def test_the_queue_loop_is_the_only_one():
-    """Nothing but mm_ds/runtime/jobs.py claims from a queue: Step 3, Step 4 and the alignment check go through
-    `serve`."""
+    """Nothing but mm_ds/runtime/distributed/jobs.py claims from a queue: Step 3, Step 4 and the alignment check go
+    through `serve`."""
     found = []
     for p in sorted(PACKAGE.rglob("*.py")):
-        if p == PACKAGE / "runtime" / "jobs.py":
+        if p == PACKAGE / "runtime" / "distributed" / "jobs.py":
             continue
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in ("claim", "drain") or \

@@ -25,7 +25,7 @@ def test_what_starts_ranks():
     rank = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     started = "a rank (RANK and WORLD_SIZE in its environment)"
     assert starts_ranks([sys.executable, "tests/compile_ranks.py", "CORPUS", "WORK", "plan.json"], rank) == started
-    assert starts_ranks([sys.executable, "-c", "import mm_ds.runtime.dist"], rank) == started  # whatever it runs
+    assert starts_ranks([sys.executable, "-c", "import mm_ds.runtime.distributed.dist"], rank) == started  # whatever it runs
     assert starts_ranks([sys.executable, "tests/compile_ranks.py"], {"PATH": "/usr/bin", "WORLD_SIZE": "2"}) is None
     assert starts_ranks([sys.executable, "-c", "pass"]) is None  # inherited: a test standing in a rank's variables
 
@@ -57,9 +57,9 @@ def test_an_unmarked_test_that_compiles_fails_when_dynamo_starts():
 
 
 def port_helpers(source: str) -> list[str]:
-    """Functions of a test file that pick a free port themselves (mm_ds.runtime.dist.free_port is the one helper): one
-    named so, or one that returns a socket's port (`return s.getsockname()[1]`). A test that holds a port busy (a
-    socket bound for the test's length) returns none."""
+    """Functions of a test file that pick a free port themselves (runtime/distributed/dist.py's free_port is the one
+    helper): one named so, or one that returns a socket's port (`return s.getsockname()[1]`). A test that holds a port
+    busy (a socket bound for the test's length) returns none."""
     named = re.findall(r"^\s*def (_?free_port)\(", source, flags=re.M)
     return named + [f.name for f in ast.walk(ast.parse(source)) if isinstance(f, ast.FunctionDef)
                     and f.name not in named and any(isinstance(r, ast.Return) and "getsockname()[1]" in ast.unparse(r)

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_ds.runtime import checkpoint as ckpt_io
-from mm_ds.runtime.dist import free_port  # the one free-port helper (test_nodes takes it from here)
+from mm_ds.runtime.checkpointing import checkpoint as ckpt_io
+from mm_ds.runtime.distributed.dist import free_port  # the one free-port helper (test_nodes takes it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=64",
@@ -283,7 +283,7 @@ def test_deepspeed_slurm_runner(corpus, tmp_path):
                  env={"PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
                       "FAKE_SRUN_LOG": str(log)})
     check(proc, proc.stdout + proc.stderr)
-    # every rank starts from the run directory the mm-ds process resolved (mm_ds/runtime/resolved.py)
+    # every rank starts from the run directory the mm-ds process resolved (mm_ds/runtime/training/resolved.py)
     assert log.read_text().startswith("-n 2 ") and log.read_text().endswith(f"/mm_ds/rank.py {run}\n"), log.read_text()
     assert ckpt_io.read_meta(run / "final")["world_size"] == 2
 

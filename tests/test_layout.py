@@ -13,15 +13,12 @@ MAX_LINES = 400
 MAX_FUNCTION_LINES = 60
 LONG_MODULES = {
     # module: why it is still longer (each is one subject; the split it awaits is named)
-    "mm_ds/runtime/bringup.py": "every launcher's rank variables and where ranks meet: the srun rules are the seam",
-    "mm_ds/runtime/dist.py": "collectives (the only caller) and bring-up: the runtime split's distribution/ parts them",
-    "mm_ds/runtime/ds_config.py": "the engine JSON read, completed and validated: validation is the seam",
-    "mm_ds/runtime/engine.py": "the one training loop and the engine it builds: the engine build is the seam",
-    "mm_ds/tools/bench.py": "`mm-ds bench`'s stages, report and command: tools/bench/ (the rooms step) parts them",
+    "mm_ds/runtime/training/engine.py": "the one training loop and the engine it builds: the engine build is the seam",
 }
 """Modules over MAX_LINES; an entry that fits again is removed (test_the_allow_lists_are_current)."""
 LONG_FUNCTIONS = {
-    "mm_ds/runtime/engine.py:_train": "the one training loop, read top to bottom as nanoGPT's: its pieces are helpers",
+    "mm_ds/runtime/training/engine.py:_train": "the one training loop, read top to bottom as nanoGPT's: its pieces "
+                                               "are helpers",
 }
 """Functions over MAX_FUNCTION_LINES (path:name), with why they read better whole."""
 
@@ -36,7 +33,7 @@ LAYERS = (
     # layer              owns                                                     never imports, e.g.
     (("base", "data"),   "configs, the systems table, corpora, the task table",   ()),
     (("model",),         "the MLM, heads, surgery, FLOPs formulas",               ()),
-    (("runtime",),       "one stage on many ranks: engine, dist, checkpoint",     ("stages", "eval", "report", "pipeline")),
+    (("runtime",),       "one stage on many ranks: ROOMS below",                  ("stages", "eval", "report", "pipeline")),
     (("interop",),       "foreign checkpoints in, Hugging Face out",              ()),
     (("stages",),        "one module per training stage",                         ("recipe", "pipeline")),
     (("eval",),          "scoring only: Step 4, metrics, the alignment check",    ("recipe", "report", "pipeline")),
@@ -52,6 +49,15 @@ MODULE_LAYER = {"mm_ds.recipe": "recipe"}
 ENTRY = {"mm_ds", "mm_ds.cli", "mm_ds.rank"}
 LAYER = {name: i for i, (names, _, _) in enumerate(LAYERS) for name in names}
 FORBIDDEN = {(name, above) for names, _, never in LAYERS for name in names for above in never}
+
+
+ROOMS = ("distributed", "checkpointing", "training")
+"""runtime/'s rooms, bottom-up as the layers are: distributed/ (collectives, bring-up, launch, the watchdog, stop, the
+shared queue) knows nothing of checkpoints or training; checkpointing/ (DeepSpeed's layout, run directories, sums,
+resharding) nothing of training; training/ (the loop, its engine and engine config) reads both."""
+BESIDE_THE_ROOMS = {"mm_ds.runtime", "mm_ds.runtime.faults", "mm_ds.runtime.exits"}
+"""runtime/'s modules in no room: the test fault points every room calls, and the exit codes every room's errors
+end in."""
 
 
 def folder(module: str) -> str:
@@ -169,19 +175,49 @@ def test_the_folder_rule_finds_a_climbing_arrow():  # a test that cannot fail is
     assert climbs("mm_ds.stages.adapt", "mm_ds.recipe")
     assert climbs("mm_ds.eval.transfer", "mm_ds.pipeline.stage_runs")
     assert climbs("mm_ds.report.analyses", "mm_ds.pipeline.run")
-    assert climbs("mm_ds.pipeline.pack", "mm_ds.tools.plan")
-    assert climbs("mm_ds.runtime.engine", "mm_ds.pipeline.run")
-    assert climbs("mm_ds.runtime.engine", "mm_ds.stages.adapt")
+    assert climbs("mm_ds.pipeline.pack", "mm_ds.tools.plan.plan")
+    assert climbs("mm_ds.runtime.training.engine", "mm_ds.pipeline.run")
+    assert climbs("mm_ds.runtime.training.engine", "mm_ds.stages.adapt")
     assert climbs("mm_ds.pipeline.run", "mm_ds.cli")
-    assert not climbs("mm_ds.stages.adapt", "mm_ds.runtime.engine")
+    assert not climbs("mm_ds.stages.adapt", "mm_ds.runtime.training.engine")
     assert climbs("mm_ds.eval.transfer", "mm_ds.recipe") and climbs("mm_ds.eval.align", "mm_ds.report.report")
     assert not climbs("mm_ds.config", "mm_ds.data.tasks")
+
+
+def room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if folder(module) == "runtime" and len(parts) > 2 and parts[2] in ROOMS else None
+
+
+def climbs_a_room(module: str, imported: str) -> bool:
+    a, b = room(module), room(imported)
+    return a is not None and b is not None and ROOMS.index(b) > ROOMS.index(a)
+
+
+def test_runtimes_rooms_do_not_climb():
+    """distributed/ never imports checkpointing/ or training/; checkpointing/ never imports training/ (ROOMS)."""
+    bad = sorted(f"{m} -> {d}" for m, deps in graph().items() for d in deps if climbs_a_room(m, d))
+    assert bad == [], "these imports climb to a room above; move the shared piece down instead:\n" + "\n".join(bad)
+
+
+def test_every_runtime_module_has_a_room():
+    homeless = sorted(m for m in graph() if folder(m) == "runtime" and room(m) is None and m not in BESIDE_THE_ROOMS)
+    assert homeless == [], f"put these in one of runtime/'s rooms {ROOMS} (or name one in BESIDE_THE_ROOMS): {homeless}"
+
+
+def test_the_room_rule_finds_a_climbing_arrow():  # a test that cannot fail is a defect
+    assert climbs_a_room("mm_ds.runtime.checkpointing.rundir", "mm_ds.runtime.training.engine")
+    assert climbs_a_room("mm_ds.runtime.distributed.dist", "mm_ds.runtime.checkpointing.checkpoint")
+    assert climbs_a_room("mm_ds.runtime.distributed", "mm_ds.runtime.training.engine")
+    assert not climbs_a_room("mm_ds.runtime.training.engine", "mm_ds.runtime.distributed.dist")
+    assert not climbs_a_room("mm_ds.runtime.faults", "mm_ds.runtime.distributed.stop")
+    assert room("mm_ds.runtime.training") == "training" and room("mm_ds.stages.adapt") is None
 
 
 def test_relative_imports_resolve_to_package_modules():
     g = graph()
     assert "mm_ds.model.flops" in g["mm_ds.pipeline.costs"] and "mm_ds.pipeline.stage_runs" in g["mm_ds.pipeline.costs"]
-    assert "mm_ds.runtime.checkpoint" in g["mm_ds.pipeline.run"]
+    assert "mm_ds.runtime.checkpointing.checkpoint" in g["mm_ds.pipeline.run"]
 
 
 def long_functions() -> dict[str, int]:
@@ -229,7 +265,7 @@ DEEPSPEED_FILES = re.compile(r"mp_rank_|zero_pp_rank|optim_states|model_states|l
                              r"|[\"']latest[\"']")
 """The names of DeepSpeed's checkpoint files and pointers (`mp_rank_00_model_states.pt`, `*_optim_states.pt`, the
 `latest` and `latest_universal` pointers, `global_step*` tags)."""
-LAYOUT_OWNER = PACKAGE / "runtime" / "checkpoint.py"
+LAYOUT_OWNER = PACKAGE / "runtime" / "checkpointing" / "checkpoint.py"
 
 
 def names_deepspeed_files(text: str) -> list[str]:
@@ -237,8 +273,8 @@ def names_deepspeed_files(text: str) -> list[str]:
 
 
 def test_only_the_checkpoint_module_knows_deepspeeds_layout():
-    """A module that needs something from an engine checkpoint asks mm_ds/runtime/checkpoint.py for it: one module
-    changes when DeepSpeed's layout does."""
+    """A module that needs something from an engine checkpoint asks mm_ds/runtime/checkpointing/checkpoint.py for it:
+    one module changes when DeepSpeed's layout does."""
     bad = {str(p.relative_to(PACKAGE.parent)): found for p in sorted(PACKAGE.rglob("*.py"))
            if p != LAYOUT_OWNER and (found := names_deepspeed_files(p.read_text()))}
     assert bad == {}, f"these name DeepSpeed's checkpoint files; add a function to {LAYOUT_OWNER.name} instead: {bad}"
@@ -254,9 +290,9 @@ def test_the_layout_scan_finds_deepspeeds_file_names():  # a test that cannot fa
 
 RUN_TREE_NAMES = ("checkpoints", "final", "frozen", "logs", "train.jsonl", "run_config.yaml", "ds_config.json",
                   "resolved.json")
-"""The names of a run directory's parts (and of `mm-ds run`'s OUT/logs/), spelt out in mm_ds/runtime/rundir.py only:
-everyone else asks it (`logs_dir`, `train_log`, `checkpoints_dir`, FINAL, ...)."""
-RUN_TREE_OWNER = PACKAGE / "runtime" / "rundir.py"
+"""The names of a run directory's parts (and of `mm-ds run`'s OUT/logs/), spelt out in
+mm_ds/runtime/checkpointing/rundir.py only: everyone else asks it (`logs_dir`, `train_log`, `checkpoints_dir`, FINAL, ...)."""
+RUN_TREE_OWNER = PACKAGE / "runtime" / "checkpointing" / "rundir.py"
 META_KEYS = {"frozen"}
 """Names that are also checkpoint meta keys (mm_ds.json's "frozen": the frozen weights' path), as dict keys."""
 

@@ -22,7 +22,7 @@ from mm_ds.data.blocks import pack_shard
 from mm_ds.data.mlm import MLMBatches
 from mm_ds.data.order import sample_ids
 from mm_ds.data.shards import TokenCorpus
-from mm_ds.runtime import dist
+from mm_ds.runtime.distributed import dist
 from mm_ds.stages import pretrain
 
 SEQ = 32

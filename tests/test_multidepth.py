@@ -17,11 +17,11 @@ from mm_ds.model import flops, surgery
 from mm_ds.stages.command import stage_config
 from mm_ds.config import ConfigError, ModelConfig
 from mm_ds.model.model import RobertaMLM, is_language_param, param_shapes
-from mm_ds.runtime.phases import DepthSchedule, schedule_for
+from mm_ds.runtime.training.phases import DepthSchedule, schedule_for
 from mm_ds.systems import system_of
 from mm_ds.pipeline.costs import recipe_costs, step2_phases
-from mm_ds.runtime.train_log import Settled
-from mm_ds.runtime.dist import free_port
+from mm_ds.runtime.training.train_log import Settled
+from mm_ds.runtime.distributed.dist import free_port
 
 TINY = dict(vocab_size=40, hidden_size=16, num_layers=5, num_heads=2, ffn_size=32, max_positions=32)
 
@@ -219,10 +219,11 @@ def test_recipe_costs_count_step2_per_depth():
 STAGE_SCRIPT = textwrap.dedent('''
     import shutil, sys, torch
     from pathlib import Path
-    from mm_ds.runtime import checkpoint, engine
+    from mm_ds.runtime.checkpointing import checkpoint
+    from mm_ds.runtime.training import engine
     from mm_ds.config import ModelConfig, RunConfig, TrainConfig, LaunchConfig
     from mm_ds.model.model import RobertaMLM, is_language_param
-    from mm_ds.runtime.phases import DepthSchedule
+    from mm_ds.runtime.training.phases import DepthSchedule
     from mm_ds.stages.common import stage_flops
 
     root, mode = Path(sys.argv[1]), sys.argv[2]
@@ -265,7 +266,7 @@ def test_step2_resumes_exactly_across_a_depth_switch(tmp_path, mode):
     proc = subprocess.run([sys.executable, "-c", STAGE_SCRIPT, str(tmp_path), mode], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed from" in proc.stdout and "at step 2" in proc.stdout
-    from mm_ds.runtime import checkpoint
+    from mm_ds.runtime.checkpointing import checkpoint
     (meta_a, sd_a), (meta_b, sd_b) = (checkpoint.load_final(tmp_path / r / "final") for r in "ab")
     assert sd_a.keys() == sd_b.keys() and all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
     switch = 6 if mode == "plateau" else 3
@@ -324,7 +325,7 @@ def test_a_multidepth_run_trains_in_bf16_under_zero_on_two_ranks_launched_per_st
     proc = subprocess.run([sys.executable, "-m", "mm_ds.cli", "run", str(tmp_path / "recipe.yaml"), "--out",
                            str(tmp_path / "run")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    from mm_ds.runtime import checkpoint
+    from mm_ds.runtime.checkpointing import checkpoint
     meta, sd = checkpoint.load_final(tmp_path / "run" / "adapt" / "minijoint@1+2" / "t1")
     assert (meta["precision"], meta["zero_stage"], meta["world_size"]) == ("bf16", 2, 2)
     assert meta["depth_phases"] == [[1, 0, 4], [2, 4, 8]]

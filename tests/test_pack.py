@@ -1,7 +1,7 @@
-"""Many small runs packed onto a launch's devices (mm_ds/pipeline/pack.py, mm_ds/runtime/jobs.py): each single-device run gets one
-device under every launcher's environment, the ranks share one queue of jobs, and Step 4 builds one model per
-unit and reads each Step-2 checkpoint once for every task. The packed launch itself, with a killed run resumed
-alone, is tests/test_pipeline_resume.py's; the one job's, tests/test_pipeline.py's."""
+"""Many small runs packed onto a launch's devices (mm_ds/pipeline/pack.py, mm_ds/runtime/distributed/jobs.py): each
+single-device run gets one device under every launcher's environment, the ranks share one queue of jobs, and Step 4
+builds one model per unit and reads each Step-2 checkpoint once for every task. The packed launch itself, with a killed
+run resumed alone, is tests/test_pipeline_resume.py's; the one job's, tests/test_pipeline.py's."""
 
 import json
 from collections import Counter
@@ -9,13 +9,13 @@ from collections import Counter
 import pytest
 import torch
 
-from mm_ds.runtime import checkpoint, sums
+from mm_ds.runtime.checkpointing import checkpoint, sums
 from mm_ds.pipeline import pack
 from mm_ds.config import ModelConfig, to_dict
 from mm_ds.data.tasks import TASKS
 from mm_ds.data.world import generate_world
 from mm_ds.model.heads import RobertaForTask
-from mm_ds.runtime.jobs import Queue
+from mm_ds.runtime.distributed.jobs import Queue
 from mm_ds.eval import transfer
 from mm_ds.pipeline import evaluation
 from test_features import train_spm
@@ -35,7 +35,7 @@ SRUN = {"SLURM_PROCID": "11", "SLURM_LOCALID": "3", "SLURM_STEP_NUM_TASKS": "16"
     ({**DEEPSPEED, "CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}, 1, 2, "GPU-bb"),  # by UUID
 ])
 def test_a_packed_run_sees_one_device_and_is_no_rank_of_the_launch(env, index, count, device):
-    from mm_ds.runtime import launch
+    from mm_ds.runtime.distributed import launch
 
     child, where = pack.child_env(env, 4242, index, count)
     assert child["CUDA_VISIBLE_DEVICES"] == device and where == f"GPU {device}"
@@ -125,8 +125,8 @@ def test_a_stage_start_hashes_its_parent_once(models, tmp_path, monkeypatch):
     verdict and builds (loading the parent again) without reading the sums; in one process (launcher none) the
     resolve and the build read them once."""
     from mm_ds.model.model import RobertaMLM
-    from mm_ds.runtime import resolved
-    from mm_ds.runtime.dist import free_port
+    from mm_ds.runtime.training import resolved
+    from mm_ds.runtime.distributed.dist import free_port
     from mm_ds.stages import command, finetune
     from mm_ds.stages.resolve import resolve
 

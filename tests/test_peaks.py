@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mm_ds.runtime.peaks import gpu_peak_tflops
+from mm_ds.runtime.training.peaks import gpu_peak_tflops
 
 
 @pytest.mark.parametrize("name, half, fp32", [

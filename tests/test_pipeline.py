@@ -18,8 +18,8 @@ import pytest
 import torch
 import yaml
 
-from mm_ds.runtime import checkpoint
-from mm_ds.runtime.dist import free_port
+from mm_ds.runtime.checkpointing import checkpoint
+from mm_ds.runtime.distributed.dist import free_port
 from mm_ds.model import surgery
 from mm_ds.config import ConfigError, model_config_from_dict
 from mm_ds.model.model import LANGUAGE_PARAMS
@@ -114,7 +114,7 @@ def test_every_stage_kind_trained_in_bf16_under_each_zero_stage(finished):
         weights = checkpoint.load_final(out / run)[1]
         assert all(v.dtype == torch.float32 for v in weights.values()), run
     assert "evaluation: " in job and "units on 2 rank(s)" in job  # Step 4 shared by the job's ranks
-    from mm_ds.tools.plan import Cluster, plan_evaluation
+    from mm_ds.tools.plan.plan import Cluster, plan_evaluation
     units = json.loads((out / "logs" / "eval-units.json").read_text())["units"]
     assert plan_evaluation(load_recipe(str(finished[0])), Cluster()).units == len(units)  # `mm-ds plan` counts them
 
@@ -539,7 +539,7 @@ def test_a_group_of_one_other_machine_goes_through_the_runner(tmp_path):
     from mm_ds import config
     from mm_ds.config import LaunchConfig
     from mm_ds.pipeline import spread as sp
-    from mm_ds.runtime import launch
+    from mm_ds.runtime.distributed import launch
 
     hosts = tmp_path / "hosts"
     hosts.write_text("".join(f"gpu0{i} slots=8\n" for i in range(1, 5)))

@@ -11,7 +11,7 @@ import pytest
 
 from mm_ds import cli
 from mm_ds.recipe import load_recipe
-from mm_ds.tools import plan
+from mm_ds.tools.plan import plan
 from mm_ds.pipeline.costs import recipe_costs
 from mm_ds.config import ModelConfig
 from mm_ds.model.model import LANGUAGE_PARAMS, RobertaMLM
@@ -55,7 +55,7 @@ def test_step2_communicates_the_embedding_group_only():
 
 def test_the_reduction_dtype_is_the_configs():
     """The plan's default is what mm-ds resolves for a config of that dtype (the shipped bf16 JSONs say fp32)."""
-    from mm_ds.runtime import ds_config
+    from mm_ds.runtime.training import ds_config
 
     assert plan.Cluster().reduction_dtype == "fp32" and plan.Cluster(dtype="fp16").reduction_dtype == "fp16"
     assert plan.Cluster(comm_dtype="bf16").reduction_dtype == "bf16"
@@ -83,7 +83,7 @@ def test_paper_plan_numbers():
     one_node = {(r.system, r.step): r for r in plan.plan_stages(recipe_costs(load_recipe("paper")), plan.Cluster(nodes=1))}
     assert one_node[("BL_BASE", "step1")].comm_s < r.comm_s  # NVLink instead of the network
     # Each stage at its config's micro batch, at most: 12 layers at 32 per GPU, 4-6 at 64 (the host keeps ahead
-    # of a GPU: bench_host.py), down to a rank's share of 2048 (32 GPUs: 64; 64 GPUs: 32)
+    # of a GPU: tools/bench/host.py), down to a rank's share of 2048 (32 GPUs: 64; 64 GPUs: 32)
     deep = {("BL_BASE", "step1"), ("BL_BASE", "step2"), ("MINIJOINT", "step1"), ("MINIPOST", "step1")}
     assert len(rows) == 9 and all(r.micro_batch == (32 if k in deep else 64) for k, r in rows.items())
     sixty_four = plan.plan_stages(recipe_costs(load_recipe("paper")), plan.Cluster(nodes=8))
@@ -172,7 +172,7 @@ def test_plan_totals_are_what_mm_ds_run_launches():
 
     from mm_ds.model import flops
     from mm_ds.pipeline.stage_runs import stage_configs, stage_runs
-    from mm_ds.tools.plan_totals import makespan, recipe_totals, refusals
+    from mm_ds.tools.plan.totals import makespan, recipe_totals, refusals
 
     recipe, c = load_recipe("paper"), plan.Cluster(nodes=4, gpus_per_node=8)
     cfgs = stage_configs(recipe)
@@ -327,8 +327,8 @@ def test_a_budget_for_four_nodes_of_eight_fits_120_columns(capsys):
 def test_jobs_under_a_time_limit_lose_the_work_since_a_checkpoint():
     """A launch cut by the limit keeps its work up to its last resumable checkpoint and starts again in the next job;
     side-by-side lanes share each job's limit; a limit that cannot hold a start-up and one interval is refused."""
-    from mm_ds.tools.plan_budget import parse_duration, submissions
-    from mm_ds.tools.plan_totals import Launch, Phase
+    from mm_ds.tools.plan.budget import parse_duration, submissions
+    from mm_ds.tools.plan.totals import Launch, Phase
 
     def phase(*lanes):
         return Phase("Step 2", "", sum(map(len, lanes)), tuple(tuple(lane) for lane in lanes), 0.0, 0.0)
@@ -360,7 +360,7 @@ def test_side_by_side_prices_each_run_on_its_group(capsys):
 
     from mm_ds.pipeline.costs import stage_run_costs
     from mm_ds.pipeline.stage_runs import stage_configs
-    from mm_ds.tools.plan_totals import lanes_in_order, recipe_phases
+    from mm_ds.tools.plan.totals import lanes_in_order, recipe_phases
 
     recipe, c = load_recipe("paper"), plan.Cluster(nodes=4, gpus_per_node=8)
     cfgs = stage_configs(recipe)
@@ -393,14 +393,14 @@ def test_side_by_side_prices_each_run_on_its_group(capsys):
 
 
 def plan_totals_launch(name, seconds):
-    from mm_ds.tools.plan_totals import Launch
+    from mm_ds.tools.plan.totals import Launch
     return Launch(name, seconds, 0.0)
 
 
 def test_the_data_preparation_estimate():
     """The paper recipe's languages at CC-100's sizes (Table 1): English's 301 GB sets a job per language's time;
     files that are here are measured instead (the real recipe's xz files, x the measured compression)."""
-    from mm_ds.tools.plan_budget import CC100_GB, COMPRESSION, prepare_seconds, prepare_times
+    from mm_ds.tools.plan.budget import CC100_GB, COMPRESSION, prepare_seconds, prepare_times
 
     times = {t.lang: t for t in prepare_times(load_recipe("paper"))}
     assert set(times) == set(CC100_GB) and times["sw"].text_bytes == 1.7e9

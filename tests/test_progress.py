@@ -4,7 +4,7 @@ real run)."""
 import json
 from dataclasses import asdict
 
-from mm_ds.runtime import checkpoint
+from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.pipeline.progress import Follow, Watched, clock, last_row
 from mm_ds.eval.transfer import Unit
 
@@ -79,14 +79,15 @@ def test_the_total_comes_from_the_stage_and_a_broken_display_does_not_stop_the_r
 
 
 def test_a_process_mm_ds_starts_keeps_what_the_user_set(tmp_path, monkeypatch):
-    """One owner of the environment mm-ds gives the processes it starts (mm_ds/runtime/launch.py process_env): a value
-    the user set wins over mm-ds's default, whether `mm-ds run` starts a launcher, a rank or `mm-ds prepare`. Before,
-    run_logged put its own OMPI_ALLOW_RUN_AS_ROOT=1 over the user's, where launch_env kept the user's."""
+    """One owner of the environment mm-ds gives the processes it starts (mm_ds/runtime/distributed/launch.py
+    process_env): a value the user set wins over mm-ds's default, whether `mm-ds run` starts a launcher, a rank or
+    `mm-ds prepare`. Before, run_logged put its own OMPI_ALLOW_RUN_AS_ROOT=1 over the user's, where launch_env kept
+    the user's."""
     import sys
 
     from mm_ds.config import LaunchConfig
     from mm_ds.pipeline.progress import run_logged
-    from mm_ds.runtime.launch import launch_env
+    from mm_ds.runtime.distributed.launch import launch_env
 
     monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "0")
     monkeypatch.delenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", raising=False)

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from mm_ds.runtime import dist, watchdog
+from mm_ds.runtime.distributed import dist, rendezvous, watchdog
 
 SRUN_TASK_5_OF_8 = {"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "5",
                     "SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_STEP_NODELIST": "gpu1", "SLURM_STEP_NUM_NODES": "1",
@@ -25,8 +25,8 @@ def rank_env(monkeypatch):
     monkeypatch.setattr(os, "environ", env)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     monkeypatch.setattr(torch, "set_num_threads", seen["threads"].append)
-    monkeypatch.setattr(dist, "_bind_rendezvous", lambda here, launch: None)
-    monkeypatch.setattr(dist, "_start_group", lambda store, here, launch: None)
+    monkeypatch.setattr(rendezvous, "meet", lambda here, launch: None)
+    monkeypatch.setattr(rendezvous, "start_group", lambda store, here, launch: None)
     monkeypatch.setattr("deepspeed.init_distributed", lambda **kw: None)
     monkeypatch.setattr(dist, "keep_freed_memory", lambda: None)
     # The launcher chain of a rank under DeepSpeed's launcher; the watcher process is recorded, not started.
@@ -108,7 +108,7 @@ def test_finish_ends_the_wandb_run_before_leaving(monkeypatch):
 
 LEAVE_WITH_WANDB = """
 import sys, types
-from mm_ds.runtime import dist
+from mm_ds.runtime.distributed import dist
 class Run:
     def finish(self):
         print("wandb finished", flush=True)
@@ -188,7 +188,7 @@ def test_each_launcher_gives_its_ranks_their_share_of_the_cpus(rank_env, monkeyp
     """8 ranks a node each starting all-core thread pools fought over the cores: each launcher's command gives a
     rank its CPUs (or leaves every rank all of them), and the rank's thread pools take its share."""
     from mm_ds.config import LaunchConfig
-    from mm_ds.runtime import launch
+    from mm_ds.runtime.distributed import launch
 
     launch_cfg, shell, asks, rank_vars, cpus, threads = LAUNCHES[name]
     env, seen = rank_env

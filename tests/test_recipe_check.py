@@ -189,7 +189,7 @@ def test_the_plan_summary_counts_the_stage_list_and_what_is_done(tmp_path, capsy
 
     import torch
 
-    from mm_ds.runtime import checkpoint
+    from mm_ds.runtime.checkpointing import checkpoint
 
     out = tmp_path / "out"
     runs = stage_runs(load_recipe("paper"), out)

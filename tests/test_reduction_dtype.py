@@ -1,7 +1,8 @@
 """What the bf16 engine configs send between ranks, recorded: Step 2 (the body frozen, the language group training)
 on 2 CPU ranks under bf16_zero{1,2,3}.json, each rank recording every collective DeepSpeed makes
 (tests/support/comm_record.py). Gradients are reduced in fp32 (the configs accumulate in fp32; a bf16 reduction would
-round them first), weights gathered in bf16, `mm-ds plan`'s model (mm_ds/tools/plan.py) predicts the recorded traffic,
+round them first), weights gathered in bf16, `mm-ds plan`'s model (mm_ds/tools/plan/plan.py) predicts the recorded
+traffic,
 and the frozen weights the engine trained beside are the parent's rounded to bf16 (MM_DS_DUMP_FROZEN, the
 tests/gpu check, here on CPU)."""
 
@@ -15,10 +16,11 @@ import pytest
 import torch
 
 from support.gpu_checks import frozen_mismatches
-from mm_ds.runtime import checkpoint, ds_config
-from mm_ds.runtime.dist import free_port
+from mm_ds.runtime.checkpointing import checkpoint
+from mm_ds.runtime.training import ds_config
+from mm_ds.runtime.distributed.dist import free_port
 from mm_ds.model.model import is_language_param
-from mm_ds.tools import plan
+from mm_ds.tools.plan import plan
 
 HERE = Path(__file__).resolve().parent
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=64", "data.seq_len=32",
@@ -27,7 +29,7 @@ STEPS, ACCUM = 4, 2
 PLAN_OP = {"all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce", "reduce": "reduce",
            "reduce_scatter": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter", "all_gather": "all_gather",
            "all_gather_into_tensor": "all_gather", "all_gather_base": "all_gather", "all_gather_coalesced": "all_gather"}
-"""DeepSpeed's backend calls (tests/support/comm_record.py) as mm_ds/tools/plan.py names the collectives."""
+"""DeepSpeed's backend calls (tests/support/comm_record.py) as mm_ds/tools/plan/plan.py names the collectives."""
 GRADS = [op for op, name in PLAN_OP.items() if "reduce" in name]
 GATHERS = [op for op, name in PLAN_OP.items() if name == "all_gather"]
 SCALARS = 4

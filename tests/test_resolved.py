@@ -1,6 +1,6 @@
 """A stage run is resolved once, where its launch starts, and every rank starts from its run directory alone
-(mm_ds/stages/resolve.py, mm_ds/runtime/resolved.py, mm_ds/rank.py): the record's sums, a rank given only RUN that
-trains the stage, and nothing on a rank's path that parses a command line or reads a validation variable."""
+(mm_ds/stages/resolve.py, mm_ds/runtime/training/resolved.py, mm_ds/rank.py): the record's sums, a rank given only RUN
+that trains the stage, and nothing on a rank's path that parses a command line or reads a validation variable."""
 
 import ast
 import json
@@ -14,8 +14,10 @@ import pytest
 from support import call_walk
 from support.import_walk import graph, layout, rank_starts, walk
 from mm_ds.config import ConfigError
-from mm_ds.runtime import checkpoint, launch, resolved
-from mm_ds.runtime.dist import free_port
+from mm_ds.runtime.checkpointing import checkpoint
+from mm_ds.runtime.distributed import launch
+from mm_ds.runtime.training import resolved
+from mm_ds.runtime.distributed.dist import free_port
 from mm_ds.stages.resolve import StageRun, resolve
 from test_launchers import TINY
 
@@ -91,7 +93,7 @@ def test_a_recipes_walk_to_a_rank_is_a_handful_of_files_and_the_rank_reenters_no
     stacks = call_walk.record(ROOT)
     rank_files = {f for point in ("stage", "forward") for f, _ in stacks[point]}
     assert call_walk.shared(stacks) == ["mm_ds/runtime/exits.py"], stacks
-    assert {"mm_ds/rank.py", "mm_ds/stages/runner.py", "mm_ds/runtime/engine.py"} <= rank_files, stacks
+    assert {"mm_ds/rank.py", "mm_ds/stages/runner.py", "mm_ds/runtime/training/engine.py"} <= rank_files, stacks
     assert not {"mm_ds/cli.py", "mm_ds/pipeline/run.py", "mm_ds/recipe.py"} & rank_files, stacks
     assert len(call_walk.walk(stacks)) <= 12, call_walk.walk(stacks)
 

@@ -1,7 +1,7 @@
 """Every launcher's real command, executed across two emulated nodes of two ranks each (tests/support/netns.py).
 
 `mm-ds probe` runs on node 0 as a user would type it: it builds the launcher's command with
-`mm_ds.runtime.launch.command` and runs it for real. For `launch.launcher=deepspeed` that is DeepSpeed's own
+`mm_ds.runtime.distributed.launch.command` and runs it for real. For `launch.launcher=deepspeed` that is DeepSpeed's own
 `runner.main`, which builds its pdsh, openmpi, mpich, impi, mvapich or slurm runner from mm-ds's arguments and
 runs the command that runner produces; the tools it calls are tests/standins (ssh, pdsh, srun, sinfo,
 scontrol, hydra's mpirun, mpiname; each says what it emulates and what not) or real (OpenMPI's mpirun, its

@@ -25,9 +25,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mm_ds.runtime import checkpoint, faults, stop, sums
-from mm_ds.runtime.boundary import LaggedMax
-from mm_ds.runtime.dist import free_port
+from mm_ds.runtime.checkpointing import checkpoint, sums
+from mm_ds.runtime import faults
+from mm_ds.runtime.distributed import stop
+from mm_ds.runtime.training.boundary import LaggedMax
+from mm_ds.runtime.distributed.dist import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = int(os.environ.get("MM_DS_STOP_SEED", 0))
@@ -99,7 +101,7 @@ sys.exit(75)
 """, sys.argv[1]])
 rank.wait()
 '''
-PARENT = ("import sys; from mm_ds.runtime import stop; "
+PARENT = ("import sys; from mm_ds.runtime.distributed import stop; "
           "sys.exit(stop.run_child([sys.executable, '-c', sys.argv[1], sys.argv[2]]))")
 
 
@@ -119,7 +121,7 @@ def test_the_parent_passes_a_stop_to_the_launchers_group_and_waits_for_its_ranks
 
 WATCHED = r'''
 import os, signal, sys, time
-from mm_ds.runtime import watchdog
+from mm_ds.runtime.distributed import watchdog
 # A "rank" whose launcher is its parent: it records SIGTERM and goes on (as a rank whose save takes a while).
 signal.signal(signal.SIGTERM, lambda s, f: open(sys.argv[1], "a").write(f"SIGTERM {time.monotonic()}\n"))
 watchdog.start(0, poll_s=0.2)
@@ -219,7 +221,7 @@ def test_stop_fault_points_parse_and_name_a_bad_value():
 
 def test_plan_prints_the_resume_interval_and_its_cost(capsys):
     from mm_ds.config import ConfigError, load
-    from mm_ds.tools import plan
+    from mm_ds.tools.plan import plan
 
     assert plan.main(["paper", "--nodes", "1", "--mfu", "0.2"]) == 0
     out = capsys.readouterr().out.split("resume checkpoints (train.resume_every_minutes")[1]
@@ -505,7 +507,7 @@ def test_a_stop_to_a_pack_is_passed_to_its_run_which_saves_and_no_other_run_star
     run never starts; the pack ends with 75; the same job again resumes the stopped run and runs the other."""
     from mm_ds.pipeline import jobs
     from mm_ds.pipeline.pack import Pack, statuses
-    from mm_ds.runtime.launch import ENTRY
+    from mm_ds.runtime.distributed.launch import ENTRY
 
     runs = tuple({"name": f"run{i}", "out": str(tmp_path / f"run{i}"), "log": str(tmp_path / f"run{i}.log"),
                   "argv": stage1(corpus, tmp_path / f"run{i}", "launch.launcher=none", "launch.ranks=1",

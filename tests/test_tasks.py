@@ -318,7 +318,7 @@ def test_finetuning_and_evaluation_read_the_hub(hub, tmp_path):
     import sentencepiece as spm
     import torch
 
-    from mm_ds.runtime import checkpoint
+    from mm_ds.runtime.checkpointing import checkpoint
     from mm_ds.config import ModelConfig, to_dict
     from mm_ds.model.heads import RobertaForTask
     from mm_ds.eval import transfer

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from mm_ds.report import analyses
-from mm_ds.runtime import checkpoint
+from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.stages.command import stage_config
 from mm_ds.config import ConfigError
 from mm_ds.report.records import Result

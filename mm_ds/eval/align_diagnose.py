@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..config import model_config_from_dict
 from ..model import surgery
-from ..runtime import checkpoint
+from ..runtime.checkpointing import checkpoint
 from ..systems import system_of
 from .align_rows import (Settings, eval_batches, fit_data, initial_group, mlm_metrics, mlm_model, primary_model,
                          training_corpus)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..runtime import checkpoint
+from ..runtime.checkpointing import checkpoint
 from ..model import flops, surgery
 from ..config import ConfigError, model_config_from_dict
 from ..systems import system_of

@@ -1,8 +1,8 @@
 """The alignment check (mm_ds/eval/align.py) spread over a launch's ranks, like Step 4: each rank takes a target
-language's Step-2 runs from the queue the ranks share (mm_ds/runtime/jobs.py) and scores their checkpoints on its device
-with `align.align_run`, which keeps each checkpoint's row under OUT/align/. `mm-ds run`'s own `align_recipe` then
-finds every row current and only writes the report: the checkpoints (2,888 in the paper recipe) are no longer
-scored one after another in the driver process. A language's runs stay together: they share its held-out
+language's Step-2 runs from the queue the ranks share (mm_ds/runtime/distributed/jobs.py) and scores their checkpoints
+on its device with `align.align_run`, which keeps each checkpoint's row under OUT/align/. `mm-ds run`'s own
+`align_recipe` then finds every row current and only writes the report: the checkpoints (2,888 in the paper recipe) are
+no longer scored one after another in the driver process. A language's runs stay together: they share its held-out
 corpus, which align.py encodes once, on the rank that has them.
 
 The work item (`Alignment`, mm_ds/pipeline/jobs.py) holds the Step-2 runs to score by language, their held-out
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime import dist
-from ..runtime.jobs import DONE, serve
+from ..runtime.distributed import dist
+from ..runtime.distributed.jobs import DONE, serve
 from .align import Settings, align_run
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from ..runtime import checkpoint
+from ..runtime.checkpointing import checkpoint
 from ..model import flops, surgery
 from ..config import ConfigError, model_config_from_dict
 from ..data.task_files import load_split

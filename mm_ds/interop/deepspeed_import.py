@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ..runtime import checkpoint
+from ..runtime.checkpointing import checkpoint
 from .importers import out_final
 from .spm import InteropError
 

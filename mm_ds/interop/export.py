@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..runtime import checkpoint
+from ..runtime.checkpointing import checkpoint
 from ..model import surgery
 from ..config import ModelConfig, model_config_from_dict
 from ..data.tasks import task_type_of

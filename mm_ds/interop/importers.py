@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..runtime import checkpoint
+from ..runtime.checkpointing import checkpoint
 from ..model import surgery
 from ..config import ModelConfig, to_dict
 from ..model.model import is_language_param

@@ -45,7 +45,7 @@ def is_language_param(name: str) -> bool:
 # values are scaled by exactly 1 / (1 - that probability), so the expectation is still the input's.
 # Masks stay a pure function of the torch seed (resume is exact). GPUs keep the native fused kernels, and so does a
 # compiled model (train.compile): dynamo cannot trace the in-place draw, and inductor fuses its own mask into the
-# kernel around it (mm_ds/runtime/compiled.py).
+# kernel around it (mm_ds/runtime/training/compiled.py).
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """F.dropout(x, p, training), with the cheaper mask above on CPU when not compiled."""

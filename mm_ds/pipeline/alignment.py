@@ -19,12 +19,12 @@ from ..eval.heldout import prepared_heldout
 from ..recipe import data_path, prepare_options
 from ..report.align_report import align_table, diagnosis_table, write_align
 from ..report.report import mlm_report
-from ..runtime import checkpoint
+from ..runtime.checkpointing import checkpoint
 
 
 def aligned_runs(recipe, out: Path | None = None) -> list[tuple[str, str]]:
     """The one rule for the (system, target language) Step-2 runs `mm-ds run`'s alignment check scores, for
-    `align_recipe`, its spread over ranks (eval/align_spread.py) and `mm-ds plan` (plan_totals.py): with
+    `align_recipe`, its spread over ranks (eval/align_spread.py) and `mm-ds plan` (tools/plan/totals.py): with
     align_sequences, every system in each language with held-out text: a file (recipe key heldout), the generated
     world's, or the prepared corpus's slice (prepare_options: real text gets one unless prepare.heldout is 0). With
     `out` (its data prepared), a language whose corpus holds no held-out line (too few lines, or prepared without) is

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ConfigError, LaunchConfig, ModelConfig, RunConfig, from_dict
-from ..runtime import launch
+from ..runtime.distributed import launch
 from ..stages.common import Parent
 from ..stages.resolve import stage_module
 from ..systems import system_of
@@ -24,10 +24,10 @@ from .spread import check_spread
 from .stage_runs import PACKED
 from .stage_runs import stage_runs
 from ..recipe import english_tasks, minis_in_english, primaries
-from ..runtime.checkpoint import unwritable
+from ..runtime.checkpointing.checkpoint import unwritable
 from ..data.tasks import HUB, TaskDataError, find_local, get_task, hub_source, is_hub
 from ..recipe import data_path, task_root, text_inputs
-from ..runtime import ds_config
+from ..runtime.training import ds_config
 
 PREPARED = "meta.json"  # `mm-ds prepare` writes it last: a prepared corpus needs no text inputs
 

@@ -13,13 +13,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..model import flops
-from ..runtime.phases import DepthSchedule
+from ..runtime.training.phases import DepthSchedule
 from ..systems import system_of
 from .stage_runs import stage_configs
 from .stage_runs import stage_runs
 from ..data.tasks import get_task
 from .check import model_after
-from ..runtime.ds_config import global_batch, micro_batch
+from ..runtime.training.ds_config import global_batch, micro_batch
 from ..recipe import load_recipe
 from ..data.world import DEFAULT_TASK_SIZES
 
@@ -188,8 +188,8 @@ def finetune_costs(recipe, cfgs: dict | None = None, out: Path = Path("OUT")) ->
 
 def step2_phases(cfg, depths: tuple[int, ...], steps: int | None = None) -> list[tuple[int, int, int]]:
     """(depth, updates, checkpoints) of each phase of a Step 2 of `steps` updates (default: its config's), one
-    phase unless multi-depth (mm_ds/runtime/phases.py). A plateau schedule's split is known only after the run: it is
-    estimated as equal shares. Checkpoints follow the config's own schedule."""
+    phase unless multi-depth (mm_ds/runtime/training/phases.py). A plateau schedule's split is known only after the run:
+    it is estimated as equal shares. Checkpoints follow the config's own schedule."""
     steps = cfg.train.steps if steps is None else steps
     if len(depths) == 1:
         return [(depths[0], steps, cfg.train.checkpoints())]

@@ -4,8 +4,8 @@ ranks of a launch share. One unit is scored by mm_ds/eval/transfer.py; this modu
 At the paper's scale that is 4 systems x 14 languages x ~29 checkpoints x 5 seeds over four test sets, so the work
 is cut into independent units (one checkpoint, or the source language, or a control, with all its seeds) that the
 ranks of a launch share, each on its rank's device: they take pieces one at a time from a queue
-(mm_ds/runtime/jobs.py `serve`), a piece being the units that swap in one Step-2 checkpoint (one per task, and its
-control), which is read and hashed once for all of them. A unit's result is a file under OUT/eval/ keyed by a
+(mm_ds/runtime/distributed/jobs.py `serve`), a piece being the units that swap in one Step-2 checkpoint (one per task,
+and its control), which is read and hashed once for all of them. A unit's result is a file under OUT/eval/ keyed by a
 fingerprint of its inputs (manifests of the checkpoints, the task file) and of how it was scored (device type and
 precision: bf16 autocast on GPUs, fp32 on CPU): an interrupted evaluation resumes, a finished one is not redone,
 and a result scored on another kind of device is scored again, so that one table never mixes precisions.
@@ -26,8 +26,9 @@ from pathlib import Path
 from ..config import ConfigError
 from ..data.tasks import find_local, get_task, hub_source, is_hub
 from ..eval.transfer import Unit, run_unit, scored_with, units_for
-from ..runtime import checkpoint, dist
-from ..runtime.jobs import DONE, serve
+from ..runtime.checkpointing import checkpoint
+from ..runtime.distributed import dist
+from ..runtime.distributed.jobs import DONE, serve
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def eval_jobs(units: list[Unit]) -> list[list[int]]:
 def run_units(units: list[Unit], data_root: str, results: Path, device="cpu", say=print) -> None:
     """Every unit without a current result, written to results/, scored on this kind of device: under a launch,
     this rank's share, taking pieces (`eval_jobs`) from the queue the ranks share until none is left
-    (mm_ds/runtime/jobs.py `serve`: a failure stops every rank from taking more and is raised once all stopped)."""
+    (mm_ds/runtime/distributed/jobs.py `serve`: a failure stops every rank from taking more and is raised once all stopped)."""
     jobs, how = eval_jobs(units), scored_with(device)
     rank, world, t0, last = dist.rank(), dist.world_size(), time.monotonic(), [0.0]
 

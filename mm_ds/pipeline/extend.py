@@ -33,10 +33,10 @@ import json
 import sys
 from pathlib import Path
 
-from ..runtime import checkpoint
+from ..runtime.checkpointing import checkpoint
 from ..config import ConfigError, ModelConfig
 from ..systems import SystemNameError, system_of
-from ..runtime.rundir import logs_dir
+from ..runtime.checkpointing.rundir import logs_dir
 from . import extend_card
 from .extend_check import (EXPORTED, SETTINGS, Plan, check, exported, extend_runs, final_of, source_model,
                            source_tokenizer, text_files)

@@ -17,7 +17,7 @@ import os
 from collections import deque
 from pathlib import Path
 
-from ..runtime import checkpoint
+from ..runtime.checkpointing import checkpoint
 from ..model import surgery
 from ..config import model_config_from_dict
 from ..tokens import IGNORE_INDEX

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runtime import checkpoint
+from ..runtime.checkpointing import checkpoint
 from .. import tokens
 from .check import Findings, check_stages
 from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict

@@ -11,7 +11,7 @@ from ..eval.align_spread import Alignment
 from ..recipe import MINI_DIR, data_path, english_tasks, minis_in_english, primaries, task_root
 from ..stages.resolve import StageRun
 from ..systems import system_of
-from ..runtime.rundir import logs_dir
+from ..runtime.checkpointing.rundir import logs_dir
 from .alignment import aligned_runs
 from .costs import finetune_costs
 from .evaluation import PROGRESS, Evaluation, expand

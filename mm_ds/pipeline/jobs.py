@@ -7,8 +7,8 @@
     Evaluation   Step 4's units (mm_ds/pipeline/evaluation.py)
     Alignment    the alignment check's Step-2 runs (mm_ds/eval/align_spread.py)
 
-The last three share one rank-side queue loop (mm_ds/runtime/jobs.py `serve`: claim, run, report, stop on any
-rank's failure or stop signal). A job is written as JSON (`write`) and run by `mm_ds/rank.py JOB.json` on every
+The last three share one rank-side queue loop (mm_ds/runtime/distributed/jobs.py `serve`: claim, run, report, stop on
+any rank's failure or stop signal). A job is written as JSON (`write`) and run by `mm_ds/rank.py JOB.json` on every
 rank (`execute`). `mm-ds run` decides in one place (pipeline/run.py `launch_items`) whether its items run in one
 launch (`mode: one_job`) or each in a launch of its own (`per_stage`, where a stage run is resolved by `mm-ds run`
 itself and its ranks start from the run directory).
@@ -25,7 +25,8 @@ from pathlib import Path
 
 from ..config import ConfigError
 from ..eval.align_spread import Alignment, run_alignment
-from ..runtime import checkpoint, dist, stop
+from ..runtime.checkpointing import checkpoint
+from ..runtime.distributed import dist, stop
 from ..stages.resolve import StageRun, resolve
 from ..stages.runner import train_run
 from .evaluation import Evaluation, run_evaluation

@@ -1,5 +1,5 @@
 """Many small independent runs packed onto a launch's devices: Step 3's finetunings (Step 4's units and the alignment
-check's Step-2 runs share its queue loop: mm_ds/runtime/jobs.py `serve`).
+check's Step-2 runs share its queue loop: mm_ds/runtime/distributed/jobs.py `serve`).
 
 Steps 1, 1b and 2 are a few long runs, each data-parallel over every device of the launch. Step 3 is many short
 ones (every primary model x task x seed: 60 in the paper recipe), each of which needs one device for the paper's
@@ -15,7 +15,7 @@ batch of 32: they run as single-device runs, as many at once as the launch has d
     one failed its exit code and log are recorded, the rank takes the next run; the pack fails at the end, naming
                each failed run; the same `mm-ds run` again skips the finished ones and resumes each failed one
                alone from its newest checkpoint (its own --resume)
-    a stop     a stop signal on a rank (mm_ds/runtime/stop.py) is passed to its run, which saves and exits 75; no
+    a stop     a stop signal on a rank (mm_ds/runtime/distributed/stop.py) is passed to its run, which saves and exits 75; no
                rank takes another run, and the other ranks pass it to theirs (a key in the store they poll); each
                stopped run is recorded `stopped`, and the pack ends with exit code 75: the same `mm-ds run` resumes
     progress   OUT/logs/<pack>/<run>.json (running, done or failed: rank, device, exit code, log), which
@@ -37,17 +37,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime import checkpoint, dist, stop
+from ..runtime.checkpointing import checkpoint
+from ..runtime.distributed import dist, stop
 from ..runtime.exits import WorkFailed
-from ..runtime.jobs import FAILED, serve
+from ..runtime.distributed.jobs import FAILED, serve
 from .progress import INTERVAL_S, StageFailed, clock, say
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
                "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS",
                "MPI_LOCALNRANKS")
 LAUNCH_PREFIXES = ("OMPI_COMM_WORLD_", "MV2_COMM_WORLD_", "PMI_", "PMIX_RANK")
-"""What makes a process a rank of the launch (mm_ds/runtime/launch.py under_launcher, mm_ds/runtime/dist.py adopt_env): a packed
-run is a world of one, so its environment has none of it."""
+"""What makes a process a rank of the launch (mm_ds/runtime/distributed/launch.py under_launcher,
+mm_ds/runtime/distributed/rendezvous.py adopt_env): a packed run is a world of one, so its environment has none of it."""
 
 
 def complete(run: Path) -> bool:
@@ -64,7 +65,7 @@ def complete(run: Path) -> bool:
 def child_env(env: dict[str, str], root_pid: int, gpu_index: int | None, cuda_count: int) -> tuple[dict, str]:
     """(environment, device) of a single-device run started by a rank whose device is `gpu_index` among those it
     sees (None on CPU): the launcher's rank variables removed, the rank as the run's launch root (it ends when its
-    rank does: mm_ds/runtime/watchdog.py), and on GPUs that device as its only visible one."""
+    rank does: mm_ds/runtime/distributed/watchdog.py), and on GPUs that device as its only visible one."""
     child = {k: v for k, v in env.items() if k not in LAUNCH_VARS and not k.startswith(LAUNCH_PREFIXES)}
     child["MM_DS_LAUNCH_ROOT"] = str(root_pid)
     if gpu_index is None:
@@ -78,7 +79,7 @@ def child_env(env: dict[str, str], root_pid: int, gpu_index: int | None, cuda_co
 def cpu_share(cores: list[int], local_rank: int, local_world: int, bound: bool) -> list[int]:
     """The cores a rank's runs may use: its launcher's binding when it has one (`bound`: srun --cpus-per-task),
     else a contiguous slice of the node's cores that the rank's affinity shows (the node's ranks share them, as
-    mm_ds/runtime/dist.py set_threads assumes), so that runs packed onto one node do not fight over cores."""
+    mm_ds/runtime/distributed/dist.py set_threads assumes), so that runs packed onto one node do not fight over cores."""
     n = len(cores)
     if bound or local_world <= 1 or n <= 1:
         return cores
@@ -179,8 +180,8 @@ def _wait(proc: subprocess.Popen, halted, every_s: float = 0.5) -> tuple[int, bo
 
 
 def run_pack(item: Pack) -> int:
-    """Every rank of a launch: take the pack's runs one at a time (mm_ds/runtime/jobs.py `serve`) and run each on
-    this rank's device. Raises PackFailed when any failed, `Stopped` when a stop reached any."""
+    """Every rank of a launch: take the pack's runs one at a time (mm_ds/runtime/distributed/jobs.py `serve`) and run
+    each on this rank's device. Raises PackFailed when any failed, `Stopped` when a stop reached any."""
     rank, local_rank, world = dist.init()
     env, device = _this_ranks_device(local_rank, dist.local_world_size() or world)
     count = serve(item.name, len(item.runs),
@@ -236,8 +237,8 @@ def failures(item: Pack, tail: int = 8) -> str:
 
 
 class Watch:
-    """A pack as `mm-ds run` follows it (mm_ds/pipeline/progress.py Follow): a line when one of its runs starts, finishes or
-    fails, and now and then how many are done, running and failed."""
+    """A pack as `mm-ds run` follows it (mm_ds/pipeline/progress.py Follow): a line when one of its runs starts,
+    finishes or fails, and now and then how many are done, running and failed."""
 
     def __init__(self, item: Pack, title: str, interval_s: float = INTERVAL_S):
         self.item, self.title, self.interval_s = item, title, interval_s

@@ -8,7 +8,7 @@ side), and `mm-ds run` then finds every language complete and starts the GPU sta
 language whose OUT/data/LANG/meta.json exists is skipped (prepare publishes the directory whole, meta.json last),
 an interrupted one starts over. `--only prepare --check` lists what it would prepare and checks that the text
 inputs are there and OUT can be written; it needs neither the task files nor anything of the GPU stages (the whole
-recipe's check is `--check`). `mm-ds plan` estimates the time (mm_ds/tools/plan_budget.py).
+recipe's check is `--check`). `mm-ds plan` estimates the time (mm_ds/tools/plan/budget.py).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from pathlib import Path
 
 from ..config import ConfigError
 from ..recipe import Recipe, prepare_options, text_inputs
-from ..runtime.rundir import logs_dir
+from ..runtime.checkpointing.rundir import logs_dir
 from .check import PREPARED, Findings
 from .progress import run_logged, say
 from .stage_runs import stage_configs
-from ..runtime.checkpoint import unwritable
+from ..runtime.checkpointing.checkpoint import unwritable
 from ..data.world import generate_world
 
 

@@ -13,9 +13,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime import checkpoint, stop
-from ..runtime.launch import process_env
-from ..runtime.rundir import train_log
+from ..runtime.checkpointing import checkpoint
+from ..runtime.distributed import stop
+from ..runtime.distributed.launch import process_env
+from ..runtime.checkpointing.rundir import train_log
 from .evaluation import results_written
 
 INTERVAL_S = 20.0
@@ -163,9 +164,9 @@ def run_logged(cmd: list[str], log: Path, follow: Follow | None = None, env: dic
                grace_s: float = stop.GRACE_S) -> None:
     """Run `cmd` with all its output (the ranks' and DeepSpeed's) in `log`, in `env` (a launcher's: `launch_env`; by
     default `process_env`); `follow` shows progress meanwhile. It
-    runs in a session of its own; a stop signal received here is passed on to it (mm_ds/runtime/stop.py), and once
-    it has ended (its ranks saved, within `grace_s` and a margin) raised here as `stop.Stopped`, as is its own exit
-    code stop.EXIT_CODE (a signal that reached the ranks only)."""
+    runs in a session of its own; a stop signal received here is passed on to it (mm_ds/runtime/distributed/stop.py),
+    and once it has ended (its ranks saved, within `grace_s` and a margin) raised here as `stop.Stopped`, as is its own
+    exit code stop.EXIT_CODE (a signal that reached the ranks only)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = process_env() if env is None else env
     with open(log, "a") as f, stop.forwarding():

@@ -34,14 +34,15 @@ from ..config import ConfigError, LaunchConfig, from_dict, recipe_names
 from ..eval.align_spread import Alignment
 from .alignment import align_recipe, aligned_runs
 from ..recipe import Recipe, load_recipe, minis_in_english
-from ..runtime import checkpoint, stop
-from ..runtime.launch import launch_env, preflight, rank_command
+from ..runtime.checkpointing import checkpoint
+from ..runtime.distributed import stop
+from ..runtime.distributed.launch import launch_env, preflight, rank_command
 from ..stages.command import published_as_built
 from ..stages.resolve import StageRun, resolve
 from ..systems import REFERENCE
 from . import jobs
 from ..eval.transfer import scored_with
-from ..runtime.rundir import logs_dir
+from ..runtime.checkpointing.rundir import logs_dir
 from .evaluation import Evaluation, cached, collect, default_device, expand, run_evaluation
 from .jobs import Training
 from .items import work_items

@@ -3,7 +3,7 @@
     0    done
     2    bad input, an unusable checkpoint, another rank's failure: one line naming it, no traceback
     3    some of the work failed and its own logs say why (`WorkFailed`: a Step-3 run); the rest was done
-    75   stopped by a signal after saving (mm_ds/runtime/stop.py): re-run to resume
+    75   stopped by a signal after saving (mm_ds/runtime/distributed/stop.py): re-run to resume
     1    a bug: its traceback; in a launched rank, the same prompt exit as any failed rank
 
 A rank that started a process group tears it down on the way out (`dist.finish`, or `dist.leave` after a failure:
@@ -18,9 +18,9 @@ import traceback
 from typing import Callable
 
 from ..config import ConfigError
-from .checkpoint import CheckpointError
-from .dist import OtherRankFailed
-from .stop import EXIT_CODE, Stopped
+from .checkpointing.checkpoint import CheckpointError
+from .distributed.dist import OtherRankFailed
+from .distributed.stop import EXIT_CODE, Stopped
 
 class WorkFailed(RuntimeError):
     """Some pieces of the work failed, each saying why in its own log; the others finished."""
@@ -30,7 +30,7 @@ BAD_INPUT = (ConfigError, CheckpointError, FileNotFoundError, ValueError, Floati
 
 
 def _finish(rc: int, failed: bool = False) -> int:
-    dist = sys.modules.get("mm_ds.runtime.dist")  # only a process that started ranks has anything to tear down
+    dist = sys.modules.get("mm_ds.runtime.distributed.dist")  # only a process that started ranks has anything to tear down
     if dist is None:
         return rc
     return dist.leave(rc) if failed else dist.finish(rc)
@@ -41,7 +41,7 @@ def outcome(name: str, work: Callable[[], int | None]) -> int:
     try:
         return _finish(int(work() or 0))
     except Stopped as e:  # a stop signal: every rank saved (or had nothing to save); rank 0 says how to resume
-        dist = sys.modules.get("mm_ds.runtime.dist")
+        dist = sys.modules.get("mm_ds.runtime.distributed.dist")
         if dist is None or dist.rank() == 0:
             print(e, flush=True)
         return _finish(EXIT_CODE)
@@ -54,7 +54,7 @@ def outcome(name: str, work: Callable[[], int | None]) -> int:
             print(f"mm-ds {name}: error: {e}", file=sys.stderr)
         return _finish(2, failed=True)
     except Exception:  # a bug: in a launched rank, its traceback and the same prompt exit as any failed rank
-        dist = sys.modules.get("mm_ds.runtime.dist")
+        dist = sys.modules.get("mm_ds.runtime.distributed.dist")
         if dist is None or not dist.launched():
             raise
         traceback.print_exc()

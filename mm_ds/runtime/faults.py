@@ -17,7 +17,7 @@ that reads these variables, once per process, at import (the ranks inherit them 
     MM_DS_SIGNAL_AT=STEP:RANK:SIG[:DELAY][,...]  at the boundary after update STEP (the start step: before the
                                        first update of the run, fresh or resumed), rank RANK sends itself SIG (e.g.
                                        SIGTERM), DELAY seconds later from a timer thread (the rank meanwhile goes on,
-                                       e.g. into a collective): a stop (mm_ds/runtime/stop.py)
+                                       e.g. into a collective): a stop (mm_ds/runtime/distributed/stop.py)
     MM_DS_SIGNAL_IN_SAVE=STEP:RANK:PHASE:SIG[:DELAY][,...]  the same inside checkpoint.save of STEP (`*`: every
                                        save; `stop`: a save while this process stops, i.e. a second signal)
     MM_DS_SLOW=SECONDS[:STEP[:RANK[:PHASE]]]  sleep SECONDS at the boundary after update STEP (every update when
@@ -157,9 +157,10 @@ def after_step(step: int, rank: int, stage: str | None = None) -> None:
     if who == "launcher":
         if rank == 0:
             _kill_launcher()
-            # Stay put, as a rank busy in a long step would, until the watchdog (mm_ds/runtime/watchdog.py) stops the
-            # rank: its SIGTERM (a stop), or its SIGKILL. Without the pause a tiny run could finish before its look.
-            from . import stop  # a stdlib-only leaf: no cycle, and imported only when a test fires
+            # Stay put, as a rank busy in a long step would, until the watchdog (mm_ds/runtime/distributed/watchdog.py)
+            # stops the rank: its SIGTERM (a stop), or its SIGKILL. Without the pause a tiny run could finish before
+            # its look.
+            from .distributed import stop  # a stdlib-only leaf: no cycle, and imported only when a test fires
             deadline = time.monotonic() + 60
             while stop.requested() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -183,7 +184,7 @@ def in_save(step: int, rank: int, phase: str, stage: str | None = None) -> None:
 
 def at_boundary(step: int, rank: int, stage: str | None = None) -> None:
     """MM_DS_SIGNAL_AT, MM_DS_SLOW: called by the loop after update `step` (0: before the first), before the ranks'
-    agreement (mm_ds/runtime/boundary.py)."""
+    agreement (mm_ds/runtime/training/boundary.py)."""
     if POINTS.stage not in (None, stage):
         return
     for at, who, name, delay in POINTS.signal_at:
@@ -194,7 +195,7 @@ def at_boundary(step: int, rank: int, stage: str | None = None) -> None:
 
 
 def _stopping() -> bool:
-    from . import stop  # a stdlib-only leaf: no cycle, and imported only when a test's point is armed
+    from .distributed import stop  # a stdlib-only leaf: no cycle, and imported only when a test's point is armed
 
     return stop.requested() is not None
 
@@ -233,7 +234,7 @@ def poison(out: dict, step: int, rank: int) -> dict:
 
 
 def hashing(path, rank: int) -> None:
-    """MM_DS_TRACE_HASHES: mm_ds/runtime/sums.py is about to hash `path` on `rank`."""
+    """MM_DS_TRACE_HASHES: mm_ds/runtime/checkpointing/sums.py is about to hash `path` on `rank`."""
     if POINTS.trace_hashes:
         with open(POINTS.trace_hashes, "a") as f:
             f.write(f"{rank} {path}\n")
@@ -267,8 +268,8 @@ def after_training(engine, name: str) -> None:
 
 def _kill_launcher() -> None:
     """SIGKILL the `deepspeed` runner above this rank (else the outermost launcher process): what a killed
-    job or a lost login does. The ranks must then go too (mm_ds.runtime.watchdog)."""
-    from .watchdog import launcher_chain  # a stdlib-only leaf: no cycle, and imported only when a test fires
+    job or a lost login does. The ranks must then go too (mm_ds.runtime.distributed.watchdog)."""
+    from .distributed.watchdog import launcher_chain  # a stdlib-only leaf: no cycle, and imported only when a test fires
 
     chain = launcher_chain(os.getpid())
     runner = [pid for pid, _, cmd in chain if "bin/deepspeed" in cmd]

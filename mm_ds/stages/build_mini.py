@@ -12,7 +12,7 @@ import torch
 
 from ..model import surgery
 from ..config import ConfigError, ModelConfig, RunConfig
-from ..runtime.engine import Stage
+from ..runtime.training.engine import Stage
 from ..model.model import RobertaMLM
 from ..systems import MINI_SYSTEMS, system_of
 from .common import Parent, load_parent, mlm_batches, open_corpus, pack_blocks, stage_flops

@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 from .. import config
-from ..runtime import dist, engine, launch, resolved, stop
+from ..runtime.distributed import dist, launch, stop
+from ..runtime.training import engine, resolved
 from .resolve import STAGES, Checked, StageRun, resolve, stage_module
 from .runner import train_run
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime import checkpoint, dist
+from ..runtime.checkpointing import checkpoint
+from ..runtime.distributed import dist
 from ..model import flops
 from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict
 from ..data import blocks
 from ..data.mlm import MLMBatches
 from ..data.shards import TokenCorpus
-from ..runtime.ds_config import Geometry
+from ..runtime.training.ds_config import Geometry
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-from ..runtime import ds_config
+from ..runtime.training import ds_config
 from ..model import flops
 from ..config import ConfigError, ModelConfig, RunConfig
 from ..data import features as feats
@@ -23,8 +23,8 @@ from ..data.order import sample_ids
 from ..data.task_files import load_split
 from ..data.tasks import EXTRACTIVE_QA, get_task
 from ..data.tokenizer import is_tokenizer_json
-from ..runtime.ds_config import Geometry
-from ..runtime.engine import Stage
+from ..runtime.training.ds_config import Geometry
+from ..runtime.training.engine import Stage
 from ..model.heads import RobertaForTask
 from .common import Parent, load_parent
 
@@ -122,7 +122,7 @@ def build(cfg: RunConfig) -> Stage:
                           f"unexpected {unexpected}")
 
     seq = min(cfg.finetune.max_length or spec.max_length, mcfg.max_positions)
-    width = seq if cfg.train.compile else None  # compiled: one shape (mm_ds/runtime/compiled.py); eager: the longest
+    width = seq if cfg.train.compile else None  # compiled: one shape (mm_ds/runtime/training/compiled.py); eager: the longest
 
     def batches(step: int, micro: int, rank: int, geo: Geometry) -> dict:
         ids = sample_ids(step, micro, rank, geo.world_size, geo.micro_batch, geo.grad_accum)

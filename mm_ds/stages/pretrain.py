@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..config import RunConfig
-from ..runtime.engine import Stage
+from ..runtime.training.engine import Stage
 from ..model.model import RobertaMLM
 from .common import mlm_batches, open_corpus, pack_blocks, resolve_vocab, stage_flops
 

@@ -6,8 +6,8 @@ config; `mm-ds run`, the recipe check and `mm-ds extend` build them directly and
 `resolve` is the one place a stage run is checked and completed: the stage's preflight (its data and parent, which
 leaves the config as `build` makes it), the engine config through DeepSpeed's parser at the launch's world size,
 the run directory, the resume point and the checkpoint it loads; then it writes RUN/run_config.yaml, ds_config.json
-and resolved.json (mm_ds/runtime/resolved.py), which every rank starts from. It runs where the launch starts (the
-`mm-ds STAGE` process, `mm-ds run`), or on rank 0 of ranks that are already running (a launcher started the stage
+and resolved.json (mm_ds/runtime/training/resolved.py), which every rank starts from. It runs where the launch starts
+(the `mm-ds STAGE` process, `mm-ds run`), or on rank 0 of ranks that are already running (a launcher started the stage
 command on every rank; `mm-ds run`'s one job). `--check` runs it without what needs the machine or the data: nothing
 is written, no port bound, and a parent or corpus that is not there yet skips the checks that read it.
 """
@@ -21,9 +21,10 @@ from pathlib import Path
 
 from .. import config
 from ..config import ConfigError, RunConfig, to_dict
-from ..runtime import checkpoint as ckpt_io
-from ..runtime import ds_config, launch, resolved
-from ..runtime.resolved import Resolved
+from ..runtime.checkpointing import checkpoint as ckpt_io
+from ..runtime.training import ds_config, resolved
+from ..runtime.distributed import launch
+from ..runtime.training.resolved import Resolved
 
 STAGES = {
     "pretrain": ("mm_ds.stages.pretrain", "Step 1: pretrain an MLM (BL_BASE, BL_SMALL, MINIJOINT)"),

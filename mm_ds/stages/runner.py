@@ -1,8 +1,8 @@
-"""What every rank of a stage run does: read RUN as the launching side resolved it (mm_ds/runtime/resolved.py),
+"""What every rank of a stage run does: read RUN as the launching side resolved it (mm_ds/runtime/training/resolved.py),
 build the stage from that config, train it. Nothing here parses a command line or checks the run again: the
 stage command (mm_ds/stages/command.py), `mm-ds run` and `mm-ds extend` resolved it before the ranks started.
 
-    mm_ds/rank.py RUN  ->  train_run  ->  stages/<stage>.build  ->  runtime/engine.train
+    mm_ds/rank.py RUN  ->  train_run  ->  stages/<stage>.build  ->  runtime/training/engine.train
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import ConfigError
-from ..runtime import dist, engine, resolved, stop
+from ..runtime.distributed import dist, stop
+from ..runtime.training import engine, resolved
 from .resolve import stage_module
 
 
 def train_run(run_dir: str | Path, got: resolved.Resolved | None = None) -> int:
-    """Every rank of a stage run: RUN as its launching side resolved it (mm_ds/runtime/resolved.py; `got`: this
+    """Every rank of a stage run: RUN as its launching side resolved it (mm_ds/runtime/training/resolved.py; `got`: this
     process resolved it), the stage built from that config, trained. Nothing here parses a command line or checks
     the run again."""
     run_dir, error = Path(run_dir), None

@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from .. import config
-from ..runtime import ds_config
+from ..runtime.training import ds_config
 from ..config import ConfigError, did_you_mean
 from ..config import recipe_names
 from ..systems import STAGES

@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..runtime import checkpoint
+from ..runtime.checkpointing import checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:

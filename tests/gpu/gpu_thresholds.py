@@ -5,9 +5,9 @@ The update is Step 1 of BL_BASE or MINIJOINT as `mm-ds run paper` runs it on a 4
 presets (12 layers, h 768, V 50k, 512 tokens, bf16 under ZeRO 1: BF16_Optimizer, gradients accumulated in fp32),
 32 sequences per micro-step and 2 micro-steps per update (2048 sequences over 32 GPUs).
 
-Throughput floor. `mm-ds plan`'s model (mm_ds/tools/plan_model.py `plan_stages`) gives the update's step time on one
+Throughput floor. `mm-ds plan`'s model (mm_ds/tools/plan/model.py `plan_stages`) gives the update's step time on one
 GPU: the paper's FLOPs (A1; A1 + the secondary head for MINIJOINT) over the GPU's dense bf16 peak
-(mm_ds/runtime/peaks.py) at the plan's MFU assumption (0.45; one GPU: no communication). The floor is half the
+(mm_ds/runtime/training/peaks.py) at the plan's MFU assumption (0.45; one GPU: no communication). The floor is half the
 planned tokens/s (`FLOOR`), i.e. MFU 0.225:
 - the defects this test exists for cost about 2x or more: a host wait per micro-step (DeepSpeed's throughput timer
   drains the queue at every forward and step), attention served by the math fallback, fp32 where bf16 was meant,
@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from mm_ds.tools.plan_model import Cluster
+from mm_ds.tools.plan.model import Cluster
 
 PLAN_MFU = Cluster().mfu  # `mm-ds plan`'s default assumption
 FLOOR = 0.5
@@ -59,7 +59,7 @@ class PaperUpdate:
     flops: float
     """Of one update: the paper's formula for the stage (mm_ds/model/flops.py)."""
     peak_tflops: float
-    """The GPU's dense bf16 peak; NaN for a GPU not in mm_ds/runtime/peaks.py."""
+    """The GPU's dense bf16 peak; NaN for a GPU not in mm_ds/runtime/training/peaks.py."""
     planned_step_s: float
     """`mm-ds plan`'s step time for the update on that GPU (NaN without a peak)."""
     memory: dict
@@ -89,7 +89,7 @@ def memory_estimate(formula: str, hidden: int, vocab: int, layers: int, seq_len:
                     micro_batch: int, secondary_heads: int = 0) -> dict:
     """Bytes one GPU holds for the update (module docstring): states, activations, heads; their sum and the
     ceiling."""
-    from mm_ds.tools.plan_model import stage_params
+    from mm_ds.tools.plan.model import stage_params
 
     pc = stage_params(formula, hidden, vocab, layers, seq_len, secondary_heads=max(1, secondary_heads))
     states = 20 * pc.trainable + 2 * (pc.total - pc.trainable)
@@ -106,8 +106,8 @@ def paper_update(system: str, gpu_name: str, micro_batch: int = MICRO_BATCH, gra
     """The update of `system` (bl_base or minijoint) at the paper's shape on the GPU torch calls `gpu_name`."""
     from mm_ds.pipeline.costs import recipe_costs
     from mm_ds.recipe import load_recipe
-    from mm_ds.runtime.peaks import gpu_peak_tflops
-    from mm_ds.tools.plan_model import plan_stages
+    from mm_ds.runtime.training.peaks import gpu_peak_tflops
+    from mm_ds.tools.plan.model import plan_stages
 
     cost = next(c for c in recipe_costs(load_recipe("paper"), systems=[system]) if c.step == "step1")
     cost = replace(cost, global_batch=micro_batch * grad_accum)

@@ -4,7 +4,7 @@ tests/gpu/test_gpu.py judges the JSON it writes:
     python tests/gpu/paper_update.py WORK SYSTEM OUT.json [compiled]   # SYSTEM: bl_base or minijoint; WORK/corpus made once
 
 Per system, Step 1 at the paper's shape: its paper preset (12 layers, h 768, V 50k, 512 tokens, bf16_zero1.json)
-over a synthetic corpus with a 50k-piece tokenizer (`mm-ds bench`'s: mm_ds/tools/bench_data.py), 32 sequences per
+over a synthetic corpus with a 50k-piece tokenizer (`mm-ds bench`'s: mm_ds/tools/bench/data.py), 32 sequences per
 micro-step and 2 micro-steps per update (gpu_thresholds.py). The engine is built as `engine.train` builds it
 (`engine.build_engine` with a run directory: the run's effective engine config, monitors included) and stepped by
 `engine.train_step` with batches from a pinned `Prefetcher`, as the loop does. Then:
@@ -53,11 +53,12 @@ def update_on_one_gpu(system: str, corpus: Path, run_dir: Path, gpu: Gpu = Gpu()
     """Step 1 of `system` (its paper preset, then `overrides`) on this process's device, measured as the module
     docstring says."""
     from mm_ds import config
-    from mm_ds.runtime import compiled, dist
-    from mm_ds.runtime import ds_config as dsc
-    from mm_ds.runtime import engine as eng
-    from mm_ds.runtime.peaks import gpu_peak_tflops
-    from mm_ds.runtime.prefetch import Prefetcher
+    from mm_ds.runtime.training import compiled
+    from mm_ds.runtime.distributed import dist
+    from mm_ds.runtime.training import ds_config as dsc
+    from mm_ds.runtime.training import engine as eng
+    from mm_ds.runtime.training.peaks import gpu_peak_tflops
+    from mm_ds.runtime.training.prefetch import Prefetcher
     from mm_ds.stages import pretrain
 
     total = WARMUP + TIMED + WATCHED
@@ -117,7 +118,7 @@ def update_on_one_gpu(system: str, corpus: Path, run_dir: Path, gpu: Gpu = Gpu()
 
 
 def main(argv: list[str]) -> int:
-    from mm_ds.tools.bench_data import spread_corpus
+    from mm_ds.tools.bench.data import spread_corpus
 
     work, system, out, *mode = Path(argv[0]), argv[1], Path(argv[2]), *argv[3:]
     if system not in SYSTEMS or mode not in ([], ["compiled"]):

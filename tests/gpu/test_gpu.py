@@ -7,7 +7,7 @@ On one GPU:
 - the paper-shape update: Step 1 of BL_BASE and MINIJOINT as the paper presets run it (bf16 under ZeRO 1, 32 x 512
   per micro-step, 2 micro-steps per update), in a process of its own (paper_update.py): the GPU's peak allocated
   memory under a ceiling and its tokens/s over a floor from `mm-ds plan`'s model (gpu_thresholds.py says why
-  half the plan's rate); a GPU missing from mm_ds/runtime/peaks.py skips the floor, saying so;
+  half the plan's rate); a GPU missing from mm_ds/runtime/training/peaks.py skips the floor, saying so;
 - the same update of BL_BASE with train.compile (inductor), in a process of its own: its tokens/s and peak memory
   against the eager run's, its compile time, graphs, graph breaks (none allowed) and recompiles;
 - its micro-steps through the real engine (`engine.train_step` on an engine built as `engine.train` builds it, past
@@ -38,8 +38,8 @@ import yaml
 import gpu_thresholds
 from support.gpu_checks import (attention_calls, describe_transports, frozen_mismatches, fused_attention_problems,
                                 nccl_transports, sdpa_backend, sdpa_kernels_run, transport_problems)
-from mm_ds.runtime import checkpoint
-from mm_ds.runtime.dist import free_port
+from mm_ds.runtime.checkpointing import checkpoint
+from mm_ds.runtime.distributed.dist import free_port
 from mm_ds.model.model import LANGUAGE_PARAMS, is_language_param
 
 HERE = Path(__file__).resolve().parent
@@ -89,7 +89,7 @@ def test_base_pretraining_with_fused_adam_over_nccl(corpus, tmp_path, precision,
     assert (meta["precision"], meta["world_size"]) == (precision, NGPU)
     name = torch.cuda.get_device_name()
     if rows[-1]["mfu"] != rows[-1]["mfu"]:  # last: everything above holds whatever the GPU
-        pytest.skip(f"MFU is NaN: {name!r} is not in mm_ds/runtime/peaks.py's GPU_PEAK_TFLOPS (set peak_tflops=...)")
+        pytest.skip(f"MFU is NaN: {name!r} is not in mm_ds/runtime/training/peaks.py's GPU_PEAK_TFLOPS (set peak_tflops=...)")
     record_property("MFU", f"{rows[-1]['mfu']:.1%} (seq 128)")
     assert 0.0 < rows[-1]["mfu"] < 1.0, rows[-1]
 
@@ -133,7 +133,7 @@ def test_paper_shape_update_memory_and_throughput(paper_runs, system, record_pro
         f"{mem['activations'] / GiB:.2f} + heads {mem['heads'] / GiB:.2f}); see gpu_thresholds.py")
     record_property("tokens/s", f"{r['tokens_per_s']:,.0f}")
     if want.peak_tflops != want.peak_tflops:  # last: the memory above holds whatever the GPU
-        pytest.skip(f"no throughput floor: {r['gpu']!r} is not in mm_ds/runtime/peaks.py's GPU_PEAK_TFLOPS, so "
+        pytest.skip(f"no throughput floor: {r['gpu']!r} is not in mm_ds/runtime/training/peaks.py's GPU_PEAK_TFLOPS, so "
                     f"`mm-ds plan` has no step time for it ({r['tokens_per_s']:,.0f} tokens/s measured)")
     floor, mfu = want.floor_tokens_per_s, want.mfu(r["step_s"])
     record_property("tokens/s", f"{r['tokens_per_s']:,.0f} (floor {floor:,.0f}, plan {want.planned_tokens_per_s:,.0f})")
@@ -184,7 +184,7 @@ def test_sdpa_flash_for_an_unpadded_batch_fused_for_a_padded_one(corpus, record_
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from mm_ds import config
-    from mm_ds.runtime.ds_config import Geometry
+    from mm_ds.runtime.training.ds_config import Geometry
     from mm_ds.stages import pretrain
 
     cfg = config.load("paper/bl_base", overrides=[f"data.corpus={corpus}", "model.vocab_size=null", "data.seq_len=128",

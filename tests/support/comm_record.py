@@ -4,8 +4,8 @@ imports this file): `python tests/support/comm_record.py OUT.jsonl ARGV...` unde
 Every collective DeepSpeed makes goes through its backend object (deepspeed.comm.torch.TorchBackend); each
 method is wrapped to append {"op", "dtype", "numel"} (numel: the elements this rank contributes) to a list, and
 the engine's forward and optimizer step append {"mark": "forward" | "step"} so that a test can cut the record
-into updates. mm-ds's own collectives (mm_ds/runtime/dist.py: loss sums, flags) call torch.distributed directly and are
-not recorded. The list is written to OUT.jsonl when the rank leaves.
+into updates. mm-ds's own collectives (mm_ds/runtime/distributed/dist.py: loss sums, flags) call torch.distributed
+directly and are not recorded. The list is written to OUT.jsonl when the rank leaves.
 """
 
 import json
@@ -70,7 +70,7 @@ if __name__ == "__main__":
     out, argv = sys.argv[1], sys.argv[2:]
     install()
     from mm_ds import cli
-    from mm_ds.runtime import dist
+    from mm_ds.runtime.distributed import dist
 
     # dist.finish leaves through os._exit once every rank is done: write the record before that.
     finish = dist.finish

@@ -8,8 +8,8 @@ assert on those commands, and for those that run them (with stand-ins for pdsh, 
 
 Nothing runs: DeepSpeed's ssh check (`ssh HOST hostname`) is recorded in `ssh_checks`; asking a host for
 `hostname -I` (what it does without --master_addr) fails the call; each runner's `backend_exists` says yes (whether
-the executables are here is mm-ds's check, mm_ds/runtime/runners.py check_tools); its signal handlers are not set.
-The runner reads the environment file named by `env`'s DS_ENV_FILE, as a runner started in `env` would.
+the executables are here is mm-ds's check, mm_ds/runtime/distributed/runners.py check_tools); its signal handlers are
+not set. The runner reads the environment file named by `env`'s DS_ENV_FILE, as a runner started in `env` would.
 """
 
 from __future__ import annotations

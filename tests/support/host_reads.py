@@ -221,8 +221,9 @@ def main(argv: list[str]) -> int:
     and print {"steps", "log_every", "world", "grad_accum", "checkpoints", "log_dir", "reads", "opens",
     "collectives"} (the last three: lists of [update, owner, where, what])."""
     from mm_ds import config
-    from mm_ds.runtime import dist, engine
-    from mm_ds.runtime.ds_config import split
+    from mm_ds.runtime.distributed import dist
+    from mm_ds.runtime.training import engine
+    from mm_ds.runtime.training.ds_config import split
     from mm_ds.stages import adapt, pretrain
 
     corpus, out, stage_name, ds_config, *overrides = argv

@@ -75,7 +75,7 @@ def _in_process(what: str, original):
 
 
 def _guard_in_process() -> None:
-    """Looked up at call time (`deepspeed.initialize(...)` in mm_ds/runtime/engine.py), so replacing the module
+    """Looked up at call time (`deepspeed.initialize(...)` in runtime/training/engine.py), so replacing the module
     attribute sees every call. Done before the first test rather than at configure: the process that only hands tests
     to xdist's workers need not import DeepSpeed."""
     import deepspeed
