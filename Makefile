@@ -44,8 +44,8 @@ test-compile: $(STAMP)
 # (they build a DeepSpeed engine or compile a model in the test's process); tests/support/lanes.py fails an unmarked
 # one that does.
 test-fast: $(STAMP)
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests -m "not rehearsal and not ranks and not engine" -n 2 \
-	    --dist loadfile
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests \
+	    -m "not rehearsal and not ranks and not engine and not compile_full" -n 2 --dist loadfile
 
 # On a machine with CUDA GPUs: what CPU machines cannot run (tests/gpu), under 8 minutes on one GPU (LONG=1 adds the
 # per-stage pipeline cases), ending with a summary to paste (also written to gpu-summary.txt). Stops first, saying

@@ -198,6 +198,7 @@ def test_inductor_on_a_cpu_holds_deterministic_algorithms_while_compiled(monkeyp
 
 
 @pytest.mark.compile_full
+@pytest.mark.engine
 def test_an_inductor_embedding_backward_is_the_same_every_time():
     """The defect behind inexact compiled resumes (module docstring of compiled.py, Exact resume): inductor's C++
     backward of an embedding adds rows with atomic adds from every thread, and with 2 threads two backward passes of
