@@ -400,7 +400,7 @@ def _rank0_points(root: Path, corpus: Path) -> dict:
             ck.find_resume_point = found
 
     def evaluation(run: Path):  # rank 0 lists the units (into OUT/logs/, here a file)
-        from mm_ds.recipe import load_recipe
+        from mm_ds.pipeline.recipe import load_recipe
         return step4.run_evaluation(items.evaluation(load_recipe("tiny", ["curve=false"]), run))
 
     final_run = root / "final weights"

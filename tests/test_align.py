@@ -251,7 +251,7 @@ def test_the_command_writes_the_table_and_curves(fake_out, tmp_path, capsys):
 def test_the_recipe_checks_its_heldout_files(tmp_path):
     from mm_ds.pipeline.check import check
     from mm_ds.config import ConfigError
-    from mm_ds.recipe import load_recipe
+    from mm_ds.pipeline.recipe import load_recipe
 
     with pytest.raises(ConfigError, match="heldout.t9 is not a target language"):
         load_recipe("tiny", ["heldout.t9=x.txt"])
@@ -388,7 +388,7 @@ def test_the_spread_takes_the_runs_of_a_recipe_whose_heldout_text_is_the_prepare
     spread over the launch's ranks (align_spread.py), a language's together. A language whose corpus kept no line
     out is left out, by the spread as by the run, which says so."""
     from mm_ds.pipeline.items import alignment as alignment_item, runs_to_align
-    from mm_ds.recipe import load_recipe
+    from mm_ds.pipeline.recipe import load_recipe
 
     recipe, out = load_recipe("real"), tmp_path / "out"
     _prepared(out, ["de", "ar"])
@@ -414,7 +414,7 @@ def test_the_run_its_spread_and_the_plan_take_the_same_runs(name, tmp_path, monk
     prepared corpus's slice (real, paper); the plan prices each run's checkpoints and step 0."""
     from mm_ds.pipeline.items import runs_to_align
     from mm_ds.pipeline.stage_runs import stage_configs
-    from mm_ds.recipe import load_recipe
+    from mm_ds.pipeline.recipe import load_recipe
     from mm_ds.tools.plan.plan import Cluster
     from mm_ds.tools.plan.totals import plan_alignment
 

@@ -17,7 +17,7 @@ from mm_ds.runtime.training import ds_config
 from mm_ds.runtime.distributed import launch
 from mm_ds import config
 from mm_ds.pipeline import run as pipeline
-from mm_ds import recipe as recipe_mod
+from mm_ds.pipeline import recipe as recipe_mod
 from mm_ds.tools import verify
 from mm_ds.config import ConfigError, LaunchConfig
 from mm_ds.data import task_files, tasks

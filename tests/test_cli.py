@@ -19,7 +19,7 @@ from mm_ds.runtime.training import ds_config
 from mm_ds.pipeline import run as pipeline
 from mm_ds.config import ConfigError
 from mm_ds.config import recipe_names
-from mm_ds.recipe import load_recipe
+from mm_ds.pipeline.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 

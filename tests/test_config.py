@@ -111,7 +111,7 @@ def _numeric_keys(cls, prefix: str = "") -> set[str]:
 
 def test_every_numeric_key_has_a_range():
     """A numeric key added without a row in config.RANGES (or recipe.RANGES) would take any finite value."""
-    from mm_ds.recipe import RANGES as RECIPE_RANGES, PrepareKeys, Recipe, WorldKeys
+    from mm_ds.pipeline.recipe import RANGES as RECIPE_RANGES, PrepareKeys, Recipe, WorldKeys
 
     assert _numeric_keys(config.RunConfig) == set(config.RANGES)
     assert (_numeric_keys(Recipe) | _numeric_keys(PrepareKeys, "prepare.") | _numeric_keys(WorldKeys, "world.")
@@ -144,7 +144,7 @@ def test_a_stage_dry_run_refuses_a_non_finite_number(tmp_path, capsys):
 
 def test_a_recipe_check_refuses_bad_numbers_in_its_keys_and_its_stages(tmp_path, capsys):
     from mm_ds import cli
-    from mm_ds.recipe import load_recipe
+    from mm_ds.pipeline.recipe import load_recipe
 
     with pytest.raises(ConfigError, match=r"with seeds=\[1, -2\]: seeds\[1\]=-2 must be >= 0"):
         load_recipe("tiny", ["seeds=[1, -2]"])

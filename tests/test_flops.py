@@ -3,7 +3,7 @@ import json
 import pytest
 
 from mm_ds.model import flops as F
-from mm_ds.recipe import load_recipe
+from mm_ds.pipeline.recipe import load_recipe
 from mm_ds.pipeline import costs
 from mm_ds.pipeline.costs import recipe_costs
 

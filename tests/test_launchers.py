@@ -329,7 +329,7 @@ def test_loopback_master_refused_on_several_nodes(corpus, tmp_path):
         assert "launching" not in proc.stdout and not out.exists()  # nothing started, nothing written
     # `mm-ds run RECIPE --check` (and `mm-ds run` before any work) says the same for every training stage.
     from mm_ds.pipeline.check import check as check_recipe
-    from mm_ds.recipe import load_recipe
+    from mm_ds.pipeline.recipe import load_recipe
     recipe = load_recipe("tiny", [f"launch.hostfile={hosts}", "launch.nodes=2", "launch.ranks=1",
                                   "launch.master_addr=127.0.0.1"])
     problems = check_recipe(recipe, out, strict=False).format()

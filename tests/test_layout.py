@@ -35,17 +35,14 @@ LAYERS = (
     (("model",),         "the MLM, heads, surgery, FLOPs formulas",               ()),
     (("runtime",),       "one stage on many ranks: ROOMS below",                  ("stages", "eval", "report", "pipeline")),
     (("interop",),       "foreign checkpoints in, Hugging Face out",              ()),
-    (("stages",),        "one module per training stage",                         ("recipe", "pipeline")),
-    (("eval",),          "scoring only: Step 4, metrics, the alignment check",    ("recipe", "report", "pipeline")),
-    (("recipe",),        "mm_ds/recipe.py: a recipe's keys, its run tree's layout", ()),
+    (("stages",),        "one module per training stage",                         ("pipeline",)),
+    (("eval",),          "scoring only: Step 4, metrics, the alignment check",    ("report", "pipeline")),
     (("report",),        "records -> tables, curves, figures",                    ("pipeline",)),
-    (("pipeline",),      "`mm-ds run`: stage runs, check, packing, costs, extend", ("tools",)),
+    (("pipeline",),      "`mm-ds run`: the recipe, stage runs, check, packing, costs, extend", ("tools",)),
     (("tools",),         "plan, bench, discover, verify: around the pipeline",    ()),
     (("entry",),         "cli, rank: nothing imports them",                       ()),
 )
 FOLDERS = ("data", "model", "runtime", "interop", "stages", "eval", "report", "pipeline", "tools")
-MODULE_LAYER = {"mm_ds.recipe": "recipe"}
-"""Top-level modules with a layer of their own (the others are base)."""
 ENTRY = {"mm_ds", "mm_ds.cli", "mm_ds.rank"}
 LAYER = {name: i for i, (names, _, _) in enumerate(LAYERS) for name in names}
 FORBIDDEN = {(name, above) for names, _, never in LAYERS for name in names for above in never}
@@ -63,8 +60,6 @@ end in."""
 def folder(module: str) -> str:
     if module in ENTRY:
         return "entry"
-    if module in MODULE_LAYER:
-        return MODULE_LAYER[module]
     part = module.split(".")[1]
     return part if part in FOLDERS else "base"
 
@@ -162,7 +157,8 @@ def climbs(module: str, imported: str) -> bool:
 
 
 def test_arrows_do_not_climb_back_up():
-    """runtime never imports stages, eval, report or the pipeline; stages never import the recipe; ... (LAYERS)."""
+    """runtime never imports stages, eval, report or the pipeline; stages and eval never import the recipe (it is
+    the pipeline's); ... (LAYERS)."""
     bad = sorted(f"{m} -> {d}" for m, deps in graph().items() for d in deps if climbs(m, d))
     assert bad == [], "these imports climb back up; move the shared piece down instead:\n" + "\n".join(bad)
 
@@ -172,7 +168,7 @@ def test_the_table_forbids_the_named_arrows():
 
 
 def test_the_folder_rule_finds_a_climbing_arrow():  # a test that cannot fail is a defect
-    assert climbs("mm_ds.stages.adapt", "mm_ds.recipe")
+    assert climbs("mm_ds.stages.adapt", "mm_ds.pipeline.recipe")
     assert climbs("mm_ds.eval.transfer", "mm_ds.pipeline.stage_runs")
     assert climbs("mm_ds.report.analyses", "mm_ds.pipeline.run")
     assert climbs("mm_ds.pipeline.pack", "mm_ds.tools.plan.plan")
@@ -180,7 +176,7 @@ def test_the_folder_rule_finds_a_climbing_arrow():  # a test that cannot fail is
     assert climbs("mm_ds.runtime.training.engine", "mm_ds.stages.adapt")
     assert climbs("mm_ds.pipeline.run", "mm_ds.cli")
     assert not climbs("mm_ds.stages.adapt", "mm_ds.runtime.training.engine")
-    assert climbs("mm_ds.eval.transfer", "mm_ds.recipe") and climbs("mm_ds.eval.align", "mm_ds.report.report")
+    assert climbs("mm_ds.eval.transfer", "mm_ds.pipeline.recipe") and climbs("mm_ds.eval.align", "mm_ds.report.report")
     assert not climbs("mm_ds.config", "mm_ds.data.tasks")
 
 

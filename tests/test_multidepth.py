@@ -201,7 +201,7 @@ def test_flops_per_phase_and_per_head():
 
 
 def test_recipe_costs_count_step2_per_depth():
-    from mm_ds.recipe import load_recipe
+    from mm_ds.pipeline.recipe import load_recipe
     recipe = load_recipe("tiny", ["systems=[minijoint,minijoint@1+2]", "seeds=[1]", "tasks=[xnli]", "langs=[t1]",
                                   "overrides.adapt/minijoint@1+2=['mini.depth_shares=[1,3]']"])
     rows = recipe_costs(recipe, vocab=200)
@@ -285,7 +285,7 @@ def test_step2_resumes_exactly_across_a_depth_switch(tmp_path, mode):
 
 def test_the_recipe_check_passes_a_multidepth_recipe_and_refuses_a_bad_schedule(tmp_path):
     from mm_ds.pipeline.check import check
-    from mm_ds.recipe import load_recipe
+    from mm_ds.pipeline.recipe import load_recipe
     base = ["systems=[bl_base,minijoint@1+2]", "seeds=[1]", "tasks=[xnli]", "langs=[t1]"]
     report = check(load_recipe("tiny", [*base, "overrides.adapt/minijoint@1+2=['mini.plateau_window=20']"]),
                    tmp_path / "a", strict=False)

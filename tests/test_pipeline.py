@@ -23,7 +23,7 @@ from mm_ds.runtime.distributed.dist import free_port
 from mm_ds.model import surgery
 from mm_ds.config import ConfigError, model_config_from_dict
 from mm_ds.model.model import LANGUAGE_PARAMS
-from mm_ds.recipe import load_recipe
+from mm_ds.pipeline.recipe import load_recipe
 
 SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.ffn_size=64"]
 MICRO = ["train.micro_batch=8"]  # 32 sequences on 2 ranks: 2 micro-steps, accumulated in fp32

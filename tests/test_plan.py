@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mm_ds import cli
-from mm_ds.recipe import load_recipe
+from mm_ds.pipeline.recipe import load_recipe
 from mm_ds.tools.plan import plan
 from mm_ds.pipeline.costs import recipe_costs
 from mm_ds.config import ModelConfig

@@ -98,7 +98,7 @@ def test_the_log_of_a_failed_evaluation_names_the_error_once(tmp_path):
     """The same at a point of another kind: one job's Step 4, where rank 0 lists the evaluation's units into a run
     tree whose `logs` is a file. From the launch, every rank has exited non-zero within 60 s."""
     from mm_ds.pipeline.items import evaluation
-    from mm_ds.recipe import load_recipe
+    from mm_ds.pipeline.recipe import load_recipe
 
     run = tmp_path / "run"
     run.mkdir()

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mm_ds import recipe as recipe_mod
-from mm_ds.recipe import load_recipe
+from mm_ds.pipeline import recipe as recipe_mod
+from mm_ds.pipeline.recipe import load_recipe
 
 PACKAGED = Path(recipe_mod.__file__).parent / "presets" / "recipes"
 

@@ -294,7 +294,7 @@ def run_rows(seeds=2):
 
 def test_results_md_and_the_reports_tables_show_the_same_captioned_table2(tmp_path):
     from mm_ds.pipeline.run import results_table
-    from mm_ds.recipe import Recipe
+    from mm_ds.pipeline.recipe import Recipe
 
     recipe = Recipe(systems=["bl_base", "minipost"], langs=["t1", "t2"], tasks=["xnli", "pawsx"], world={"seed": 0})
     text, rep = results_table(recipe, run_rows(), tmp_path)

@@ -94,7 +94,7 @@ def test_a_recipes_walk_to_a_rank_is_a_handful_of_files_and_the_rank_reenters_no
     rank_files = {f for point in ("stage", "forward") for f, _ in stacks[point]}
     assert call_walk.shared(stacks) == ["mm_ds/runtime/exits.py"], stacks
     assert {"mm_ds/rank.py", "mm_ds/stages/runner.py", "mm_ds/runtime/training/engine.py"} <= rank_files, stacks
-    assert not {"mm_ds/cli.py", "mm_ds/pipeline/run.py", "mm_ds/recipe.py"} & rank_files, stacks
+    assert not {"mm_ds/cli.py", "mm_ds/pipeline/run.py", "mm_ds/pipeline/recipe.py"} & rank_files, stacks
     assert len(call_walk.walk(stacks)) <= 12, call_walk.walk(stacks)
 
 
@@ -104,7 +104,7 @@ def test_what_a_stage_inherits_is_checked_by_one_function_from_a_checkpoint_and_
     from mm_ds.config import ModelConfig, to_dict
     from mm_ds.model.model import RobertaMLM
     from mm_ds.pipeline.check import check
-    from mm_ds.recipe import load_recipe
+    from mm_ds.pipeline.recipe import load_recipe
     from mm_ds.stages import build_mini
 
     why = "has no secondary head; MINIJOINT's mini-model is cut from a model pretrained with model.secondary_head_layer"

@@ -16,7 +16,7 @@ from ..config import ConfigError
 from ..eval.align import Settings, adapt_runs, align, align_run, source_rows
 from ..eval.align_diagnose import diagnose_run
 from ..eval.heldout import prepared_heldout
-from ..recipe import data_path, prepare_options
+from .recipe import data_path, prepare_options
 from ..report.align_report import align_table, diagnosis_table, write_align
 from ..report.report import mlm_report
 from ..runtime.checkpointing import checkpoint

@@ -23,10 +23,10 @@ from ..systems import system_of
 from .spread import check_spread
 from .stage_runs import PACKED
 from .stage_runs import stage_runs
-from ..recipe import english_tasks, minis_in_english, primaries
+from .recipe import english_tasks, minis_in_english, primaries
 from ..runtime.checkpointing.checkpoint import unwritable
 from ..data.tasks import HUB, TaskDataError, find_local, get_task, hub_source, is_hub
-from ..recipe import data_path, task_root, text_inputs
+from .recipe import data_path, task_root, text_inputs
 from ..runtime.training import ds_config
 
 PREPARED = "meta.json"  # `mm-ds prepare` writes it last: a prepared corpus needs no text inputs

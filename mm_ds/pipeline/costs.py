@@ -20,7 +20,7 @@ from .stage_runs import stage_runs
 from ..data.tasks import get_task
 from .check import model_after
 from ..runtime.training.ds_config import global_batch, micro_batch
-from ..recipe import load_recipe
+from .recipe import load_recipe
 from ..data.world import DEFAULT_TASK_SIZES
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..eval.align_spread import Alignment
-from ..recipe import MINI_DIR, data_path, english_tasks, minis_in_english, primaries, task_root
+from .recipe import MINI_DIR, data_path, english_tasks, minis_in_english, primaries, task_root
 from ..stages.resolve import StageRun
 from ..systems import system_of
 from ..runtime.checkpointing.rundir import logs_dir

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from ..config import ConfigError
-from ..recipe import Recipe, prepare_options, text_inputs
+from .recipe import Recipe, prepare_options, text_inputs
 from ..runtime.checkpointing.rundir import logs_dir
 from .check import PREPARED, Findings
 from .progress import run_logged, say

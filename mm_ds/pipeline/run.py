@@ -1,7 +1,7 @@
 """`mm-ds run RECIPE`: a whole experiment, stage by stage, with one results table at the end.
 
 A recipe (packaged `recipes/NAME.yaml` or a file) names the systems, target languages, tasks, seeds, the
-data, and a preset per stage (mm_ds/recipe.py). It makes a list of stage runs and work items (Step 3's pack, the
+data, and a preset per stage (mm_ds/pipeline/recipe.py). It makes a list of stage runs and work items (Step 3's pack, the
 evaluation, the alignment check: mm_ds/pipeline/items.py). A stage run is skipped when its `final/` verifies, else
 resolved here (mm_ds/stages/resolve.py) and its ranks started on its run directory under the recipe's launcher,
 resuming from its newest complete checkpoint when it was interrupted; `launch_items` decides whether the items run
@@ -33,7 +33,7 @@ import torch
 from ..config import ConfigError, LaunchConfig, from_dict, recipe_names
 from ..eval.align_spread import Alignment
 from .alignment import align_recipe, aligned_runs
-from ..recipe import Recipe, load_recipe, minis_in_english
+from .recipe import Recipe, english_tasks, load_recipe, minis_in_english, primaries
 from ..runtime.checkpointing import checkpoint
 from ..runtime.distributed import stop
 from ..runtime.distributed.launch import launch_env, preflight, rank_command
@@ -212,7 +212,7 @@ def _write_results(recipe: Recipe, out: Path, rows: list[dict]) -> None:
         table, rep = results_table(recipe, rows, out)
         print(table)
     if minis_in_english(recipe):  # Table 5: the mini-models' own English scores beside the primary models'
-        english = english_table(recipe, rows)
+        english = english_table(recipe, rows, primaries(recipe), minis_in_english(recipe), english_tasks(recipe))
         (out / "english.md").write_text(english + "\n")
         print("\nEnglish performance of the primary models and their mini-models (Table 5):\n" + english)
     if REFERENCE in recipe.systems and recipe.tasks:  # near-maximal performance is defined against BL_BASE (§4.2)

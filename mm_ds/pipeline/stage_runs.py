@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..recipe import MINI_DIR, Recipe, english_tasks, minis_in_english, primaries, task_root
+from .recipe import MINI_DIR, Recipe, english_tasks, minis_in_english, primaries, task_root
 from ..stages.resolve import StageRun
 from ..systems import system_of
 

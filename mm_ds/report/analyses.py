@@ -20,7 +20,6 @@ from .mdtable import cost, days_cell, fmt, md
 from .records import condition
 from ..systems import SystemNameError, system_of
 from .plots import chance_line, mean_curve, target_line
-from ..recipe import english_tasks, minis_in_english, primaries
 
 if TYPE_CHECKING:  # report.py calls this module when it writes its files
     from .report import Report
@@ -111,17 +110,18 @@ def write_sweeps(report: Report, out: Path, t2: dict, t3: dict, plots: bool = Tr
     return written
 
 
-def english_table(recipe, rows: list[dict]) -> str:
-    """Table 5: English scores (mean over finetuning seeds) of each primary model and each mini-model."""
+def english_table(recipe, rows: list[dict], primaries: list[str], minis: list[str], tasks: list[str]) -> str:
+    """Table 5: English scores (mean over finetuning seeds) of each primary model and each mini-model on `tasks`,
+    as the recipe names them (mm_ds/pipeline/recipe.py: primaries, minis_in_english, english_tasks)."""
     def score(cond: str, systems: set[str], task: str):
         got = [r for r in rows if condition(r) == cond and r["system"] in systems and r["task"] == task
                and r["lang"] == recipe.source_lang]
         return got[0] if got else None
 
     models = [(f"{system_of(p).label}", "source", {s for s in recipe.systems if system_of(s).primary == p})
-              for p in primaries(recipe)]
-    models += [(f"{system_of(s).label} mini-model", "mini", {s}) for s in minis_in_english(recipe)]
-    body, tasks = [], english_tasks(recipe)
+              for p in primaries]
+    models += [(f"{system_of(s).label} mini-model", "mini", {s}) for s in minis]
+    body = []
     for name, cond, systems in models:
         cells = [score(cond, systems, t) for t in tasks]
         layers = next((c["layers"] for c in cells if c and "layers" in c), None)

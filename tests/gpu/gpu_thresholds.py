@@ -105,7 +105,7 @@ def paper_update(system: str, gpu_name: str, micro_batch: int = MICRO_BATCH, gra
                  ) -> PaperUpdate:
     """The update of `system` (bl_base or minijoint) at the paper's shape on the GPU torch calls `gpu_name`."""
     from mm_ds.pipeline.costs import recipe_costs
-    from mm_ds.recipe import load_recipe
+    from mm_ds.pipeline.recipe import load_recipe
     from mm_ds.runtime.training.peaks import gpu_peak_tflops
     from mm_ds.tools.plan.model import plan_stages
 

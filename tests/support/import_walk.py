@@ -25,8 +25,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 NOT_ON_A_RANK = ("entry", "recipe", "report", "tools")
-"""Layers no rank needs for its work: the CLI (its argv is the launching side's), the recipe (the launching side read
-it), the report (written after the ranks), tools."""
+"""Layers no rank needs for its work: the CLI (its argv is the launching side's), the recipe (a layer of its own in
+older checkouts), the report (written after the ranks), tools."""
+RECIPE = {"mm_ds.recipe", "mm_ds.pipeline.recipe"}
+"""The recipe, wherever a checkout keeps it: the launching side read it; no rank needs it."""
 
 
 def layout(root: Path):
@@ -132,7 +134,7 @@ def report(root: Path) -> dict:
         into: dict[str, int] = {}
         for _, d in edges:
             into[d] = into.get(d, 0) + 1
-        climbs = [] if work is None else [(a, d) for a, d in edges if L.folder(d) in NOT_ON_A_RANK or (
+        climbs = [] if work is None else [(a, d) for a, d in edges if L.folder(d) in NOT_ON_A_RANK or d in RECIPE or (
             L.folder(d) != "entry" and L.LAYER[L.folder(d)] > L.LAYER[work])]
         out[name] = {"files": len(seen), "folders": sorted({L.folder(m) for m in seen}), "edges": len(edges),
                      "climbs": climbs, "most": sorted(into.items(), key=lambda kv: (-kv[1], kv[0]))[:4]}

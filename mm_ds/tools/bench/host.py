@@ -53,7 +53,7 @@ from ...runtime.training.ds_config import Geometry, geometry
 from ...runtime.training.prefetch import Prefetcher
 from ..plan.plan import Cluster
 from ...pipeline.stage_runs import stage_configs
-from ...recipe import load_recipe
+from ...pipeline.recipe import load_recipe
 from ...model import model
 from ...data.mlm import MLMBatches
 from ...data.shards import TokenCorpus

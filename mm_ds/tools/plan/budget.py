@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, replace
 
 from .totals import plan_evaluation, recipe_phases
-from ...recipe import text_inputs
+from ...pipeline.recipe import text_inputs
 
 STARTUP_S = 30.0
 JOB_START_S = 10.0

@@ -28,7 +28,7 @@ from ...model import flops as F
 from .model import BYTES, Cluster, plan_stages, stage_params
 from ...data.tasks import get_task
 from ...pipeline.stage_runs import stage_configs
-from ...recipe import english_tasks, minis_in_english, primaries
+from ...pipeline.recipe import english_tasks, minis_in_english, primaries
 from ...systems import system_of
 from ...pipeline.costs import stage_run_costs
 from ...pipeline.alignment import aligned_runs
