@@ -10,12 +10,20 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from .data.tasks import TASKS
 from . import systems
-from .systems import STAGES
 from .coerce import ConfigError, check_numbers, did_you_mean, from_dict, numbers, to_dict  # noqa: F401  (re-exported)
-from .config_files import (apply_overrides, deep_merge, dump_yaml, parse_override, preset_names,  # noqa: F401
-                           read_file, read_preset, recipe_names)
+from .config_files import (  # noqa: F401
+    apply_overrides,
+    deep_merge,
+    dump_yaml,
+    parse_override,
+    preset_names,
+    read_file,
+    read_preset,
+    recipe_names,
+)
+from .data.tasks import TASKS
+from .systems import STAGES
 
 
 @dataclass

@@ -35,8 +35,8 @@ import torch
 
 from mm_ds import config
 from mm_ds.runtime.checkpointing import checkpoint as ck
-from mm_ds.runtime.training import compiled
 from mm_ds.runtime.distributed import dist
+from mm_ds.runtime.training import compiled
 from mm_ds.runtime.training import engine as eng
 from mm_ds.tools.bench.data import write_pair_task
 

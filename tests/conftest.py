@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from support.paths import SHARED_DATA
 from support import lanes
 from support.lanes import pytest_runtest_protocol  # noqa: F401 (a hook: the test that starts a process)
+from support.paths import SHARED_DATA
 from support.textgen import write_corpus
 
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")

@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from mm_ds.runtime.checkpointing import checkpoint as ck
-from mm_ds.runtime.distributed import dist
 from mm_ds.data.corpus import prepare
 from mm_ds.data.world import generate_world
+from mm_ds.runtime.checkpointing import checkpoint as ck
+from mm_ds.runtime.distributed import dist
 from mm_ds.runtime.distributed.dist import free_port
 from mm_ds.runtime.faults import SAVE_PHASES
 
@@ -372,9 +372,10 @@ def _tiny_stage(corpus: Path, steps: int):
 def _rank0_points(root: Path, corpus: Path) -> dict:
     """point -> (what rank 0 finds in its way, the collective call that meets it). Each point's run directory
     is root/<point>; the universal conversion reads the checkpoint the final weights' run left."""
-    from mm_ds.runtime.training import engine
+    from mm_ds.pipeline import evaluation as step4
+    from mm_ds.pipeline import items, jobs
     from mm_ds.runtime.checkpointing import resharding as universal
-    from mm_ds.pipeline import evaluation as step4, items, jobs
+    from mm_ds.runtime.training import engine
     from mm_ds.stages.resolve import StageRun
 
     def build(run: Path, frozen: bool = False):

@@ -14,16 +14,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mm_ds.eval import align, heldout, mlm_measure
-from mm_ds.eval.mlm_measure import Fit
-from mm_ds.pipeline import alignment
-from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds import cli
-from mm_ds.model import surgery
 from mm_ds.config import ModelConfig, model_config_from_dict
 from mm_ds.data.corpus import prepare
 from mm_ds.data.world import generate_world, write_heldout
+from mm_ds.eval import align, heldout, mlm_measure
+from mm_ds.eval.mlm_measure import Fit
+from mm_ds.model import surgery
 from mm_ds.model.model import RobertaMLM
+from mm_ds.pipeline import alignment
+from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.tokens import IGNORE_INDEX
 
 TINY_WORLD = dict(seed=0, languages=("t1",), sentences=300, target_sentences=300,
@@ -249,8 +249,8 @@ def test_the_command_writes_the_table_and_curves(fake_out, tmp_path, capsys):
 
 
 def test_the_recipe_checks_its_heldout_files(tmp_path):
-    from mm_ds.pipeline.check import check
     from mm_ds.config import ConfigError
+    from mm_ds.pipeline.check import check
     from mm_ds.pipeline.recipe import load_recipe
 
     with pytest.raises(ConfigError, match="heldout.t9 is not a target language"):
@@ -387,7 +387,8 @@ def test_the_spread_takes_the_runs_of_a_recipe_whose_heldout_text_is_the_prepare
     """The real recipe holds a slice of each language out (prepare.heldout): its Step-2 runs, every system's, are
     spread over the launch's ranks (align_spread.py), a language's together. A language whose corpus kept no line
     out is left out, by the spread as by the run, which says so."""
-    from mm_ds.pipeline.items import alignment as alignment_item, runs_to_align
+    from mm_ds.pipeline.items import alignment as alignment_item
+    from mm_ds.pipeline.items import runs_to_align
     from mm_ds.pipeline.recipe import load_recipe
 
     recipe, out = load_recipe("real"), tmp_path / "out"
@@ -413,8 +414,8 @@ def test_the_run_its_spread_and_the_plan_take_the_same_runs(name, tmp_path, monk
     same Step-2 runs: every system in every language, whose held-out text is the generated world's (tiny) or the
     prepared corpus's slice (real, paper); the plan prices each run's checkpoints and step 0."""
     from mm_ds.pipeline.items import runs_to_align
-    from mm_ds.pipeline.stage_runs import stage_configs
     from mm_ds.pipeline.recipe import load_recipe
+    from mm_ds.pipeline.stage_runs import stage_configs
     from mm_ds.tools.plan.plan import Cluster
     from mm_ds.tools.plan.totals import plan_alignment
 

@@ -12,19 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from mm_ds.runtime.checkpointing import checkpoint
-from mm_ds.runtime.training import ds_config
-from mm_ds.runtime.distributed import launch
 from mm_ds import config
-from mm_ds.pipeline import run as pipeline
-from mm_ds.pipeline import recipe as recipe_mod
-from mm_ds.tools import verify
 from mm_ds.config import ConfigError, LaunchConfig
 from mm_ds.data import task_files, tasks
 from mm_ds.data.corpus import prepare
 from mm_ds.data.shards import TokenCorpus
+from mm_ds.pipeline import recipe as recipe_mod
+from mm_ds.pipeline import run as pipeline
+from mm_ds.runtime.checkpointing import checkpoint
+from mm_ds.runtime.distributed import launch
+from mm_ds.runtime.training import ds_config
+from mm_ds.tools import verify
 from support.textgen import write_corpus
-
 
 # ---------------------------------------------------------------- configs
 

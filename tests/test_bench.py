@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from mm_ds.tools.bench import bench, host as bench_host, pairs as bench_pairs
+from mm_ds.tools.bench import bench
+from mm_ds.tools.bench import host as bench_host
+from mm_ds.tools.bench import pairs as bench_pairs
 
 COMPILED = ("pretrain", "adapt_mini")
 """The stages the bench test times compiled against eager: Step 1 (its target) and the mini-model's Step 2."""

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 from mm_ds import cli, config
-from mm_ds.runtime.training import ds_config
+from mm_ds.config import ConfigError, recipe_names
 from mm_ds.pipeline import run as pipeline
-from mm_ds.config import ConfigError
-from mm_ds.config import recipe_names
 from mm_ds.pipeline.recipe import load_recipe
+from mm_ds.runtime.training import ds_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,9 +29,9 @@ from mm_ds.config import ConfigError, ModelConfig
 from mm_ds.data import features
 from mm_ds.model.heads import RobertaForTask
 from mm_ds.model.model import RobertaMLM
+from mm_ds.runtime.distributed.dist import free_port
 from mm_ds.runtime.training import compiled
 from mm_ds.runtime.training import ds_config as dsc
-from mm_ds.runtime.distributed.dist import free_port
 from mm_ds.runtime.training.train_log import LogWindow
 
 HERE = Path(__file__).resolve().parent

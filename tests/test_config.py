@@ -5,8 +5,8 @@ import json
 import pytest
 
 from mm_ds import config
-from mm_ds.runtime.training import ds_config
 from mm_ds.config import ConfigError
+from mm_ds.runtime.training import ds_config
 
 
 @pytest.mark.parametrize("name", config.preset_names())
@@ -111,7 +111,8 @@ def _numeric_keys(cls, prefix: str = "") -> set[str]:
 
 def test_every_numeric_key_has_a_range():
     """A numeric key added without a row in config.RANGES (or recipe.RANGES) would take any finite value."""
-    from mm_ds.pipeline.recipe import RANGES as RECIPE_RANGES, PrepareKeys, Recipe, WorldKeys
+    from mm_ds.pipeline.recipe import RANGES as RECIPE_RANGES
+    from mm_ds.pipeline.recipe import PrepareKeys, Recipe, WorldKeys
 
     assert _numeric_keys(config.RunConfig) == set(config.RANGES)
     assert (_numeric_keys(Recipe) | _numeric_keys(PrepareKeys, "prepare.") | _numeric_keys(WorldKeys, "world.")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from mm_ds import config
-from mm_ds.runtime.training import ds_config
 from mm_ds.config import ConfigError
+from mm_ds.runtime.training import ds_config
 
 SHIPPED = ds_config.shipped()
 

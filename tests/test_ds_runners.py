@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from support.ds_runner import runner_command
 from mm_ds.config import ConfigError, LaunchConfig
 from mm_ds.runtime.distributed import launch, runners
-from mm_ds.runtime.distributed.environment import VARIABLES, LAUNCHER, forwarded
+from mm_ds.runtime.distributed.environment import LAUNCHER, VARIABLES, forwarded
+from support.ds_runner import runner_command
 
 FABRIC = {"LD_LIBRARY_PATH": "/opt/aws-ofi-nccl/lib:/usr/local/cuda/lib64", "FI_PROVIDER": "efa",
           "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_SOCKET_IFNAME": "ens5", "OMP_NUM_THREADS": "12",

@@ -6,15 +6,15 @@ import json
 import pytest
 import torch
 
-from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.config import ConfigError, ModelConfig, to_dict
 from mm_ds.data.task_files import load_split
 from mm_ds.data.tasks import TASKS
 from mm_ds.data.world import generate_world
+from mm_ds.eval import transfer
 from mm_ds.eval.evaluate import evaluate, length_batches, predict
 from mm_ds.model.heads import RobertaForTask
-from mm_ds.eval import transfer
 from mm_ds.pipeline import evaluation
+from mm_ds.runtime.checkpointing import checkpoint
 from test_features import train_spm
 
 

@@ -8,14 +8,14 @@ import json
 import pytest
 import torch
 
-from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds import tokens
 from mm_ds.config import ModelConfig, to_dict
 from mm_ds.data.features import context_pieces, encode_pair
 from mm_ds.data.tokenizer import check_spm, train_spm
-from mm_ds.model.heads import RobertaForTask
 from mm_ds.interop import export
+from mm_ds.model.heads import RobertaForTask
 from mm_ds.model.model import RobertaMLM
+from mm_ds.runtime.checkpointing import checkpoint
 from support.textgen import sentences
 
 transformers = pytest.importorskip("transformers")

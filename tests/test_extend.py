@@ -20,16 +20,16 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from mm_ds.runtime.checkpointing import checkpoint
-from mm_ds.model import surgery
 from mm_ds import tokens
 from mm_ds.cli import main
 from mm_ds.config import model_config_from_dict
 from mm_ds.data.world import generate_world
-from mm_ds.model.model import RobertaMLM
 from mm_ds.eval.transfer import control_group
+from mm_ds.model import surgery
+from mm_ds.model.model import RobertaMLM
 from mm_ds.pipeline import extend_card
 from mm_ds.pipeline.extend import parser
+from mm_ds.runtime.checkpointing import checkpoint
 
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file  # noqa: E402  (transformers brings it)

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import fault_harness as harness
 from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.tools import verify
-
-import fault_harness as harness
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 import torch
-from support.paths import SHARED_DATA
 
-from mm_ds.data.features import (collate_pairs, collate_qa, context_pieces, decode_spans, encode_pair,
-                                 pair_features, qa_features, truncate_longest_first)
+from mm_ds.data.features import (collate_pairs, collate_qa, context_pieces, decode_spans, encode_pair, pair_features,
+                                 qa_features, truncate_longest_first)
 from mm_ds.data.task_files import PairExample, QAExample, load_split
 from mm_ds.data.tasks import TASKS
 from mm_ds.tokens import BOS, EOS, MASK, PAD
+from support.paths import SHARED_DATA
 
 XQUAD = TASKS["xquad"]
 

@@ -3,9 +3,9 @@ import json
 import pytest
 
 from mm_ds.model import flops as F
-from mm_ds.pipeline.recipe import load_recipe
 from mm_ds.pipeline import costs
 from mm_ds.pipeline.costs import recipe_costs
+from mm_ds.pipeline.recipe import load_recipe
 
 # The paper's setting (§3, A.1).
 PAPER = dict(h=768, V=50_000, s=512, p=0.15, B=2048, U=125_000)

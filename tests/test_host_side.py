@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-from support.host_reads import HostReads, summary
 from mm_ds.config import ModelConfig
 from mm_ds.data.mlm import MLMBatches
 from mm_ds.data.shards import TokenCorpus
-from mm_ds.runtime.training.ds_config import Geometry
 from mm_ds.model.heads import RobertaForTask
 from mm_ds.model.model import RobertaMLM
+from mm_ds.runtime.training.ds_config import Geometry
 from mm_ds.runtime.training.prefetch import Prefetcher
 from mm_ds.tokens import IGNORE_INDEX
+from support.host_reads import HostReads, summary
 
 HERE = Path(__file__).resolve().parent
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mm_ds.runtime.distributed import hostfile, launch
 from mm_ds.config import ConfigError, LaunchConfig
+from mm_ds.runtime.distributed import hostfile, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,12 +11,12 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.config import ModelConfig, to_dict
-from mm_ds.model.heads import RobertaForTask
 from mm_ds.interop import InteropError, export, export_main, import_hf, import_main
 from mm_ds.interop.fairseq_import import FAIRSEQ_KEYS, import_fairseq
+from mm_ds.model.heads import RobertaForTask
 from mm_ds.model.model import RobertaMLM
+from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.tokens import PAD
 
 transformers = pytest.importorskip("transformers")
@@ -274,6 +274,7 @@ def test_xlmr_saved_without_its_sentencepiece_model_imports_through_its_tokenize
     for k, v in checkpoint.load_final(tmp_path / "a")[1].items():
         assert torch.equal(checkpoint.load_final(tmp_path / "b")[1][k], v), k
     from tokenizers import Tokenizer
+
     from mm_ds.data.tokenizer import pieces
     text = "hello naïve world the quick fox über"
     assert Tokenizer.from_file(b["tokenizer"]).encode(text, add_special_tokens=False).ids == \

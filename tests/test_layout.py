@@ -5,10 +5,13 @@ for the named exceptions below, each with its reason."""
 
 import ast
 import builtins
+import itertools
 import re
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mm_ds"
+TESTS = PACKAGE.parent / "tests"
 MAX_LINES = 400
 MAX_FUNCTION_LINES = 60
 LONG_MODULES = {
@@ -375,3 +378,46 @@ def test_every_name_a_module_reads_is_bound_in_it():
 def test_the_name_scan_finds_an_unbound_name():  # a test that cannot fail is a defect
     source = "import json\n\ndef f(x):\n    y = json.dumps(x)\n    return f'{report.format()}' + torch.tensor(y)\n"
     assert unbound_names(source) == ["report", "torch"]
+
+
+SORTED_SECTIONS = ("__future__", "standard library", "third party", "mm-ds", "relative")
+"""The order of a module's leading imports, as isort and ruff's I001 sort them (this package and the tests' own
+modules first-party): by section, `import x` before `from x import ...`, then by name."""
+
+
+def import_key(node: ast.stmt, first_party: set[str]) -> tuple:
+    if isinstance(node, ast.ImportFrom) and node.level:
+        return 4, -node.level, (node.module or "").lower()
+    name = node.names[0].name if isinstance(node, ast.Import) else node.module
+    top = name.partition(".")[0]
+    section = 0 if top == "__future__" else 1 if top in sys.stdlib_module_names else 3 if top in first_party else 2
+    return section, isinstance(node, ast.ImportFrom), name.lower()
+
+
+def unsorted_imports(source: str, first_party: set[str]) -> list[str]:
+    """The leading imports (the block after the docstring) out of SORTED_SECTIONS' order, as `a, then b`."""
+    body = ast.parse(source).body
+    body = body[1:] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else body
+    block = list(itertools.takewhile(lambda n: isinstance(n, (ast.Import, ast.ImportFrom)), body))
+    keys = [import_key(n, first_party) for n in block]
+    return [f"{ast.unparse(a)!r}, then {ast.unparse(b)!r}" for (ka, a), (kb, b) in
+            itertools.pairwise(zip(keys, block)) if kb < ka]
+
+
+def test_imports_are_sorted():
+    """Imports at the top, sorted: `ruff check --select I --fix --line-length 120` with mm_ds and the tests' own
+    modules as known first-party sorts a file that fails here (then rejoin its import lists as the code writes them)."""
+    first_party = {"mm_ds", *(p.stem for p in TESTS.rglob("*.py")), *(p.name for p in TESTS.iterdir() if p.is_dir())}
+    found = {str(p.relative_to(PACKAGE.parent)): bad for p in sorted([*PACKAGE.rglob("*.py"), *TESTS.rglob("*.py")])
+             if (bad := unsorted_imports(p.read_text(), first_party))}
+    assert found == {}
+
+
+def test_the_import_order_scan_finds_an_unsorted_block():  # a test that cannot fail is a defect
+    source = '"""doc"""\nfrom __future__ import annotations\n\nimport os\nimport sys\nfrom pathlib import Path\n\n' \
+             'import torch\n\nfrom mm_ds.config import A\n\nfrom ..x import y\nfrom . import z\n'
+    assert unsorted_imports(source, {"mm_ds"}) == []
+    assert unsorted_imports(source.replace("import os\nimport sys", "import sys\nimport os"), {"mm_ds"}) == \
+        ["'import sys', then 'import os'"]
+    assert len(unsorted_imports("from mm_ds import a\nimport torch\n", {"mm_ds"})) == 1
+    assert len(unsorted_imports("from . import a\nfrom .. import b\n", {"mm_ds"})) == 1

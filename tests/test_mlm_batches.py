@@ -17,8 +17,8 @@ import torch
 
 from mm_ds import config, tokens
 from mm_ds.data import blocks
-from mm_ds.data.corpus import prepare
 from mm_ds.data.blocks import pack_shard
+from mm_ds.data.corpus import prepare
 from mm_ds.data.mlm import MLMBatches
 from mm_ds.data.order import sample_ids
 from mm_ds.data.shards import TokenCorpus

@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from mm_ds import config
-from mm_ds.model import flops, surgery
-from mm_ds.stages.command import stage_config
 from mm_ds.config import ConfigError, ModelConfig
+from mm_ds.model import flops, surgery
 from mm_ds.model.model import RobertaMLM, is_language_param, param_shapes
-from mm_ds.runtime.training.phases import DepthSchedule, schedule_for
-from mm_ds.systems import system_of
 from mm_ds.pipeline.costs import recipe_costs, step2_phases
-from mm_ds.runtime.training.train_log import Settled
 from mm_ds.runtime.distributed.dist import free_port
+from mm_ds.runtime.training.phases import DepthSchedule, schedule_for
+from mm_ds.runtime.training.train_log import Settled
+from mm_ds.stages.command import stage_config
+from mm_ds.systems import system_of
 
 TINY = dict(vocab_size=40, hidden_size=16, num_layers=5, num_heads=2, ffn_size=32, max_positions=32)
 

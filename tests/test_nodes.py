@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from support.netns import MM_DS, STANDINS, Nodes, cluster_env, launch, login_env, remote_env, nodes_or_skip
+from support.netns import MM_DS, STANDINS, Nodes, cluster_env, launch, login_env, nodes_or_skip, remote_env
 from test_launchers import assert_trained_and_resumed, free_port, stage_args
 
 ROOT = Path(__file__).resolve().parents[1]

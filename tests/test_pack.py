@@ -9,15 +9,14 @@ from collections import Counter
 import pytest
 import torch
 
-from mm_ds.runtime.checkpointing import checkpoint, sums
-from mm_ds.pipeline import pack
 from mm_ds.config import ModelConfig, to_dict
 from mm_ds.data.tasks import TASKS
 from mm_ds.data.world import generate_world
-from mm_ds.model.heads import RobertaForTask
-from mm_ds.runtime.distributed.jobs import Queue
 from mm_ds.eval import transfer
-from mm_ds.pipeline import evaluation
+from mm_ds.model.heads import RobertaForTask
+from mm_ds.pipeline import evaluation, pack
+from mm_ds.runtime.checkpointing import checkpoint, sums
+from mm_ds.runtime.distributed.jobs import Queue
 from test_features import train_spm
 
 DEEPSPEED = {"RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "16", "LOCAL_SIZE": "8", "CROSS_RANK": "0",
@@ -125,8 +124,8 @@ def test_a_stage_start_hashes_its_parent_once(models, tmp_path, monkeypatch):
     verdict and builds (loading the parent again) without reading the sums; in one process (launcher none) the
     resolve and the build read them once."""
     from mm_ds.model.model import RobertaMLM
-    from mm_ds.runtime.training import resolved
     from mm_ds.runtime.distributed.dist import free_port
+    from mm_ds.runtime.training import resolved
     from mm_ds.stages import command, finetune
     from mm_ds.stages.resolve import resolve
 

@@ -18,12 +18,12 @@ import pytest
 import torch
 import yaml
 
-from mm_ds.runtime.checkpointing import checkpoint
-from mm_ds.runtime.distributed.dist import free_port
-from mm_ds.model import surgery
 from mm_ds.config import ConfigError, model_config_from_dict
+from mm_ds.model import surgery
 from mm_ds.model.model import LANGUAGE_PARAMS
 from mm_ds.pipeline.recipe import load_recipe
+from mm_ds.runtime.checkpointing import checkpoint
+from mm_ds.runtime.distributed.dist import free_port
 
 SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.ffn_size=64"]
 MICRO = ["train.micro_batch=8"]  # 32 sequences on 2 ranks: 2 micro-steps, accumulated in fp32
@@ -494,10 +494,9 @@ def test_check_says_how_the_groups_run_and_refuses_what_cannot(tmp_path, monkeyp
 def test_only_prepare_prepares_the_data_apart(tmp_path, capsys):
     """`--only prepare` prepares the recipe's languages and nothing else (`--lang`: some of them), is idempotent,
     and with --check lists them; a missing input is named before any work; `mm-ds run` then finds the data ready."""
-    from support.textgen import write_corpus
-
     from mm_ds.pipeline import run as pipeline
     from mm_ds.pipeline.prepare import prepare_data
+    from support.textgen import write_corpus
 
     for lang in ("en", "de"):
         write_corpus(tmp_path / f"{lang}.txt", n_docs=30, per_doc=5)

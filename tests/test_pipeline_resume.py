@@ -13,9 +13,9 @@ import time
 import pytest
 import yaml
 
+from mm_ds.pipeline import run as pipeline
 from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.runtime.distributed.dist import free_port
-from mm_ds.pipeline import run as pipeline
 
 TINY = ["data.seq_len=32", "train.global_batch=16", "train.micro_batch=8", "train.warmup_steps=2",
         "peak_tflops=1", "train.log_every=2"]

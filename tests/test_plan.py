@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from mm_ds import cli
-from mm_ds.pipeline.recipe import load_recipe
-from mm_ds.tools.plan import plan
-from mm_ds.pipeline.costs import recipe_costs
 from mm_ds.config import ModelConfig
 from mm_ds.model.model import LANGUAGE_PARAMS, RobertaMLM
+from mm_ds.pipeline.costs import recipe_costs
+from mm_ds.pipeline.recipe import load_recipe
+from mm_ds.tools.plan import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,9 +4,9 @@ real run)."""
 import json
 from dataclasses import asdict
 
-from mm_ds.runtime.checkpointing import checkpoint
-from mm_ds.pipeline.progress import Follow, Watched, clock, last_row
 from mm_ds.eval.transfer import Unit
+from mm_ds.pipeline.progress import Follow, Watched, clock, last_row
+from mm_ds.runtime.checkpointing import checkpoint
 
 
 def finish(run):

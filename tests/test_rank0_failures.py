@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 import fault_harness as harness
-from mm_ds.runtime.checkpointing import checkpoint
-from mm_ds.pipeline import run as pipeline
 from mm_ds.config import LaunchConfig
 from mm_ds.pipeline import jobs
+from mm_ds.pipeline import run as pipeline
+from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.runtime.distributed.dist import free_port
 from mm_ds.runtime.distributed.launch import rank_command
 from mm_ds.stages.resolve import StageRun

@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.rehearsal_tasks import build as build_tasks
-from mm_ds.pipeline import run as pipeline
+from mm_ds.config import ConfigError, recipe_names
 from mm_ds.pipeline import recipe as recipe_mod
-from mm_ds.pipeline.stage_runs import stage_runs
+from mm_ds.pipeline import run as pipeline
 from mm_ds.pipeline.check import check
-from mm_ds.config import ConfigError
-from mm_ds.config import recipe_names
 from mm_ds.pipeline.recipe import load_recipe
+from mm_ds.pipeline.stage_runs import stage_runs
+from support.rehearsal_tasks import build as build_tasks
 
 PACKAGED = Path(pipeline.__file__).parents[1] / "presets" / "recipes"
 REHEARSAL = Path(__file__).parent / "rehearsal.yaml"

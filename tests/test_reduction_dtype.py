@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from support.gpu_checks import frozen_mismatches
-from mm_ds.runtime.checkpointing import checkpoint
-from mm_ds.runtime.training import ds_config
-from mm_ds.runtime.distributed.dist import free_port
 from mm_ds.model.model import is_language_param
+from mm_ds.runtime.checkpointing import checkpoint
+from mm_ds.runtime.distributed.dist import free_port
+from mm_ds.runtime.training import ds_config
 from mm_ds.tools.plan import plan
+from support.gpu_checks import frozen_mismatches
 
 HERE = Path(__file__).resolve().parent
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=64", "data.seq_len=32",

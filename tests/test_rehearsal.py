@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from support.rehearsal_tasks import build as build_tasks
+from mm_ds.pipeline.recipe import load_recipe
+from mm_ds.pipeline.stage_runs import stage_runs
 from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.runtime.distributed.dist import free_port  # not 29500: another run on the machine may hold DeepSpeed's default
-from mm_ds.pipeline.stage_runs import stage_runs
-from mm_ds.pipeline.recipe import load_recipe
+from support.rehearsal_tasks import build as build_tasks
 
 pytestmark = pytest.mark.rehearsal
 RECIPE = Path(__file__).parent / "rehearsal.yaml"

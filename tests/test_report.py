@@ -3,9 +3,9 @@ import json
 
 import pytest
 
+from mm_ds.model.flops import EXA, V100_DAY_FLOPS, stage_flops_per_step
 from mm_ds.report import command, records
 from mm_ds.report import report as R
-from mm_ds.model.flops import EXA, V100_DAY_FLOPS, stage_flops_per_step
 
 
 def curve(scores, steps=None, system="S", task="xnli", lang="ar", days_per_step=1e-4):
@@ -293,8 +293,8 @@ def run_rows(seeds=2):
 
 
 def test_results_md_and_the_reports_tables_show_the_same_captioned_table2(tmp_path):
-    from mm_ds.pipeline.run import results_table
     from mm_ds.pipeline.recipe import Recipe
+    from mm_ds.pipeline.run import results_table
 
     recipe = Recipe(systems=["bl_base", "minipost"], langs=["t1", "t2"], tasks=["xnli", "pawsx"], world={"seed": 0})
     text, rep = results_table(recipe, run_rows(), tmp_path)

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from support import call_walk
-from support.import_walk import graph, layout, rank_starts, walk
 from mm_ds.config import ConfigError
 from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.runtime.distributed import launch
-from mm_ds.runtime.training import resolved
 from mm_ds.runtime.distributed.dist import free_port
+from mm_ds.runtime.training import resolved
 from mm_ds.stages.resolve import StageRun, resolve
+from support import call_walk
+from support.import_walk import graph, layout, rank_starts, walk
 from test_launchers import TINY
 
 ROOT = Path(__file__).resolve().parents[1]

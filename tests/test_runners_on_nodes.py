@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from support.netns import MM_DS, STANDINS, Nodes, cluster_env, launch, login_env, python_without_openmpi, nodes_or_skip
 from standins import cluster
+from support.netns import MM_DS, STANDINS, Nodes, cluster_env, launch, login_env, nodes_or_skip, python_without_openmpi
 from test_launchers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

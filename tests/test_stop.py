@@ -25,11 +25,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mm_ds.runtime.checkpointing import checkpoint, sums
 from mm_ds.runtime import faults
+from mm_ds.runtime.checkpointing import checkpoint, sums
 from mm_ds.runtime.distributed import stop
-from mm_ds.runtime.training.boundary import LaggedMax
 from mm_ds.runtime.distributed.dist import free_port
+from mm_ds.runtime.training.boundary import LaggedMax
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = int(os.environ.get("MM_DS_STOP_SEED", 0))
@@ -537,6 +537,7 @@ def test_sigterm_to_one_rank_of_two_namespace_nodes_stops_both_and_resumes_bitwi
     1's rank alone, at a random update; both nodes' ranks save and exit 75 (their peer's flag reaches them through the
     lagged all-reduce over the nodes' link), and resuming on both finishes bitwise as the 2-rank reference."""
     import psutil
+
     from support.netns import VENV_BIN, Nodes, Unavailable, remote_env, wait_all
 
     ref, _, _ = step1

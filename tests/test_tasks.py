@@ -318,11 +318,11 @@ def test_finetuning_and_evaluation_read_the_hub(hub, tmp_path):
     import sentencepiece as spm
     import torch
 
-    from mm_ds.runtime.checkpointing import checkpoint
     from mm_ds.config import ModelConfig, to_dict
-    from mm_ds.model.heads import RobertaForTask
     from mm_ds.eval import transfer
+    from mm_ds.model.heads import RobertaForTask
     from mm_ds.pipeline import evaluation
+    from mm_ds.runtime.checkpointing import checkpoint
     from mm_ds.stages.finetune import _train_features
 
     spm.SentencePieceTrainer.train(sentence_iterator=iter(PREMISES * 20), model_prefix=str(tmp_path / "spm"),

@@ -12,7 +12,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_size=64",
         "model.secondary_head_layer=1", "data.seq_len=32", "model.max_positions=32", "train.global_batch=16",
         "train.micro_batch=4", "train.lr=3e-3", "train.warmup_steps=5", "train.log_every=5",

@@ -9,14 +9,14 @@ import sys
 import pytest
 import yaml
 
+from mm_ds.config import ConfigError
+from mm_ds.pipeline.recipe import load_recipe
+from mm_ds.pipeline.stage_runs import stage_runs
 from mm_ds.report import analyses
+from mm_ds.report.records import Result
+from mm_ds.report.report import build_report, table2, table3, write_report
 from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.stages.command import stage_config
-from mm_ds.config import ConfigError
-from mm_ds.report.records import Result
-from mm_ds.pipeline.stage_runs import stage_runs
-from mm_ds.pipeline.recipe import load_recipe
-from mm_ds.report.report import build_report, table2, table3, write_report
 from mm_ds.systems import SYSTEMS, SystemNameError, sort_key, system_of
 
 

@@ -61,11 +61,9 @@ from mm_ds import tokens
 from mm_ds.data.blocks import cache_file, write_cache
 from mm_ds.data.encode import ShardWriter, encoded_chunks
 from mm_ds.data.inputs import InputSource, not_text_error, resolve_inputs, total_bytes
-from mm_ds.data.shards import (FORMAT_VERSION, META_FILE, SPM_MODEL_FILE, SPM_VOCAB_FILE, TokenCorpus,
-                               shard_dtype)
-from mm_ds.data.tokenizer import (MODEL_TYPES, check_spm, check_tokenizer, decoder, is_tokenizer_json,
-                                  reservoir_sample, train_spm)
-
+from mm_ds.data.shards import FORMAT_VERSION, META_FILE, SPM_MODEL_FILE, SPM_VOCAB_FILE, TokenCorpus, shard_dtype
+from mm_ds.data.tokenizer import (MODEL_TYPES, check_spm, check_tokenizer, decoder, is_tokenizer_json, reservoir_sample,
+                                  train_spm)
 
 TOKENIZER_JSON = "tokenizer.json"  # a reused Hugging Face tokenizer's name in the corpus (spm_model: its file)
 

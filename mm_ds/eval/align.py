@@ -38,8 +38,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from ..runtime.checkpointing import checkpoint
 from ..config import ConfigError, model_config_from_dict
+from ..runtime.checkpointing import checkpoint
 from ..systems import SystemNameError, system_of
 from .align_rows import (INIT, ROWS_VERSION, Settings, eval_batches, fit_data, initial_group, mlm_metrics, mlm_model,
                          row_for, training_corpus)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from ..runtime.checkpointing import checkpoint
-from ..model import flops, surgery
 from ..config import ConfigError, model_config_from_dict
-from ..systems import system_of
+from ..model import flops, surgery
 from ..model.model import RobertaMLM
+from ..runtime.checkpointing import checkpoint
+from ..systems import system_of
 from .mlm_measure import Fit, head_features, main_head_metrics, masked_batches, piece_logp, refit_bias, unigram_metrics
 from .transfer import control_group
 

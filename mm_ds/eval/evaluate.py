@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import sentencepiece as spm
 import torch
 
-from . import metrics
 from ..data import features as feats
 from ..data.tasks import EXTRACTIVE_QA, TASKS, TaskSpec
+from . import metrics
 
 
 def metric_lang(lang: str) -> str:

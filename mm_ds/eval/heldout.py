@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 from ..config import ConfigError
-from ..data.world.writer import HELDOUT, write_heldout
 from ..data.corpus import prepare
+from ..data.world.writer import HELDOUT, write_heldout
 
 
 def heldout_text(lang: str, texts: dict[str, str], out: Path | None) -> Path:

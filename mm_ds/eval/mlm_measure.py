@@ -30,9 +30,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..tokens import IGNORE_INDEX
 from ..data.mlm import N_SPECIAL, MLMBatches
 from ..data.shards import TokenCorpus
+from ..tokens import IGNORE_INDEX
 
 FIT_TOLERANCE = 1e-3
 """The refit stops when the model's mean predicted distribution is this close to the piece frequencies (L1)."""

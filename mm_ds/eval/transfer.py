@@ -22,14 +22,14 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from ..runtime.checkpointing import checkpoint
-from ..model import flops, surgery
 from ..config import ConfigError, model_config_from_dict
 from ..data.task_files import load_split
 from ..data.tasks import get_task, task_type_of
 from ..data.tokenizer import pieces
-from .evaluate import evaluate, features_for, scoring_precision
+from ..model import flops, surgery
 from ..model.heads import RobertaForTask
+from ..runtime.checkpointing import checkpoint
+from .evaluate import evaluate, features_for, scoring_precision
 
 SOURCE, ADAPTED, CONTROL, MINI = "source", "adapted", "control", "mini"
 """MINI: a finetuned mini-model in the source language, as it is (Table 5)."""

@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from .export import export
 from .deepspeed_import import import_deepspeed
+from .export import export
 from .fairseq_import import import_fairseq
 from .hf_import import import_hf
 from .spm import InteropError

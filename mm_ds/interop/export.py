@@ -25,16 +25,15 @@ from pathlib import Path
 
 import torch
 
-from ..runtime.checkpointing import checkpoint
-from ..model import surgery
 from ..config import ModelConfig, model_config_from_dict
-from ..data.tasks import task_type_of
+from ..data.tasks import TASKS, task_type_of
 from ..data.tokenizer import check_tokenizer, is_tokenizer_json
+from ..model import surgery
 from ..model.model import param_shapes
+from ..runtime.checkpointing import checkpoint
 from ..tokens import SPECIAL_IDS, SPECIAL_PIECES
 from . import hf, hf_tokenizer
 from .spm import InteropError
-from ..data.tasks import TASKS
 
 ARCHS = {None: "RobertaForMaskedLM", "pair_classification": "RobertaForSequenceClassification",
          "extractive_qa": "RobertaForQuestionAnswering"}

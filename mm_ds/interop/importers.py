@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from ..runtime.checkpointing import checkpoint
-from ..model import surgery
 from ..config import ModelConfig, to_dict
+from ..model import surgery
 from ..model.model import is_language_param
+from ..runtime.checkpointing import checkpoint
 from . import spm as spm_io
 from .spm import InteropError
 from .vocab import SourceVocab

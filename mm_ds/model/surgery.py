@@ -30,8 +30,8 @@ from typing import Callable, Mapping
 import torch
 
 from ..config import ModelConfig
-from .model import LANGUAGE_PARAMS, is_language_param, layer_shapes, param_shapes
 from ..tokens import PAD, SPECIAL_IDS
+from .model import LANGUAGE_PARAMS, is_language_param, layer_shapes, param_shapes
 
 StateDict = Mapping[str, torch.Tensor]
 

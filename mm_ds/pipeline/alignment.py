@@ -16,10 +16,10 @@ from ..config import ConfigError
 from ..eval.align import Settings, adapt_runs, align, align_run, source_rows
 from ..eval.align_diagnose import diagnose_run
 from ..eval.heldout import prepared_heldout
-from .recipe import data_path, prepare_options
 from ..report.align_report import align_table, diagnosis_table, write_align
 from ..report.report import mlm_report
 from ..runtime.checkpointing import checkpoint
+from .recipe import data_path, prepare_options
 
 
 def aligned_runs(recipe, out: Path | None = None) -> list[tuple[str, str]]:

@@ -16,18 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ConfigError, LaunchConfig, ModelConfig, RunConfig, from_dict
+from ..data.tasks import HUB, TaskDataError, find_local, get_task, hub_source, is_hub
+from ..runtime.checkpointing.checkpoint import unwritable
 from ..runtime.distributed import launch
+from ..runtime.training import ds_config
 from ..stages.common import Parent
 from ..stages.resolve import stage_module
 from ..systems import system_of
+from .recipe import data_path, english_tasks, minis_in_english, primaries, task_root, text_inputs
 from .spread import check_spread
-from .stage_runs import PACKED
-from .stage_runs import stage_runs
-from .recipe import english_tasks, minis_in_english, primaries
-from ..runtime.checkpointing.checkpoint import unwritable
-from ..data.tasks import HUB, TaskDataError, find_local, get_task, hub_source, is_hub
-from .recipe import data_path, task_root, text_inputs
-from ..runtime.training import ds_config
+from .stage_runs import PACKED, stage_runs
 
 PREPARED = "meta.json"  # `mm-ds prepare` writes it last: a prepared corpus needs no text inputs
 

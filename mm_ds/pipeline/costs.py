@@ -12,16 +12,15 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from ..data.tasks import get_task
+from ..data.world import DEFAULT_TASK_SIZES
 from ..model import flops
+from ..runtime.training.ds_config import global_batch, micro_batch
 from ..runtime.training.phases import DepthSchedule
 from ..systems import system_of
-from .stage_runs import stage_configs
-from .stage_runs import stage_runs
-from ..data.tasks import get_task
 from .check import model_after
-from ..runtime.training.ds_config import global_batch, micro_batch
 from .recipe import load_recipe
-from ..data.world import DEFAULT_TASK_SIZES
+from .stage_runs import stage_configs, stage_runs
 
 
 @dataclass(frozen=True)

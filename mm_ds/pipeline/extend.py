@@ -33,19 +33,17 @@ import json
 import sys
 from pathlib import Path
 
-from ..runtime.checkpointing import checkpoint
 from ..config import ConfigError, ModelConfig
-from ..systems import SystemNameError, system_of
+from ..data.corpus import prepare
+from ..interop import export, import_hf
+from ..runtime.checkpointing import checkpoint
 from ..runtime.checkpointing.rundir import logs_dir
+from ..systems import SystemNameError, system_of
 from . import extend_card
 from .extend_check import (EXPORTED, SETTINGS, Plan, check, exported, extend_runs, final_of, source_model,
                            source_tokenizer, text_files)
-from ..data.corpus import prepare
-from ..interop import export, import_hf
-from .run import complete, run_stages
-from .progress import say
-from .run import StageFailed
-from .progress import speaking_as
+from .progress import say, speaking_as
+from .run import StageFailed, complete, run_stages
 
 PAPER_VOCAB = 50_000
 """Pieces per language in the paper (§3), as many as its English model has."""

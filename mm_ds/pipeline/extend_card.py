@@ -17,13 +17,13 @@ import os
 from collections import deque
 from pathlib import Path
 
-from ..runtime.checkpointing import checkpoint
-from ..model import surgery
 from ..config import model_config_from_dict
-from ..tokens import IGNORE_INDEX
 from ..data.inputs import chunks, resolve_inputs, split_lines
 from ..eval.align import Settings, eval_batches, heldout_corpus, mlm_metrics
 from ..eval.transfer import control_group
+from ..model import surgery
+from ..runtime.checkpointing import checkpoint
+from ..tokens import IGNORE_INDEX
 
 HELDOUT_LINES = 2000
 """At most this many lines of --text are held out (a tenth of a shorter text)."""

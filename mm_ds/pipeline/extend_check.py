@@ -8,16 +8,16 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runtime.checkpointing import checkpoint
 from .. import tokens
-from .check import Findings, check_stages
 from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict
-from ..stages.resolve import StageRun
-from ..systems import system_of
 from ..data.inputs import chunks, resolve_inputs, split_lines
 from ..data.tokenizer import check_tokenizer
 from ..interop.hf_import import inspect_hf
 from ..interop.spm import InteropError
+from ..runtime.checkpointing import checkpoint
+from ..stages.resolve import StageRun
+from ..systems import system_of
+from .check import Findings, check_stages
 
 SETTINGS = "extend.json"
 """OUT/extend.json: the arguments that made OUT; a re-run with other ones would mix two models' stages."""

@@ -8,15 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..eval.align_spread import Alignment
-from .recipe import MINI_DIR, data_path, english_tasks, minis_in_english, primaries, task_root
+from ..runtime.checkpointing.rundir import logs_dir
 from ..stages.resolve import StageRun
 from ..systems import system_of
-from ..runtime.checkpointing.rundir import logs_dir
 from .alignment import aligned_runs
 from .costs import finetune_costs
 from .evaluation import PROGRESS, Evaluation, expand
 from .jobs import Training
 from .pack import STEP3, Pack, pack
+from .recipe import MINI_DIR, data_path, english_tasks, minis_in_english, primaries, task_root
 from .stage_runs import stage_configs
 
 

@@ -39,8 +39,8 @@ from pathlib import Path
 
 from ..runtime.checkpointing import checkpoint
 from ..runtime.distributed import dist, stop
-from ..runtime.exits import WorkFailed
 from ..runtime.distributed.jobs import FAILED, serve
+from ..runtime.exits import WorkFailed
 from .progress import INTERVAL_S, StageFailed, clock, say
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",

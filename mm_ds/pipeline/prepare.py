@@ -20,13 +20,13 @@ import sys
 from pathlib import Path
 
 from ..config import ConfigError
-from .recipe import Recipe, prepare_options, text_inputs
+from ..data.world import generate_world
+from ..runtime.checkpointing.checkpoint import unwritable
 from ..runtime.checkpointing.rundir import logs_dir
 from .check import PREPARED, Findings
 from .progress import run_logged, say
+from .recipe import Recipe, prepare_options, text_inputs
 from .stage_runs import stage_configs
-from ..runtime.checkpointing.checkpoint import unwritable
-from ..data.world import generate_world
 
 
 def world_complete(world: Path) -> bool:

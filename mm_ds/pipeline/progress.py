@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime.checkpointing import checkpoint
+from ..runtime.checkpointing.rundir import train_log
 from ..runtime.distributed import stop
 from ..runtime.distributed.launch import process_env
-from ..runtime.checkpointing.rundir import train_log
 from .evaluation import results_written
 
 INTERVAL_S = 20.0

@@ -15,12 +15,11 @@ from pathlib import Path
 import yaml
 
 from ..coerce import check_numbers
-from ..config import ConfigError, LaunchConfig, did_you_mean, from_dict, recipe_names
+from ..config import ConfigError, LaunchConfig, apply_overrides, did_you_mean, from_dict, recipe_names
 from ..data.tasks import HUB, TASKS, is_hub
+from ..data.world import PRESETS
 from ..runtime.distributed.launch import resolve as resolve_launch
 from ..systems import STAGES, SYSTEMS, SystemNameError, sort_key, system_of
-from ..config import apply_overrides
-from ..data.world import PRESETS
 
 
 @dataclass

@@ -32,33 +32,33 @@ import torch
 
 from ..config import ConfigError, LaunchConfig, from_dict, recipe_names
 from ..eval.align_spread import Alignment
-from .alignment import align_recipe, aligned_runs
-from .recipe import Recipe, english_tasks, load_recipe, minis_in_english, primaries
+from ..eval.transfer import scored_with
+from ..report import report
+from ..report.analyses import english_table
+from ..report.records import clean_records, control_scores, recorded, source_scores
+from ..report.report import MLM_DIR
+from ..report.table2 import format_table2s
 from ..runtime.checkpointing import checkpoint
+from ..runtime.checkpointing.rundir import logs_dir
 from ..runtime.distributed import stop
 from ..runtime.distributed.launch import launch_env, preflight, rank_command
 from ..stages.command import published_as_built
 from ..stages.resolve import StageRun, resolve
 from ..systems import REFERENCE
 from . import jobs
-from ..eval.transfer import scored_with
-from ..runtime.checkpointing.rundir import logs_dir
+from .alignment import align_recipe, aligned_runs
+from .check import check, protocol
 from .evaluation import Evaluation, cached, collect, default_device, expand, run_evaluation
-from .jobs import Training
 from .items import work_items
+from .jobs import Training
 from .pack import STEP3, Pack, Watch, complete, step3_failed
 from .prepare import languages, only_prepare, prepare_data, prepared
 from .prepare import world_complete  # noqa: F401 (run.world_complete, as it was)
 from .progress import Follow, StageFailed, Watched, say
 from .progress import run_logged as _run_logged
+from .recipe import Recipe, english_tasks, load_recipe, minis_in_english, primaries
 from .spread import run_spread, spread_steps
 from .stage_runs import stage_runs
-from ..report import report
-from ..report.records import clean_records, control_scores, recorded, source_scores
-from ..report.table2 import format_table2s
-from ..report.analyses import english_table
-from ..report.report import MLM_DIR
-from .check import check, protocol
 
 
 def _launch_stage(run: StageRun, resume: bool, log: Path, follow: Follow | None = None) -> None:

@@ -36,12 +36,12 @@ from pathlib import Path
 
 from ..config import ConfigError, LaunchConfig, from_dict
 from ..runtime.checkpointing import checkpoint
-from ..runtime.distributed import hostfile, stop
-from ..runtime.training.ds_config import geometry
-from ..runtime.distributed.launch import is_loopback, launch_env, rank_command
-from ..stages.resolve import StageRun, resolve
-from ..stages.command import published_as_built
 from ..runtime.checkpointing.rundir import LOGS, logs_dir
+from ..runtime.distributed import hostfile, stop
+from ..runtime.distributed.launch import is_loopback, launch_env, rank_command
+from ..runtime.training.ds_config import geometry
+from ..stages.command import published_as_built
+from ..stages.resolve import StageRun, resolve
 from .progress import Follow, StageFailed, Watched, failure_of, say
 
 STEPS = ("pretrain", "build_mini", "adapt")

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .recipe import MINI_DIR, Recipe, english_tasks, minis_in_english, primaries, task_root
 from ..stages.resolve import StageRun
 from ..systems import system_of
-
+from .recipe import MINI_DIR, Recipe, english_tasks, minis_in_english, primaries, task_root
 
 PACKED = ("finetune",)
 """Stages of many small independent runs (Step 3: every primary model x task x seed, 60 in the paper recipe): each

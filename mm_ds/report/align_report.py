@@ -16,8 +16,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from .mdtable import md
 from ..systems import sort_key, system_of
+from .mdtable import md
 
 COLUMNS = ("system", "lang", "step", "flops", "v100_days", "sequences", "targets", "mini_loss", "mini_acc",
            "primary_loss", "primary_acc", "step_bias_loss", "step_bias_acc", "unigram_loss", "unigram_acc",

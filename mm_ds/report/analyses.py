@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
+from ..systems import SystemNameError, system_of
 from . import captions
 from .mdtable import cost, days_cell, fmt, md
-from .records import condition
-from ..systems import SystemNameError, system_of
 from .plots import chance_line, mean_curve, target_line
+from .records import condition
 
 if TYPE_CHECKING:  # report.py calls this module when it writes its files
     from .report import Report

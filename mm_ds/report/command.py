@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..systems import REFERENCE, SYSTEMS
 from .align_report import write_align
 from .records import load_results, read_records, recorded, source_scores
 from .report import build_report, format_tables, mlm_report, write_report
-from ..systems import REFERENCE, SYSTEMS
 
 
 def main(argv: list[str] | None = None) -> int:

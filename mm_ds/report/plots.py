@@ -8,8 +8,8 @@ from pathlib import Path
 from statistics import mean
 from typing import TYPE_CHECKING
 
-from . import captions
 from ..data.tasks import chance_level
+from . import captions
 
 if TYPE_CHECKING:  # report.py imports this module when it writes figures
     from .report import Report

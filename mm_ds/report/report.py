@@ -27,16 +27,15 @@ from pathlib import Path
 from statistics import mean
 from typing import Iterable, Sequence
 
+from ..model.flops import EXA
+from ..systems import REFERENCE, SYSTEMS, SystemNameError, sort_key
 from . import captions
 from .analyses import write_sweeps
 from .curves import Crossing, Key, group_curves, time_to_target
-from ..model.flops import EXA
 from .mdtable import cost, days_cell, fmt, md
 from .records import Result, mlm_baselines, mlm_results
 from .significance import TEST, Margin, margin_of, margin_table
-from ..systems import REFERENCE, SYSTEMS, SystemNameError, sort_key
 from .table2 import format_table2, table2
-
 
 # --- The report ------------------------------------------------------------------------------------------------
 

@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist, variance
 
-from .records import Result
 from .mdtable import fmt, md
+from .records import Result
 
 ALPHA = 0.05
 TEST = "one-sided z-test at 5% (binomial variance of n examples + between-seed variance of the paired differences)"

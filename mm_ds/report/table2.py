@@ -6,8 +6,8 @@ from __future__ import annotations
 from statistics import mean
 from typing import TYPE_CHECKING
 
-from . import captions
 from ..model.flops import EXA
+from . import captions
 from .mdtable import cost, fmt, md
 
 if TYPE_CHECKING:  # report.py imports this module

@@ -22,6 +22,7 @@ from .checkpointing.checkpoint import CheckpointError
 from .distributed.dist import OtherRankFailed
 from .distributed.stop import EXIT_CODE, Stopped
 
+
 class WorkFailed(RuntimeError):
     """Some pieces of the work failed, each saying why in its own log; the others finished."""
 

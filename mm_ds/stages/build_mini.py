@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from ..model import surgery
 from ..config import ConfigError, ModelConfig, RunConfig
-from ..runtime.training.engine import Stage
+from ..model import surgery
 from ..model.model import RobertaMLM
+from ..runtime.training.engine import Stage
 from ..systems import MINI_SYSTEMS, system_of
 from .common import Parent, load_parent, mlm_batches, open_corpus, pack_blocks, stage_flops
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime.checkpointing import checkpoint
-from ..runtime.distributed import dist
-from ..model import flops
 from ..config import ConfigError, ModelConfig, RunConfig, model_config_from_dict
 from ..data import blocks
 from ..data.mlm import MLMBatches
 from ..data.shards import TokenCorpus
+from ..model import flops
+from ..runtime.checkpointing import checkpoint
+from ..runtime.distributed import dist
 from ..runtime.training.ds_config import Geometry
 
 

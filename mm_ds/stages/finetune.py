@@ -15,17 +15,17 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-from ..runtime.training import ds_config
-from ..model import flops
 from ..config import ConfigError, ModelConfig, RunConfig
 from ..data import features as feats
 from ..data.order import sample_ids
 from ..data.task_files import load_split
 from ..data.tasks import EXTRACTIVE_QA, get_task
 from ..data.tokenizer import is_tokenizer_json
+from ..model import flops
+from ..model.heads import RobertaForTask
+from ..runtime.training import ds_config
 from ..runtime.training.ds_config import Geometry
 from ..runtime.training.engine import Stage
-from ..model.heads import RobertaForTask
 from .common import Parent, load_parent
 
 FROZEN = ("embed.tokens.weight",)  # the language-specific input embeddings (there is no MLM head here)

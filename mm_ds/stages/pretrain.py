@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..config import RunConfig
-from ..runtime.training.engine import Stage
 from ..model.model import RobertaMLM
+from ..runtime.training.engine import Stage
 from .common import mlm_batches, open_corpus, pack_blocks, resolve_vocab, stage_flops
 
 

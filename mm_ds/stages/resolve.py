@@ -22,8 +22,8 @@ from pathlib import Path
 from .. import config
 from ..config import ConfigError, RunConfig, to_dict
 from ..runtime.checkpointing import checkpoint as ckpt_io
-from ..runtime.training import ds_config, resolved
 from ..runtime.distributed import launch
+from ..runtime.training import ds_config, resolved
 from ..runtime.training.resolved import Resolved
 
 STAGES = {

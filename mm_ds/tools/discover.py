@@ -22,9 +22,8 @@ from importlib import resources
 from pathlib import Path
 
 from .. import config
+from ..config import ConfigError, did_you_mean, recipe_names
 from ..runtime.training import ds_config
-from ..config import ConfigError, did_you_mean
-from ..config import recipe_names
 from ..systems import STAGES
 
 

@@ -53,8 +53,8 @@ def update_on_one_gpu(system: str, corpus: Path, run_dir: Path, gpu: Gpu = Gpu()
     """Step 1 of `system` (its paper preset, then `overrides`) on this process's device, measured as the module
     docstring says."""
     from mm_ds import config
-    from mm_ds.runtime.training import compiled
     from mm_ds.runtime.distributed import dist
+    from mm_ds.runtime.training import compiled
     from mm_ds.runtime.training import ds_config as dsc
     from mm_ds.runtime.training import engine as eng
     from mm_ds.runtime.training.peaks import gpu_peak_tflops

@@ -36,11 +36,11 @@ import torch
 import yaml
 
 import gpu_thresholds
-from support.gpu_checks import (attention_calls, describe_transports, frozen_mismatches, fused_attention_problems,
-                                nccl_transports, sdpa_backend, sdpa_kernels_run, transport_problems)
+from mm_ds.model.model import LANGUAGE_PARAMS, is_language_param
 from mm_ds.runtime.checkpointing import checkpoint
 from mm_ds.runtime.distributed.dist import free_port
-from mm_ds.model.model import LANGUAGE_PARAMS, is_language_param
+from support.gpu_checks import (attention_calls, describe_transports, frozen_mismatches, fused_attention_problems,
+                                nccl_transports, sdpa_backend, sdpa_kernels_run, transport_problems)
 
 HERE = Path(__file__).resolve().parent
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),

@@ -26,12 +26,35 @@ from pathlib import Path
 
 import torch
 
-from ..distributed import dist
 from .. import faults
-from .rundir import (DS_CONFIG, FINAL, FORMAT, FROZEN, MANIFEST, META, RESOLVED, RUN_CONFIG, WEIGHTS,  # noqa: F401
-                     CheckpointError, checkpoints_dir, describe_write_error, manifest_of, now, read_meta,
-                     unwritable, verify, weights_dir, write_final, write_frozen, write_json_atomic, write_manifest,
-                     write_meta, write_text_atomic, writing)
+from ..distributed import dist
+from .rundir import (  # noqa: F401
+    DS_CONFIG,
+    FINAL,
+    FORMAT,
+    FROZEN,
+    MANIFEST,
+    META,
+    RESOLVED,
+    RUN_CONFIG,
+    WEIGHTS,
+    CheckpointError,
+    checkpoints_dir,
+    describe_write_error,
+    manifest_of,
+    now,
+    read_meta,
+    unwritable,
+    verify,
+    weights_dir,
+    write_final,
+    write_frozen,
+    write_json_atomic,
+    write_manifest,
+    write_meta,
+    write_text_atomic,
+    writing,
+)
 
 LATEST = "latest"
 MODEL_STATES = "mp_rank_00_model_states.pt"

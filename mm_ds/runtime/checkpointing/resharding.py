@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint as ckpt_io
-from ..distributed import dist
 from .. import faults
+from ..distributed import dist
+from . import checkpoint as ckpt_io
 
 SUFFIX = ".universal"
 

@@ -21,14 +21,13 @@ import socket
 import sys
 
 from ...config import ConfigError, LaunchConfig, apply_overrides, from_dict
-from . import hostfile, runners
+from . import hostfile, runners, stop
+
 # Which launcher's variables make a process a rank: one table (mm_ds/runtime/distributed/bringup.py LAUNCHERS).
 from .bringup import RANK_VARS, SRUN_STEP_VARS, is_loopback, under_launcher  # noqa: F401
 from .environment import forwarded
 from .runners import bin_path as _bin
 from .srun import MARKED
-from . import stop
-
 
 ENTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "rank.py")
 """What every rank runs: a script path, since DeepSpeed's slurm runner drops `--module` (mm_ds/rank.py)."""

@@ -16,7 +16,8 @@ import sys
 import time
 
 from ...config import ConfigError, LaunchConfig, from_dict, parse_override
-from . import dist, launch as launching, rendezvous
+from . import dist, rendezvous
+from . import launch as launching
 
 
 def parser() -> argparse.ArgumentParser:

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
+from .. import faults
 from ..checkpointing import checkpoint as ckpt_io
 from ..distributed import dist, stop, watchdog
-from .. import faults
 
 
 class LaggedMax:

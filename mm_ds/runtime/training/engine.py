@@ -25,22 +25,22 @@ from typing import Callable
 
 import torch
 
-from ..checkpointing import checkpoint as ckpt_io
-from . import compiled, handoff
-from ..distributed import dist, stop
-from .. import faults
-from ..checkpointing import rundir
-from . import ds_config as dsc
 from ...config import RunConfig, dump_yaml
-from .ds_config import Geometry
+from ...model.model import param_groups, set_trainable
+from .. import faults
+from ..checkpointing import checkpoint as ckpt_io
+from ..checkpointing import resharding as universal
+from ..checkpointing import rundir
+from ..distributed import dist, stop
+from . import compiled, handoff
+from . import ds_config as dsc
 from .boundary import Boundary
+from .ds_config import Geometry
 from .peaks import device_peak_flops
 from .phases import DepthSchedule
 from .prefetch import Prefetcher
-from ..checkpointing import resharding as universal
 from .resolved import Resolved
 from .train_log import LogWindow, RowWriter, nonfinite_skips
-from ...model.model import param_groups, set_trainable
 
 
 @dataclass

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...config import to_dict
 from ..checkpointing import checkpoint as ckpt_io
 from ..distributed import dist
 from . import ds_config as dsc
-from ...config import to_dict
 
 if TYPE_CHECKING:
     from .engine import Stage

@@ -24,8 +24,9 @@ import yaml
 
 from ...config import ConfigError, RunConfig, dump_yaml, from_dict
 from ..checkpointing import sums
+from ..checkpointing.rundir import (DS_CONFIG, MANIFEST, RESOLVED, RUN_CONFIG, write_json_atomic, write_text_atomic,
+                                    writing)
 from .ds_config import Geometry
-from ..checkpointing.rundir import DS_CONFIG, MANIFEST, RESOLVED, RUN_CONFIG, write_json_atomic, write_text_atomic, writing
 
 FORMAT = "mm-ds-resolved/1"
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from . import compiled
-from ..distributed import dist
 from ..checkpointing.rundir import writing
+from ..distributed import dist
+from . import compiled
 from .ds_config import MONITORS
 
 

@@ -50,19 +50,22 @@ from pathlib import Path
 import torch
 
 from ...config import RunConfig
-from . import compile_pairs as bench_compile, device as bench_device, host as bench_host, profile as bench_profile
-from .report import print_report
-from .targets import TARGETS, evaluate_targets  # noqa: F401 (TARGETS: bench's own list)
-from .data import host_corpus, prepare_corpus, spread_corpus
-from . import pairs as bench_pairs
-from .pairs import alternate
-from .peer import PeerSteps, RssPeak, maxrss_bytes, release_free_memory
-from .stages import (PEER_STAGES, PRESETS, STAGE_RUNS, STAGE_TITLES, STAGES, Stages, base_model_cfg, matmul_peak,
-                     run_engine_stage)
-from ...runtime.training import ds_config as dsc
 from ...data.mlm import MLMBatches
 from ...data.shards import TokenCorpus
 from ...runtime.distributed import dist
+from ...runtime.training import ds_config as dsc
+from . import compile_pairs as bench_compile
+from . import device as bench_device
+from . import host as bench_host
+from . import pairs as bench_pairs
+from . import profile as bench_profile
+from .data import host_corpus, prepare_corpus, spread_corpus
+from .pairs import alternate
+from .peer import PeerSteps, RssPeak, maxrss_bytes, release_free_memory
+from .report import print_report
+from .stages import (PEER_STAGES, PRESETS, STAGE_RUNS, STAGE_TITLES, STAGES, Stages, base_model_cfg, matmul_peak,
+                     run_engine_stage)
+from .targets import TARGETS, evaluate_targets  # noqa: F401 (TARGETS: bench's own list)
 
 # ----------------------------------------------------------------------------------------------- report
 

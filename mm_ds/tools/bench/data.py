@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...tokens import PAD, SPECIAL_IDS
 from ...data.corpus import prepare
 from ...data.inputs import chunks, resolve_inputs, split_lines
 from ...data.tokenizer import encoder
+from ...tokens import PAD, SPECIAL_IDS
 
 
 def synthetic_text(path: Path, megabytes: float, seed: int = 0) -> int:

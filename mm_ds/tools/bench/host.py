@@ -47,17 +47,16 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from ...model import flops
+from ...data.mlm import MLMBatches
+from ...data.shards import TokenCorpus
+from ...model import flops, model
+from ...pipeline.recipe import load_recipe
+from ...pipeline.stage_runs import stage_configs
 from ...runtime.training import compiled
+from ...runtime.training import engine as eng
 from ...runtime.training.ds_config import Geometry, geometry
 from ...runtime.training.prefetch import Prefetcher
 from ..plan.plan import Cluster
-from ...pipeline.stage_runs import stage_configs
-from ...pipeline.recipe import load_recipe
-from ...model import model
-from ...data.mlm import MLMBatches
-from ...data.shards import TokenCorpus
-from ...runtime.training import engine as eng
 
 SHAPES = {  # bench stage -> (what, FLOPs kind, the paper recipe's stage run (its first language's), device layers)
     "pretrain": ("Step 1, BL_BASE", "pretrain", "pretrain/bl_base", None),

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from . import compile_pairs as bench_compile, host as bench_host, pairs as bench_pairs, profile as bench_profile
+from . import compile_pairs as bench_compile
+from . import host as bench_host
+from . import pairs as bench_pairs
+from . import profile as bench_profile
 
 
 def _fmt_row(cells, widths):

@@ -12,8 +12,8 @@ import io
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ...config import DataConfig, FinetuneConfig, MiniConfig, ModelConfig, RunConfig, TrainConfig, read_preset
-from ...config import from_dict
+from ...config import (DataConfig, FinetuneConfig, MiniConfig, ModelConfig, RunConfig, TrainConfig, from_dict,
+                       read_preset)
 from ...runtime.training import ds_config as dsc
 from ...runtime.training import engine as eng
 from ...runtime.training.peaks import measure_matmul_peak

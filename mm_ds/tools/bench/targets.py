@@ -3,7 +3,8 @@ device.py's DEVICES names it (the CPU targets at the base shape on CPU; on a GPU
 
 from __future__ import annotations
 
-from . import device as bench_device, host as bench_host
+from . import device as bench_device
+from . import host as bench_host
 
 # Speed targets at the base shape, as (key, description, threshold).
 TARGETS = (

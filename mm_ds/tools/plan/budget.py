@@ -34,8 +34,8 @@ import os
 import re
 from dataclasses import dataclass, replace
 
-from .totals import plan_evaluation, recipe_phases
 from ...pipeline.recipe import text_inputs
+from .totals import plan_evaluation, recipe_phases
 
 STARTUP_S = 30.0
 JOB_START_S = 10.0

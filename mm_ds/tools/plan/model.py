@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass
 
 from ...config import ModelConfig
-from ...runtime.training.ds_config import reduction_dtype, split
 from ...model.model import LANGUAGE_PARAMS, param_count, param_shapes
 from ...model.surgery import minipost_trainable
 from ...pipeline.costs import StageCost
+from ...runtime.training.ds_config import reduction_dtype, split
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 

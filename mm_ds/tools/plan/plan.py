@@ -65,11 +65,20 @@ from pathlib import Path
 
 from ...pipeline.costs import add_recipe_args, costs_from_args, stage_run_costs
 from .budget import STARTUP_S, budget, format_budget, format_prepare, mfu_range, parse_duration, prepare_times
-from .model import (BYTES, PERSISTENCE, RING, Cluster, ParamCount, StagePlan, collectives_per_step,  # noqa: F401
-                         comm_bytes_per_step, plan_stages, stage_params)
+from .model import (  # noqa: F401
+    BYTES,
+    PERSISTENCE,
+    RING,
+    Cluster,
+    ParamCount,
+    StagePlan,
+    collectives_per_step,
+    comm_bytes_per_step,
+    plan_stages,
+    stage_params,
+)
 from .resume import format_resume
-from .totals import (EvalPlan, format_evaluation, format_totals, plan_evaluation, recipe_phases,  # noqa: F401
-                          refusals, totals_json)
+from .totals import EvalPlan, format_evaluation, format_totals, plan_evaluation, recipe_phases, refusals, totals_json  # noqa: F401
 
 # ---------------------------------------------------------------- output
 

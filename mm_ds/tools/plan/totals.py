@@ -24,17 +24,16 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, replace
 
-from ...model import flops as F
-from .model import BYTES, Cluster, plan_stages, stage_params
-from ...data.tasks import get_task
-from ...pipeline.stage_runs import stage_configs
-from ...pipeline.recipe import english_tasks, minis_in_english, primaries
-from ...systems import system_of
-from ...pipeline.costs import stage_run_costs
-from ...pipeline.alignment import aligned_runs
 from ...config import ConfigError
+from ...data.tasks import get_task
+from ...model import flops as F
+from ...pipeline.alignment import aligned_runs
+from ...pipeline.costs import stage_run_costs
+from ...pipeline.recipe import english_tasks, minis_in_english, primaries
+from ...pipeline.stage_runs import PACKED, stage_configs
 from ...runtime.training.ds_config import geometry
-from ...pipeline.stage_runs import PACKED
+from ...systems import system_of
+from .model import BYTES, Cluster, plan_stages, stage_params
 
 STEPS = {"pretrain": "Step 1", "build_mini": "Step 1b", "adapt": "Step 2", "finetune": "Step 3"}
 
