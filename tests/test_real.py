@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mm_ds.pipeline import recipe as recipe_mod
+import mm_ds
 from mm_ds.pipeline.recipe import load_recipe
 
-PACKAGED = Path(recipe_mod.__file__).parent / "presets" / "recipes"
+PACKAGED = Path(mm_ds.__file__).parent / "presets" / "recipes"
 
 TINY = ["model.hidden_size=32", "model.num_heads=2", "model.ffn_size=64", "model.num_layers=3", "data.seq_len=32"]
 LINES = {"en": 2000, "de": 1000, "ar": 1000}

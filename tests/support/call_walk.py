@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mm_ds.runtime.distributed.dist import free_port
+
 HERE = Path(__file__).resolve().parent
 POINTS = ("launch", "stage", "forward")
 SITE = '''
@@ -91,8 +93,9 @@ def record(root: Path, timeout_s: float = 900) -> dict[str, list]:
                             "CALL_WALK_PACKAGE": str(root / "mm_ds"),
                             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
         with open(tmp / "run.log", "w") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "mm_ds.cli", "run", "tiny", "--out", str(tmp / "out")],
-                                    cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            cmd = [sys.executable, "-m", "mm_ds.cli", "run", "tiny", "--out", str(tmp / "out"),
+                   "--launch", f"master_port={free_port()}"]  # not DeepSpeed's 29500: another run may hold it
+            proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         found: dict[str, list] = {}
         deadline = time.monotonic() + timeout_s
         try:
