@@ -320,11 +320,11 @@ def test_fused_adamw_skips_on_a_device_flag_without_touching_its_state():
 
 
 def test_tf32_follows_the_precision_and_the_key(monkeypatch):
-    from mm_ds.runtime.training import engine
+    from mm_ds.runtime.training import build
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    engine.use_tf32(True)
+    build.use_tf32(True)
     assert torch.backends.cuda.matmul.fp32_precision == torch.backends.cudnn.fp32_precision == "tf32"
-    engine.use_tf32(False)
+    build.use_tf32(False)
     assert torch.backends.cuda.matmul.fp32_precision == torch.backends.cudnn.fp32_precision == "ieee"
 
 

@@ -19,7 +19,7 @@ from ..config import ConfigError, ModelConfig, RunConfig
 from ..data.tokenizer import pieces
 from ..model import surgery
 from ..model.model import RobertaMLM, is_language_param
-from ..runtime.training.engine import Stage
+from ..runtime.training.build import Stage
 from ..runtime.training.phases import DepthSchedule, schedule_for
 from ..systems import system_of
 from .common import Parent, load_parent, mlm_batches, open_corpus, pack_blocks, stage_flops

@@ -13,7 +13,7 @@ import torch
 from ..config import ConfigError, ModelConfig, RunConfig
 from ..model import surgery
 from ..model.model import RobertaMLM
-from ..runtime.training.engine import Stage
+from ..runtime.training.build import Stage
 from ..systems import MINI_SYSTEMS, system_of
 from .common import Parent, load_parent, mlm_batches, open_corpus, pack_blocks, stage_flops
 

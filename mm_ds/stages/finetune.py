@@ -24,8 +24,8 @@ from ..data.tokenizer import is_tokenizer_json
 from ..model import flops
 from ..model.heads import RobertaForTask
 from ..runtime.training import ds_config
+from ..runtime.training.build import Stage
 from ..runtime.training.ds_config import Geometry
-from ..runtime.training.engine import Stage
 from .common import Parent, load_parent
 
 FROZEN = ("embed.tokens.weight",)  # the language-specific input embeddings (there is no MLM head here)

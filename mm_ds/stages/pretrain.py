@@ -6,7 +6,7 @@ import torch
 
 from ..config import RunConfig
 from ..model.model import RobertaMLM
-from ..runtime.training.engine import Stage
+from ..runtime.training.build import Stage
 from .common import mlm_batches, open_corpus, pack_blocks, resolve_vocab, stage_flops
 
 

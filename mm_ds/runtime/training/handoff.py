@@ -16,7 +16,7 @@ from ..distributed import dist
 from . import ds_config as dsc
 
 if TYPE_CHECKING:
-    from .engine import Stage
+    from .build import Stage
 
 
 def meta_of(stage: Stage, step: int, tokens: int, flops: float, ds_cfg: dict | None = None,
