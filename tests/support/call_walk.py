@@ -28,12 +28,16 @@ from pathlib import Path
 
 from mm_ds.runtime.distributed.dist import free_port
 
+if not __package__:  # run as a script: the tests folder on the path, as pytest puts it there
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.lanes import LAUNCHERS  # noqa: E402 (after the line above)
+
 HERE = Path(__file__).resolve().parent
 POINTS = ("launch", "stage", "forward")
 SITE = '''
 import os, sys, json
 _OUT, _PKG = os.environ["CALL_WALK_OUT"], os.environ["CALL_WALK_PACKAGE"]
-_STARTS = ("deepspeed", "mpirun", "srun", "torchrun", "pdsh", "rank.py")
+_STARTS = set(os.environ["CALL_WALK_STARTS"].split(","))
 _seen = set()
 
 
@@ -55,8 +59,8 @@ _init = subprocess.Popen.__init__
 
 
 def _popen(self, args, *rest, **kwargs):
-    words = [args] if isinstance(args, (str, bytes)) else [str(a) for a in args]
-    if any(os.path.basename(w.split()[0] if w.strip() else w) in _STARTS or w.endswith("rank.py") for w in words):
+    words = args.split() if isinstance(args, str) else [str(a) for a in args]
+    if any(os.path.basename(w) in _STARTS for w in words):
         _record("launch", sys._getframe(1))
     _init(self, args, *rest, **kwargs)
 
@@ -90,7 +94,7 @@ def record(root: Path, timeout_s: float = 900) -> dict[str, list]:
         (tmp / "site" / "sitecustomize.py").write_text(SITE)
         (tmp / "points").mkdir()
         env = os.environ | {"PYTHONPATH": f"{tmp / 'site'}:{root}", "CALL_WALK_OUT": str(tmp / "points"),
-                            "CALL_WALK_PACKAGE": str(root / "mm_ds"),
+                            "CALL_WALK_PACKAGE": str(root / "mm_ds"), "CALL_WALK_STARTS": ",".join(sorted(LAUNCHERS)),
                             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
         with open(tmp / "run.log", "w") as log:
             cmd = [sys.executable, "-m", "mm_ds.cli", "run", "tiny", "--out", str(tmp / "out"),
